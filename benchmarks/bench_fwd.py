@@ -1,0 +1,119 @@
+"""Forward attention benchmark: this bundle vs its peers, all in one run (a script, not a test).
+
+Peers: PyTorch SDPA flash backend (FA2), PyTorch SDPA cuDNN backend (uses wgmma on Hopper: a ceiling
+for the H100, not a peer of the SM120 execution model), upstream flash-attn-4 forced onto its SM120
+path (FLASH_ATTENTION_ARCH=sm_120, set before it is imported).
+
+Timing: median of CUDA-event timings after warm-up. TFLOPS = 4*B*Hq*Sq*Sk*D (x0.5 causal) / time.
+Decode cases report KV bandwidth instead (bytes of K and V read once / time).
+
+    python benchmarks/bench_fwd.py --out results.json [--quick]
+"""
+
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import sys
+from pathlib import Path
+
+os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_120")  # upstream FA4: its SM120 path, before import
+os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
+import flash_attn_4_sm120 as fa  # noqa: E402
+
+# (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal)
+CASES = [
+    ("4x4096 32/8 d128", 4, 4096, 4096, 32, 8, 128, False),
+    ("4x4096 32/8 d128 causal", 4, 4096, 4096, 32, 8, 128, True),
+    ("16x1024 32/8 d128 causal", 16, 1024, 1024, 32, 8, 128, True),
+    ("4x4096 16/16 d64 causal", 4, 4096, 4096, 16, 16, 64, True),
+    ("4x4096 16/16 d64", 4, 4096, 4096, 16, 16, 64, False),
+    ("decode 16x(1,8192) 32/8 d128", 16, 1, 8192, 32, 8, 128, False),
+]
+
+
+def time_ms(fn, warmup=5, iters=20):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def sdpa(backend):
+    def run(q, k, v, causal):
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=kt.shape[1] != qt.shape[1])
+    return run
+
+
+def upstream_fa4():
+    try:
+        from flash_attn.cute import flash_attn_func as up
+    except Exception as e:  # not installed here: reported, not fatal
+        print(f"upstream flash-attn-4 unavailable: {e}")
+        return None
+    return lambda q, k, v, causal: up(q, k, v, causal=causal)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    dev = torch.cuda.get_device_name()
+    impls = {
+        "ours": lambda q, k, v, causal: fa.flash_attn_func(q, k, v, causal=causal),
+        "sdpa_flash_fa2": sdpa(SDPBackend.FLASH_ATTENTION),
+        "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
+    }
+    up = upstream_fa4()
+    if up is not None:
+        impls["fa4_sm120_path"] = up
+    rows = []
+    for name, b, sq, sk, hq, hkv, d, causal in CASES[: 2 if args.quick else None]:
+        torch.manual_seed(0)
+        q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+        flops = 4 * b * hq * sq * sk * d * (0.5 if causal else 1.0)
+        kv_bytes = 2 * b * sk * hkv * d * 2
+        row = {"case": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
+               "head_dim": d, "causal": causal, "results": {}}
+        for impl, fn in impls.items():
+            try:
+                ms = time_ms(lambda: fn(q, k, v, causal))
+            except Exception as e:
+                row["results"][impl] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                continue
+            row["results"][impl] = {"ms": ms, "tflops": flops / ms / 1e9, "kv_gbps": kv_bytes / ms / 1e6}
+        rows.append(row)
+        cells = []
+        for impl, r in row["results"].items():
+            metric = (f"{r['kv_gbps']:.0f}GB/s" if sq == 1 else f"{r['tflops']:.0f}TF") if "ms" in r else "err"
+            cells.append(f"{impl}={metric}")
+        print(f"{name:32s} " + " ".join(cells), flush=True)
+    result = {"device": dev, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+              "bundle_version": fa.__version__, "dtype": "bf16", "rows": rows}
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

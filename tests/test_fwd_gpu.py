@@ -1,0 +1,112 @@
+"""Forward numerics on a GPU against the fp32 reference (run on the device; skipped without CUDA).
+
+Tolerance (upstream's rule): max|out - ref| <= 2 * max|pt - ref| + atol, where ``pt`` is the same
+computation in the input dtype. Outputs are NaN-poisoned before the call, so an unwritten element
+fails. LSE is checked against the fp32 reference, including -inf for rows that see no key.
+"""
+
+import math
+
+import pytest
+import torch
+
+from reference import attention_ref
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [pytest.param(torch.bfloat16, id="bf16"), pytest.param(torch.float16, id="fp16")]
+HEADS = [pytest.param((4, 4), id="mha"), pytest.param((8, 2), id="gqa4"), pytest.param((6, 1), id="mqa")]
+SHAPES = [  # (batch, seqlen_q, seqlen_k)
+    pytest.param((1, 1, 1), id="1x1"),
+    pytest.param((2, 113, 203), id="113x203"),
+    pytest.param((1, 239, 799), id="239x799"),
+    pytest.param((2, 1023, 1023), id="1023x1023"),
+    pytest.param((1, 300, 64), id="300x64"),  # seqlen_q > seqlen_k: causal rows with no keys
+    pytest.param((3, 128, 128), id="128x128"),
+]
+
+
+def _run_and_check(q, k, v, causal, softmax_scale=None):
+    import flash_attn_4_sm120 as fa
+
+    b, sq, hq, _ = q.shape
+    out = torch.full((b, sq, hq, v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
+    fa.flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, out=out, lse=lse)
+    torch.cuda.synchronize()
+    ref, lse_ref = attention_ref(q, k, v, softmax_scale, causal)
+    pt, _ = attention_ref(q, k, v, softmax_scale, causal, upcast=False)
+    assert not out.isnan().any(), "output has NaN (unwritten or wrong)"
+    assert not lse.isnan().any(), "lse has NaN (unwritten or wrong)"
+    err = (out.float() - ref.float()).abs().max().item()
+    pt_err = (pt.float() - ref.float()).abs().max().item()
+    assert err <= 2 * pt_err + 1e-5, f"max|out-ref|={err:.3e} > 2*max|pt-ref|={2 * pt_err:.3e} + 1e-5"
+    neg_inf = torch.isneginf(lse_ref)
+    assert torch.equal(torch.isneginf(lse), neg_inf), "rows with no visible key must have lse = -inf"
+    lse_err = (lse[~neg_inf] - lse_ref[~neg_inf]).abs().max().item() if (~neg_inf).any() else 0.0
+    assert lse_err <= 1e-3, f"max|lse-ref|={lse_err:.3e}"
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("heads", HEADS)
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fwd_matches_reference(dtype, head_dim, heads, shape, causal):
+    torch.manual_seed(hash((head_dim, heads, shape, causal)) % 2**31)
+    b, sq, sk = shape
+    hq, hkv = heads
+    q = torch.randn(b, sq, hq, head_dim, dtype=dtype, device="cuda")
+    k = torch.randn(b, sk, hkv, head_dim, dtype=dtype, device="cuda")
+    v = torch.randn(b, sk, hkv, head_dim, dtype=dtype, device="cuda")
+    _run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_fwd_strided_inputs_and_scale(causal):
+    """Non-contiguous (but last-dim contiguous) q/k/v views, e.g. slices of a packed QKV tensor."""
+    torch.manual_seed(0)
+    qkv = torch.randn(2, 257, 3, 4, 128, dtype=torch.bfloat16, device="cuda")
+    q, k, v = qkv.unbind(dim=2)
+    _run_and_check(q, k, v, causal, softmax_scale=0.3)
+
+
+def test_flash_attn_func_api_returns_lse_only_when_asked():
+    import flash_attn_4_sm120 as fa
+
+    q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16, device="cuda")
+    out, lse = fa.flash_attn_func(q, q, q, causal=True)
+    assert lse is None and out.shape == q.shape
+    out2, lse2 = fa.flash_attn_func(q, q, q, causal=True, return_lse=True)
+    assert lse2.shape == (1, 2, 64) and torch.equal(out, out2)
+    qg = q.clone().requires_grad_(True)
+    _, lse3 = fa.flash_attn_func(qg, q, q, causal=True)
+    assert lse3 is not None
+    with pytest.raises(NotImplementedError, match="backward"):
+        fa.flash_attn_func(qg, q, q, causal=True)[0].sum().backward()
+
+
+def test_seqlen_k_zero_gives_zero_output_and_neg_inf_lse():
+    import flash_attn_4_sm120 as fa
+
+    q = torch.randn(2, 5, 2, 64, dtype=torch.float16, device="cuda")
+    k = torch.randn(2, 0, 2, 64, dtype=torch.float16, device="cuda")
+    out, lse = fa.flash_attn_fwd(q, k, k)
+    assert torch.equal(out, torch.zeros_like(out)) and torch.isneginf(lse).all()
+
+
+def test_one_compile_serves_all_shapes():
+    """Sizes are runtime values: new batch sizes / sequence lengths / head counts never recompile."""
+    import flash_attn_4_sm120 as fa
+    from flash_attn_4_sm120.compile_cache import default_cache
+
+    def call(b, sq, sk, hq, hkv):
+        q = torch.randn(b, sq, hq, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(b, sk, hkv, 64, dtype=torch.bfloat16, device="cuda")
+        fa.flash_attn_fwd(q, k, k, causal=True)
+
+    call(1, 17, 33, 2, 1)
+    before = default_cache().stats.compiles
+    for shape in [(3, 100, 700, 4, 2), (1, 1, 4096, 8, 8), (2, 999, 13, 6, 3)]:
+        call(*shape)
+    assert default_cache().stats.compiles == before
