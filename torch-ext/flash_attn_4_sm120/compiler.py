@@ -118,12 +118,16 @@ def make_case(
     return Case(spec, FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps), model)
 
 
-def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bool = True):
+def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bool = True,
+                            dump_dir: Optional[str] = None):
     """Compile ``case`` for ``target`` keeping PTX/CUBIN/SASS; returns (compiled, smem bytes per CTA).
 
     ``check_valid=False`` skips the validity predicate so a test can feed a config that breaks a
-    rule and watch the gate catch it.
+    rule and watch the gate catch it. The DSL writes the kept artifacts (the SASS artifact is a path)
+    into ``dump_dir``; by default a fresh temporary directory, never the working directory.
     """
+    import tempfile
+
     import cutlass.cute as cute
 
     from .kernels.fwd_multistage import FlashFwdMultistage
@@ -134,6 +138,7 @@ def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bo
         if problems:
             raise ValueError(f"{case.name} is not a valid config: {'; '.join(problems)}")
     kernel = FlashFwdMultistage(case.spec, case.config, model)
-    options = f"{_TVM_FFI} --gpu-arch {target} {_KEEP_ARTIFACTS}"
+    dump_dir = dump_dir or tempfile.mkdtemp(prefix="fa4sm120-conformance-")
+    options = f"{_TVM_FFI} --gpu-arch {target} {_KEEP_ARTIFACTS} --dump-dir {dump_dir}"
     compiled = cute.compile(kernel, *_fake_fwd_args(case.spec), options=options)
     return compiled, fwd_smem_bytes(case.spec, case.config)

@@ -72,8 +72,6 @@ def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool) -> tuple
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    if q.device.type != "cuda":
-        raise ValueError(f"flash_attn_4_sm120 runs on CUDA tensors; got tensors on {q.device}")
     batch, seqlen_q, num_heads, head_dim = q.shape
     bk, seqlen_k, num_heads_kv, head_dim_k = k.shape
     if tuple(v.shape[:3]) != (bk, seqlen_k, num_heads_kv):
@@ -91,13 +89,18 @@ def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool) -> tuple
         )
     if head_dim_v != head_dim:
         manifest.require("head_dim_v_differs")
+    for name, d in (("head_dim", head_dim), ("head_dim_v", head_dim_v)):
+        if d % 8 != 0 or not 8 <= d <= 256:
+            raise ValueError(f"{name}={d}: head dims must be multiples of 8 between 8 and 256")
     if head_dim not in SUPPORTED_HEAD_DIMS:
-        manifest.require("head_dim_any")
+        manifest.require("head_dim_256" if head_dim > 128 else "head_dim_any")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(head_dim)
     softmax_scale = float(softmax_scale)
     if not math.isfinite(softmax_scale) or softmax_scale <= 0.0:
         raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale}")
+    if q.device.type != "cuda":
+        raise ValueError(f"flash_attn_4_sm120 runs on CUDA tensors; got tensors on {q.device}")
     spec = FwdSpec(dtype=_DTYPES[q.dtype], head_dim=head_dim, head_dim_v=head_dim_v, causal=bool(causal))
     shape = FwdShape(batch, seqlen_q, seqlen_k, num_heads, num_heads_kv)
     return spec, shape, softmax_scale

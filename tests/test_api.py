@@ -1,0 +1,88 @@
+"""Public API behaviour that needs no GPU: input validation errors and feature refusals."""
+
+import pytest
+import torch
+
+import flash_attn_4_sm120 as fa
+
+
+def _t(*shape, dtype=torch.bfloat16):
+    return torch.randn(*shape, dtype=dtype)
+
+
+@pytest.mark.parametrize(
+    "make, exc, match",
+    [
+        pytest.param(lambda: (_t(2, 8, 4, 64, dtype=torch.float32),) * 3, TypeError, "bfloat16 and torch.float16", id="fp32"),
+        pytest.param(lambda: (_t(8, 4, 64),) * 3, ValueError, "rank 4", id="rank3"),
+        pytest.param(lambda: ("q", _t(1, 8, 4, 64), _t(1, 8, 4, 64)), TypeError, "torch.Tensor", id="not-a-tensor"),
+        pytest.param(lambda: (_t(1, 8, 4, 64), _t(1, 8, 4, 64, dtype=torch.float16), _t(1, 8, 4, 64)), TypeError,
+                     "share a dtype", id="mixed-dtypes"),
+        pytest.param(lambda: (_t(1, 8, 6, 64), _t(1, 8, 4, 64), _t(1, 8, 4, 64)), ValueError, "multiple of num_heads_kv",
+                     id="heads-not-divisible"),
+        pytest.param(lambda: (_t(1, 8, 4, 64), _t(2, 8, 4, 64), _t(2, 8, 4, 64)), ValueError, "batch", id="batch-mismatch"),
+        pytest.param(lambda: (_t(1, 8, 4, 64), _t(1, 8, 4, 32), _t(1, 8, 4, 64)), ValueError, "head_dim", id="qk-dim-mismatch"),
+        pytest.param(lambda: (_t(1, 8, 4, 128)[..., ::2],) * 3, ValueError, "contiguous in its last dimension",
+                     id="strided-last-dim"),
+        pytest.param(lambda: (_t(1, 8, 4, 72)[..., 4:68],) * 3, ValueError, "16-byte aligned", id="misaligned-pointer"),
+        pytest.param(lambda: (_t(1, 8, 4, 64),) * 3, ValueError, "CUDA tensors", id="cpu-tensors"),
+    ],
+)
+def test_invalid_inputs_raise_clear_errors(make, exc, match):
+    with pytest.raises(exc, match=match):
+        fa.flash_attn_func(*make())
+
+
+@pytest.mark.parametrize("head_dim, feature", [(96, "head_dim"), (256, "head_dim")])
+def test_unsupported_head_dim_is_refused_with_manifest_message(head_dim, feature):
+    q = _t(1, 8, 4, head_dim)
+    with pytest.raises(NotImplementedError, match=feature):
+        fa.flash_attn_func(q, q, q)
+
+
+def test_head_dim_v_differs_is_refused():
+    q, v = _t(1, 8, 4, 128), _t(1, 8, 4, 64)
+    with pytest.raises(NotImplementedError, match="head_dim"):
+        fa.flash_attn_func(q, q, v)
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        pytest.param({"window_size": (128, 0)}, id="window"),
+        pytest.param({"softcap": 30.0}, id="softcap"),
+        pytest.param({"learnable_sink": torch.zeros(4)}, id="sink"),
+        pytest.param({"num_splits": 4}, id="split-kv"),
+        pytest.param({"pack_gqa": True}, id="pack-gqa"),
+        pytest.param({"deterministic": True}, id="deterministic"),
+        pytest.param({"score_mod": lambda s, *a: s}, id="score-mod"),
+    ],
+)
+def test_planned_features_are_refused_not_ignored(kwargs):
+    q = _t(1, 8, 4, 64)
+    with pytest.raises(NotImplementedError, match="not yet available"):
+        fa.flash_attn_func(q, q, q, **kwargs)
+
+
+def test_unknown_keyword_is_a_type_error():
+    q = _t(1, 8, 4, 64)
+    with pytest.raises(TypeError, match="unexpected"):
+        fa.flash_attn_func(q, q, q, dropout_p=0.1)
+
+
+@pytest.mark.parametrize("scale", [0.0, -1.0, float("nan"), float("inf")])
+def test_bad_softmax_scale(scale):
+    q = _t(1, 8, 4, 64)
+    with pytest.raises(ValueError, match="softmax_scale"):
+        fa.flash_attn_func(q, q, q, softmax_scale=scale)
+
+
+def test_import_has_no_cutlass_side_effect():
+    """Importing the package must not import cutlass (compiles import it lazily)."""
+    import subprocess
+    import sys
+
+    code = "import sys, flash_attn_4_sm120; print('cutlass' in sys.modules)"
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env={**__import__('os').environ, "PYTHONPATH": "torch-ext"})
+    assert res.stdout.strip() == "False"

@@ -1,0 +1,89 @@
+"""`make demo`: load the bundle the way users do (kernels.get_kernel) and show what it does here.
+
+With a CUDA GPU: run attention on a few shapes, compare with the fp32 reference, and time it beside
+PyTorch SDPA. Without one: print the SM120 conformance report (sm_120a code compiled on this CPU).
+Works offline: the bundle is loaded from this checkout through LOCAL_KERNELS.
+"""
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPO_ID = "sm120-kernels/flash-attn-4-sm120"
+
+
+def load_bundle():
+    os.environ["LOCAL_KERNELS"] = f"{REPO_ID}={ROOT}"
+    import kernels
+
+    t = time.perf_counter()
+    fa = kernels.get_kernel(REPO_ID, version=1)
+    print(f"loaded {REPO_ID} version=1 via kernels {kernels.__version__}: module {fa.__name__}, "
+          f"bundle {fa.__version__} ({(time.perf_counter() - t) * 1e3:.0f} ms)")
+    return fa
+
+
+def median_ms(fn, iters=20):
+    import torch
+
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        times.append(s.elapsed_time(e))
+    return statistics.median(times)
+
+
+def gpu_demo(fa):
+    import torch
+    import torch.nn.functional as F
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from reference import attention_ref
+
+    print(f"GPU: {torch.cuda.get_device_name()}  execution model: {fa.dispatch_model(torch.device('cuda')).name}")
+    print(f"{'shape (b, sq, sk, hq/hkv, d)':34s} {'causal':6s} {'max|out-ref|':>12s} {'first call':>10s} "
+          f"{'ours ms':>8s} {'SDPA ms':>8s}")
+    for b, sq, sk, hq, hkv, d, causal in [(2, 1000, 1000, 16, 4, 128, True), (4, 2048, 2048, 16, 16, 64, False),
+                                          (1, 333, 777, 8, 1, 128, False)]:
+        q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+        t = time.perf_counter()
+        out, _ = fa.flash_attn_func(q, k, v, causal=causal)
+        torch.cuda.synchronize()
+        first = time.perf_counter() - t
+        ref, _ = attention_ref(q, k, v, causal=causal)
+        err = (out.float() - ref.float()).abs().max().item()
+        ours = median_ms(lambda: fa.flash_attn_func(q, k, v, causal=causal))
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        sdpa = median_ms(lambda: F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=hq != hkv))
+        print(f"{str((b, sq, sk, f'{hq}/{hkv}', d)):34s} {str(causal):6s} {err:12.2e} {first:9.2f}s "
+              f"{ours:8.3f} {sdpa:8.3f}")
+        if not err < 0.05:
+            raise SystemExit(f"mismatch against the reference: {err}")
+
+
+def main():
+    fa = load_bundle()
+    import torch
+
+    if torch.cuda.is_available():
+        gpu_demo(fa)
+    else:
+        print("no CUDA GPU here: SM120 conformance report for every dispatchable config (compiled for sm_120a)")
+        sys.exit(subprocess.call([sys.executable, str(ROOT / "tools" / "conformance.py"), "--subset", "all"]))
+
+
+if __name__ == "__main__":
+    main()
