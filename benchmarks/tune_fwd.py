@@ -1,0 +1,109 @@
+"""Tune the forward tile table on the device: time every valid candidate config per (head_dim, causal).
+
+For each head dim and mask, every candidate that passes the validity predicate is compiled, checked
+against SDPA (a wrong config is never a winner) and timed (median of CUDA events) on representative
+shapes; the winner per (head_dim, causal) is the best geometric mean over the shapes. Writes
+``--out`` JSON with every timing and the winning table, stamped with device and date; copy the table
+into ``torch-ext/flash_attn_4_sm120/fwd_table.json`` to make the dispatcher use it.
+
+    python benchmarks/tune_fwd.py --out tune.json [--head-dims 64 128]
+"""
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
+from flash_attn_4_sm120.compiler import compile_fwd  # noqa: E402
+from flash_attn_4_sm120.config import FwdConfig, is_valid  # noqa: E402
+from flash_attn_4_sm120.interface import dispatch_model  # noqa: E402
+from flash_attn_4_sm120.problem import FwdSpec  # noqa: E402
+
+# (batch, seqlen, heads_q, heads_kv) per head dim: long and short sequences
+SHAPES = {64: [(4, 4096, 16, 16), (16, 1024, 16, 16)], 128: [(4, 4096, 32, 8), (16, 1024, 32, 8)],
+          96: [(4, 4096, 16, 16)], 192: [(2, 4096, 16, 16)], 256: [(2, 4096, 8, 8)]}
+
+
+def candidates(spec, model):
+    out = []
+    # 16 rows per warp (one m16 atom): 128 rows on 8 warps or 64 rows on 4 warps.
+    for (tm, w), tn, st, qr in itertools.product(((128, 8), (64, 4)), (64, 128), (2, 3), (False, True)):
+        cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr)
+        if is_valid(spec, cfg, model):
+            out.append(cfg)
+    return out
+
+
+def median_ms(fn, iters=15):
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        ts.append(s.elapsed_time(e))
+    return statistics.median(ts)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    args = ap.parse_args()
+    model = dispatch_model(torch.device("cuda"))
+    target = model.compile_target
+    records, table = [], {}
+    for d, causal in itertools.product(args.head_dims, (False, True)):
+        spec = FwdSpec("bf16", d, d, causal)
+        best = None
+        for cfg in candidates(spec, model):
+            try:
+                fn = compile_fwd(spec, cfg, model, target)
+            except Exception as e:  # record and move on: a config that does not build never wins
+                records.append({"head_dim": d, "causal": causal, "config": cfg.__dict__, "error": str(e)[:300]})
+                continue
+            tflops, ok = [], True
+            for b, s, hq, hkv in SHAPES[d]:
+                q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda")
+                k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
+                v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
+                o = torch.empty_like(q)
+                lse = torch.empty(b, hq, s, dtype=torch.float32, device="cuda")
+                scale = d ** -0.5
+                run = lambda: fn(q, k, v, o, lse, scale / math.log(2.0))  # noqa: E731
+                run()
+                ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                     is_causal=causal, enable_gqa=hq != hkv).transpose(1, 2)
+                err = (o.float() - ref.float()).abs().max().item()
+                if not err < 0.05:
+                    ok = False
+                ms = median_ms(run)
+                tflops.append(4 * b * hq * s * s * d * (0.5 if causal else 1.0) / ms / 1e9)
+            geo = math.exp(sum(map(math.log, tflops)) / len(tflops))
+            records.append({"head_dim": d, "causal": causal, "config": cfg.__dict__, "tflops": tflops,
+                            "geomean": geo, "correct": ok})
+            print(f"d={d} causal={causal} {cfg} -> {[round(t) for t in tflops]} geo={geo:.0f} ok={ok}", flush=True)
+            if ok and (best is None or geo > best[0]):
+                best = (geo, cfg)
+        if best:
+            table[f"d{d}_{'causal' if causal else 'full'}"] = {**best[1].__dict__, "geomean_tflops": round(best[0], 1)}
+    result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+              "model": model.name, "target": target, "table": table, "records": records}
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(table, indent=1))
+
+
+if __name__ == "__main__":
+    main()
