@@ -5,7 +5,7 @@ import itertools
 
 import pytest
 
-from flash_attn_4_sm120.kernels.block_info import n_block_end, n_block_unmasked_end
+from flash_attn_4_sm120._kernels.block_info import n_block_end, n_block_unmasked_end
 
 
 def _visible(i, j, sq, sk, causal):

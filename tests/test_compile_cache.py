@@ -332,11 +332,11 @@ def test_source_digest_tracks_py_files_only(tmp_path):
     (pkg / "__pycache__" / "x.cpython-311.pyc").write_bytes(b"\0")
     (pkg / "notes.txt").write_text("not code")
     assert cc.digest_sources(pkg) == base
-    softmax = pkg / "kernels" / "softmax.py"
+    softmax = pkg / "_kernels" / "softmax.py"
     softmax.write_text(softmax.read_text() + "\n# edited\n")
     edited = cc.digest_sources(pkg)
     assert edited != base
-    (pkg / "kernels" / "new_kernel.py").write_text("")
+    (pkg / "_kernels" / "new_kernel.py").write_text("")
     assert cc.digest_sources(pkg) not in (base, edited)
     assert len(cc._source_digest()) == 64 and cc._source_digest.cache_info().currsize == 1  # computed once
 

@@ -51,7 +51,7 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
     ``fn(q, k, v, out, lse, softmax_scale_log2)`` taking torch tensors (TVM FFI, current stream)."""
     import cutlass.cute as cute
 
-    from .kernels.fwd_multistage import FlashFwdMultistage
+    from ._kernels.fwd_multistage import FlashFwdMultistage
 
     problems = FlashFwdMultistage.can_implement(spec, config, model)
     if problems:
@@ -85,7 +85,8 @@ class Case:
     def name(self) -> str:
         s, c = self.spec, self.config
         mask = "causal" if s.causal else "full"
-        return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}"
+        qr = "_qreg" if c.q_in_regs else ""
+        return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}"
 
     def describe(self) -> dict:
         return {"kernel": "fwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}
@@ -109,13 +110,16 @@ def make_case(
     head_dim_v: Optional[int] = None,
     tile_m: int = 128,
     tile_n: int = 64,
-    num_warps: int = 4,
+    num_warps: int = 8,
+    num_stages: int = 2,
+    q_in_regs: bool = False,
     causal: bool = True,
     dtype: str = "bf16",
     model: str = SM120.name,
 ) -> Case:
     spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal)
-    return Case(spec, FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps), model)
+    cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs)
+    return Case(spec, cfg, model)
 
 
 def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bool = True,
@@ -130,7 +134,7 @@ def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bo
 
     import cutlass.cute as cute
 
-    from .kernels.fwd_multistage import FlashFwdMultistage
+    from ._kernels.fwd_multistage import FlashFwdMultistage
 
     model = model_for_arch_string(case.model_name.removeprefix("sm"))
     if check_valid:

@@ -76,12 +76,10 @@ def _check_output(name, t, shape, dtype, device) -> None:
         raise ValueError(f"{name} must be contiguous in its last dimension and 16-byte aligned")
 
 
-@torch.library.custom_op(add_op_namespace_prefix("fwd"), mutates_args=())
-def _fwd_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return flash_attn_fwd(q, k, v, softmax_scale, causal)
 
 
-@_fwd_op.register_fake
 def _fwd_fake(q, k, v, softmax_scale, causal):
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
@@ -93,7 +91,20 @@ def _fwd_backward(ctx, dout, dlse):
     raise NotImplementedError("backward is not available in this version")  # require() raised already
 
 
-_fwd_op.register_autograd(_fwd_backward)
+def _register_fwd_op():
+    """Register this build's op once per process. The name carries the build's namespace, so two
+    builds never collide; the same build imported twice (clone import + get_kernel) reuses it."""
+    qualname = add_op_namespace_prefix("fwd")
+    namespace, name = qualname.split("::")
+    if hasattr(getattr(torch.ops, namespace), name):
+        return getattr(getattr(torch.ops, namespace), name).default
+    op = torch.library.custom_op(qualname, mutates_args=())(_fwd_impl)
+    op.register_fake(_fwd_fake)
+    op.register_autograd(_fwd_backward)
+    return op
+
+
+_fwd_op = _register_fwd_op()
 
 
 def _refuse_unimplemented(

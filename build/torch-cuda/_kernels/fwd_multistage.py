@@ -1,4 +1,4 @@
-"""Forward attention, cp.async mainloop with warp-level mma.sync (SM120 execution model).
+"""Forward attention, cp.async multistage mainloop with warp-level mma.sync (SM120 execution model).
 
 Computes, per (batch, query head) and query row i:
     O[i] = softmax(scale * Q[i] K^T, masked) V,     LSE[i] = log(sum_j exp(scale * Q[i] K[j]))
@@ -8,22 +8,23 @@ query heads (MHA, GQA, MQA). Causal masking is bottom-right aligned.
 Tensors: Q, O (batch, seqlen_q, heads_q, d); K, V (batch, seqlen_k, heads_kv, d); LSE (batch, heads_q,
 seqlen_q) fp32. Sizes and strides are runtime values (last dim contiguous, 16-byte aligned rows).
 
-Algorithm (one CTA = one tile_m x d block of Q for one head; ``num_warps`` warps share it by rows):
-  1. cp.async Q and the last K tile into shared memory.
-  2. For each key block n, from the last to the first (masked blocks first):
-     a. wait for K(n); start the cp.async of V(n)
-     b. S = Q K(n)^T with ldmatrix + mma.sync m16n8k16, fp32 accumulators
-     c. wait for V(n); start the cp.async of K(n-1) (overlaps the softmax and P@V)
-     d. mask S (sequence end, causal diagonal) where the block needs it
-     e. online softmax: P = exp2(S*scale_log2 - running max), rescale O
-     f. O += P V(n), P kept in registers as the A operand, V^T read by ldmatrix.trans
+Algorithm (one CTA = one tile_m x d block of Q for one head; ``num_warps`` warps split it by rows;
+key blocks are visited from the last to the first, so the few that need an element mask come first):
+  1. Prologue: cp.async Q and the first ``num_stages - 1`` K/V tiles (the first can run past seqlen_k:
+     its rows are predicated, V's zero-filled); wait for Q and tile 0; optionally keep Q in registers.
+  2. For each key block n (tile in smem stage n % num_stages, complete and visible):
+     a. start the cp.async of the tile ``num_stages - 1`` blocks ahead into the stage freed last step
+     b. S = Q K^T with ldmatrix + mma.sync m16n8k16, fp32 accumulators
+     c. mask S (sequence end, causal diagonal) where the block needs it
+     d. online softmax: P = exp2(S*scale_log2 - running max), rescale O
+     e. O += P V, P kept in registers as the A operand, V^T read by ldmatrix.trans
+     f. wait for the next tile; one CTA barrier (the next tile is visible, this stage is free)
   3. O /= row sum; O goes through shared memory (reusing Q's buffer) for 16-byte global stores;
      LSE is written by the lane that owns column 0 of each row.
 
-Constraints: head dims multiples of 16 (64 and 128 are dispatched), tile_m a multiple of
-16 * num_warps, tile_n a multiple of 16, shared memory within the model's per-CTA limit.
+Constraints: head dims multiples of 16, tile_m a multiple of 16 * num_warps, tile_n a multiple of
+16, 2-3 stages, shared memory within the model's per-CTA limit (see ``config.fwd_config_problems``).
 """
-
 
 from types import SimpleNamespace
 
@@ -101,12 +102,12 @@ class FlashFwdMultistage:
     # Host-side (trace-time) setup
     # ------------------------------------------------------------------------------------------
     def _setup(self):
-        dt = self.dtype
+        dt, stages = self.dtype, self.config.num_stages
         atom_qk = smem_layout_atom(dt, self.head_dim)
         atom_v = smem_layout_atom(dt, self.head_dim_v)
         self.sQ_layout = cute.tile_to_shape(atom_qk, (self.tile_m, self.head_dim), (0, 1))
-        self.sK_layout = cute.tile_to_shape(atom_qk, (self.tile_n, self.head_dim), (0, 1))
-        self.sV_layout = cute.tile_to_shape(atom_v, (self.tile_n, self.head_dim_v), (0, 1))
+        self.sK_layout = cute.tile_to_shape(atom_qk, (self.tile_n, self.head_dim, stages), (0, 1, 2))
+        self.sV_layout = cute.tile_to_shape(atom_v, (self.tile_n, self.head_dim_v, stages), (0, 1, 2))
         self.sO_layout = cute.tile_to_shape(atom_v, (self.tile_m, self.head_dim_v), (0, 1))
         cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
         self.g2s_qk = g2s_tiled_copy(dt, atom_qk.outer.shape[1], self.num_threads, cp_async)
@@ -185,6 +186,7 @@ class FlashFwdMultistage:
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
+        stages = self.config.num_stages
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = scheduler.tile()
         seqlen_q = mQ.shape[1]
@@ -202,33 +204,35 @@ class FlashFwdMultistage:
         gK = cute.local_tile(mK[batch, None, head_kv, None], (self.tile_n, self.head_dim), (None, 0))
         gV = cute.local_tile(mV[batch, None, head_kv, None], (self.tile_n, self.head_dim_v), (None, 0))
 
-        smem = cutlass.memory.SmemAllocator()
-        storage = smem.allocate(self.SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout)
-        sK = storage.sK.get_tensor(sK_layout)
-        sV = storage.sV.get_tensor(sV_layout)
+        storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout)  # (tile_m, d)
+        sK = storage.sK.get_tensor(sK_layout)  # (tile_n, d, stages)
+        sV = storage.sV.get_tensor(sV_layout)  # (tile_n, dv, stages)
         sO = cute.make_tensor(sQ.iterator, sO_layout)
-        # V^T view (dv, tile_n) for the B operand of P @ V.
-        sVt = cute.composition(sV, cute.make_layout((self.head_dim_v, self.tile_n), stride=(self.tile_n, 1)))
+        # V^T view (dv, tile_n, stages) for the B operand of P @ V.
+        sVt = cute.composition(
+            sV, cute.make_layout((self.head_dim_v, self.tile_n, stages),
+                                 stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
+        )
 
-        # Global -> shared partitions: (CPY, CPY_ROWS, CPY_COLS[, n_blocks])
+        # Global -> shared partitions: (CPY, CPY_ROWS, CPY_COLS[, n_blocks | stages])
         thr_qk = self.g2s_qk.get_slice(tidx)
         thr_v = self.g2s_v.get_slice(tidx)
         tQgQ, tQsQ = thr_qk.partition_S(gQ), thr_qk.partition_D(sQ)
         tKgK, tKsK = thr_qk.partition_S(gK), thr_qk.partition_D(sK)
         tVgV, tVsV = thr_v.partition_S(gV), thr_v.partition_D(sV)
-        cQK = cute.make_identity_tensor((self.tile_m, self.head_dim))
-        cV = cute.make_identity_tensor((self.tile_n, self.head_dim_v))
-        tQcQ, t0QcQ = thr_qk.partition_S(cQK), self.g2s_qk.get_slice(0).partition_S(cQK)
-        tVcV, t0VcV = thr_v.partition_S(cV), self.g2s_v.get_slice(0).partition_S(cV)
+        cQ = cute.make_identity_tensor((self.tile_m, self.head_dim))
         cK = cute.make_identity_tensor((self.tile_n, self.head_dim))
+        cV = cute.make_identity_tensor((self.tile_n, self.head_dim_v))
+        tQcQ, t0QcQ = thr_qk.partition_S(cQ), self.g2s_qk.get_slice(0).partition_S(cQ)
         tKcK, t0KcK = thr_qk.partition_S(cK), self.g2s_qk.get_slice(0).partition_S(cK)
+        tVcV, t0VcV = thr_v.partition_S(cV), self.g2s_v.get_slice(0).partition_S(cV)
 
-        # MMA partitions and shared -> register copies (ldmatrix)
+        # MMA fragments and shared -> register copies (ldmatrix); smem partitions keep the stage mode.
         thr_mma = self.tiled_mma.get_slice(tidx)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK))
-        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt))
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # (MMA, MMA_M, MMA_K)
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))  # (MMA, MMA_N, MMA_K)
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0]))  # (MMA, MMA_N, MMA_K)
         s2r_q = cute.make_tiled_copy_A(
             cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
         )
@@ -253,7 +257,7 @@ class FlashFwdMultistage:
 
         ctx = SimpleNamespace(
             m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_end=n_end,
-            tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, t0VcV=t0VcV, tVcV=tVcV,
+            tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
             tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
             tSsQ=thr_s2r_q.partition_S(sQ), tSrQ_v=thr_s2r_q.retile(tSrQ),
             tSsK=thr_s2r_k.partition_S(sK), tSrK_v=thr_s2r_k.retile(tSrK),
@@ -262,20 +266,29 @@ class FlashFwdMultistage:
             thr_mma=thr_mma, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc, softmax=softmax,
         )
 
-        # 1. Prologue: Q and the last K tile (the only K tile that can run past seqlen_k).
+        # 1. Prologue: Q and the first stages - 1 tiles (tile 0 = block n_end - 1 may be partial).
         copy_rows(self.g2s_qk, tQgQ, tQsQ, t0QcQ, seqlen_q - m_block * self.tile_m - tQcQ[0][0], False)
-        if n_end > 0:
-            copy_rows(
-                self.g2s_qk, tKgK[None, None, None, n_end - 1], tKsK, t0KcK,
-                seqlen_k - (n_end - 1) * self.tile_n - tKcK[0][0], False,
-            )
-        cute.arch.cp_async_commit_group()
+        for j in cutlass.range_constexpr(stages - 1):
+            n_block = n_end - 1 - j
+            if n_block >= 0:
+                rows_left = seqlen_k - n_block * self.tile_n
+                copy_rows(self.g2s_qk, tKgK[None, None, None, n_block], tKsK[None, None, None, j], t0KcK,
+                          rows_left - tKcK[0][0], False)
+                # Rows past seqlen_k are zeroed in V: P is 0 there, but 0 * garbage could be NaN.
+                copy_rows(self.g2s_v, tVgV[None, None, None, n_block], tVsV[None, None, None, j], t0VcV,
+                          rows_left - tVcV[0][0], True)
+            cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(stages - 2)
+        cute.arch.sync_threads()
+        if const_expr(self.config.q_in_regs):
+            cute.copy(s2r_q, ctx.tSsQ, ctx.tSrQ_v)
 
-        # 2. Mainloop, last block first: blocks needing an element mask, then the full ones.
-        for i in cutlass.range(n_end - n_unmasked_end, unroll=1):
-            self.mainloop_step(ctx, n_end - 1 - i, masked=True)
+        # 2. Mainloop: blocks needing an element mask, then the full ones.
+        num_masked = n_end - n_unmasked_end
+        for i in cutlass.range(num_masked, unroll=1):
+            self.mainloop_step(ctx, n_end - 1 - i, i % stages, masked=True)
         for i in cutlass.range(n_unmasked_end, unroll=1):
-            self.mainloop_step(ctx, n_unmasked_end - 1 - i, masked=False)
+            self.mainloop_step(ctx, n_unmasked_end - 1 - i, (num_masked + i) % stages, masked=False)
 
         # 3. Epilogue
         lse = cute.make_rmem_tensor(cute.size(acc_O_rc, mode=[0]), Float32)
@@ -283,31 +296,25 @@ class FlashFwdMultistage:
         self.epilogue(acc_O, lse, sO, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
 
     @cute.jit
-    def mainloop_step(self, ctx: SimpleNamespace, n_block: Int32, masked: cutlass.Constexpr[bool]):
-        """One key block: S = QK^T, mask, online softmax, O += PV, with the next K load in flight."""
+    def mainloop_step(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool]):
+        """One key block whose K/V tile sits complete in smem ``stage``."""
+        stages = self.config.num_stages
+        # a. Refill the stage consumed last step (every warp passed the barrier after it).
+        n_ahead = n_block - (stages - 1)
+        if n_ahead >= 0:
+            stage_ahead = (stage + stages - 1) % stages
+            cute.copy(self.g2s_qk, ctx.tKgK[None, None, None, n_ahead], ctx.tKsK[None, None, None, stage_ahead])
+            cute.copy(self.g2s_v, ctx.tVgV[None, None, None, n_ahead], ctx.tVsV[None, None, None, stage_ahead])
+        cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
+        # b. S = Q K^T
         acc_S = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         acc_S.fill(0.0)
-        # a. K(n) has landed and every warp is done with V(n+1): reuse the V buffer.
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.sync_threads()
-        if const_expr(masked):
-            # Only the last block can run past seqlen_k: zero those V rows (0 * garbage could be NaN).
-            copy_rows(
-                self.g2s_v, ctx.tVgV[None, None, None, n_block], ctx.tVsV, ctx.t0VcV,
-                ctx.seqlen_k - n_block * self.tile_n - ctx.tVcV[0][0], True,
-            )
+        tSsK = ctx.tSsK[None, None, None, stage]
+        if const_expr(self.config.q_in_regs):
+            self.gemm_rA_smemB(acc_S, ctx.tSrQ, ctx.tSrK, tSsK, ctx.tSrK_v, ctx.s2r_k)
         else:
-            cute.copy(self.g2s_v, ctx.tVgV[None, None, None, n_block], ctx.tVsV)
-        cute.arch.cp_async_commit_group()
-        # b. S = Q K^T
-        self.gemm_smem(acc_S, ctx.tSrQ, ctx.tSrK, ctx.tSsQ, ctx.tSrQ_v, ctx.tSsK, ctx.tSrK_v, ctx.s2r_q, ctx.s2r_k)
-        # c. V(n) has landed and every warp is done with K(n): start K(n-1).
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.sync_threads()
-        if n_block > 0:
-            cute.copy(self.g2s_qk, ctx.tKgK[None, None, None, n_block - 1], ctx.tKsK)
-        cute.arch.cp_async_commit_group()
-        # d./e. mask and online softmax
+            self.gemm_smem(acc_S, ctx.tSrQ, ctx.tSrK, ctx.tSsQ, ctx.tSrQ_v, tSsK, ctx.tSrK_v, ctx.s2r_q, ctx.s2r_k)
+        # c./d. mask and online softmax
         acc_S_rc = acc_rows_cols(acc_S)
         if const_expr(masked):
             mask_scores(
@@ -315,9 +322,12 @@ class FlashFwdMultistage:
                 self.tile_m, self.tile_n, self.causal,
             )
         ctx.softmax.step(acc_S_rc, ctx.acc_O_rc)
-        # f. O += P V, P reinterpreted as the A operand in 16-bit
+        # e. O += P V, P reinterpreted as the A operand in 16-bit
         tOrP = acc_as_operand_a(convert(acc_S, self.dtype))
-        self.gemm_rA_smemB(ctx.acc_O, tOrP, ctx.tOrVt, ctx.tOsVt, ctx.tOrVt_v, ctx.s2r_v)
+        self.gemm_rA_smemB(ctx.acc_O, tOrP, ctx.tOrVt, ctx.tOsVt[None, None, None, stage], ctx.tOrVt_v, ctx.s2r_v)
+        # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
+        cute.arch.cp_async_wait_group(stages - 2)
+        cute.arch.sync_threads()
 
     @cute.jit
     def gemm_smem(self, acc, tCrA, tCrB, tCsA, tCrA_v, tCsB, tCrB_v, s2r_a, s2r_b):

@@ -1,0 +1,148 @@
+"""Compiling kernels: the compile function's parameters are the cache key.
+
+``compile_fwd(spec, config, model, target)`` builds the kernel for symbolic sizes (batch, sequence
+lengths, head counts and strides are runtime values), so one compiled object serves every shape of
+a spec. The compile cache key is exactly ``("fwd", spec, config, model, target)`` plus the versions
+the cache folds in; nothing else influences the generated code.
+
+Also the conformance provider used by ``tools/conformance.py``: ``conformance_cases``,
+``compile_for_conformance`` and ``make_case``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from .config import FwdConfig, dispatchable_fwd, fwd_smem_bytes
+from .execution_model import SM120, ExecutionModel, model_for_arch_string
+from .problem import FwdSpec
+
+_TVM_FFI = "--enable-tvm-ffi"
+_KEEP_ARTIFACTS = "--keep-ptx --keep-cubin --keep-sass"
+
+
+def _fake_fwd_args(spec: FwdSpec):
+    """Fake tensors with symbolic sizes/strides (static: head dims, unit last stride, 16 B alignment)."""
+    import cutlass
+    import cutlass.cute as cute
+
+    dtype = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[spec.dtype]
+    vec = 128 // dtype.width  # elements per 16-byte vector: row strides are multiples of it
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv = (cute.sym_int() for _ in range(5))
+
+    def bshd(seqlen, heads, d):
+        stride = (cute.sym_int64(divisibility=vec), cute.sym_int64(divisibility=vec),
+                  cute.sym_int64(divisibility=vec), 1)
+        return cute.runtime.make_fake_tensor(dtype, (batch, seqlen, heads, d), stride=stride, assumed_align=16)
+
+    q = bshd(seqlen_q, heads_q, spec.head_dim)
+    k = bshd(seqlen_k, heads_kv, spec.head_dim)
+    v = bshd(seqlen_k, heads_kv, spec.head_dim_v)
+    o = bshd(seqlen_q, heads_q, spec.head_dim_v)
+    lse = cute.runtime.make_fake_tensor(
+        cutlass.Float32, (batch, heads_q, seqlen_q), stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
+    )
+    return q, k, v, o, lse, cutlass.Float32(1.0), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+
+
+def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target: str, extra_options: str = ""):
+    """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
+    ``fn(q, k, v, out, lse, softmax_scale_log2)`` taking torch tensors (TVM FFI, current stream)."""
+    import cutlass.cute as cute
+
+    from ._kernels.fwd_multistage import FlashFwdMultistage
+
+    problems = FlashFwdMultistage.can_implement(spec, config, model)
+    if problems:
+        raise ValueError(f"forward kernel cannot implement {spec} with {config} on {model.name}: {'; '.join(problems)}")
+    kernel = FlashFwdMultistage(spec, config, model)
+    options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
+    return cute.compile(kernel, *_fake_fwd_args(spec), options=options)
+
+
+def get_fwd_kernel(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target: str):
+    """The compiled forward kernel from the compile cache (memory, then disk, then compile)."""
+    from .compile_cache import default_cache
+
+    return default_cache().get(
+        ("fwd", spec, config, model.cache_token(), target),
+        lambda: compile_fwd(spec, config, model, target),
+    )
+
+
+# ----------------------------------------------------------------------------------------------
+# Conformance provider
+# ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Case:
+    spec: FwdSpec
+    config: FwdConfig
+    model_name: str = SM120.name
+    subset_ci: bool = False
+
+    @property
+    def name(self) -> str:
+        s, c = self.spec, self.config
+        mask = "causal" if s.causal else "full"
+        qr = "_qreg" if c.q_in_regs else ""
+        return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}"
+
+    def describe(self) -> dict:
+        return {"kernel": "fwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}
+
+
+def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
+    """Every config the dispatcher can choose under ``model``. The CI subset covers every distinct
+    (head_dim, tile) config once, in bf16, causal (the masked path is the larger kernel)."""
+    cases, seen = [], set()
+    for spec, cfg in dispatchable_fwd(model):
+        key = (spec.head_dim, spec.head_dim_v, cfg)
+        ci = spec.dtype == "bf16" and spec.causal and key not in seen
+        if ci:
+            seen.add(key)
+        cases.append(Case(spec, cfg, model.name, subset_ci=ci))
+    return cases
+
+
+def make_case(
+    head_dim: int = 128,
+    head_dim_v: Optional[int] = None,
+    tile_m: int = 128,
+    tile_n: int = 64,
+    num_warps: int = 8,
+    num_stages: int = 2,
+    q_in_regs: bool = False,
+    causal: bool = True,
+    dtype: str = "bf16",
+    model: str = SM120.name,
+) -> Case:
+    spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal)
+    cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs)
+    return Case(spec, cfg, model)
+
+
+def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bool = True,
+                            dump_dir: Optional[str] = None):
+    """Compile ``case`` for ``target`` keeping PTX/CUBIN/SASS; returns (compiled, smem bytes per CTA).
+
+    ``check_valid=False`` skips the validity predicate so a test can feed a config that breaks a
+    rule and watch the gate catch it. The DSL writes the kept artifacts (the SASS artifact is a path)
+    into ``dump_dir``; by default a fresh temporary directory, never the working directory.
+    """
+    import tempfile
+
+    import cutlass.cute as cute
+
+    from ._kernels.fwd_multistage import FlashFwdMultistage
+
+    model = model_for_arch_string(case.model_name.removeprefix("sm"))
+    if check_valid:
+        problems = FlashFwdMultistage.can_implement(case.spec, case.config, model)
+        if problems:
+            raise ValueError(f"{case.name} is not a valid config: {'; '.join(problems)}")
+    kernel = FlashFwdMultistage(case.spec, case.config, model)
+    dump_dir = dump_dir or tempfile.mkdtemp(prefix="fa4sm120-conformance-")
+    options = f"{_TVM_FFI} --gpu-arch {target} {_KEEP_ARTIFACTS} --dump-dir {dump_dir}"
+    compiled = cute.compile(kernel, *_fake_fwd_args(case.spec), options=options)
+    return compiled, fwd_smem_bytes(case.spec, case.config)

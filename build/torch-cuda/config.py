@@ -1,0 +1,117 @@
+"""Tile configurations for the forward kernel: one validity predicate, one table, pure host code.
+
+``fwd_config_problems`` is THE validity predicate: the heuristic, the conformance gate and the tests
+all call it. ``FWD_TABLE`` is the dispatcher's choice per head dim; ``dispatchable_fwd`` enumerates
+every (spec, config) the dispatcher can pick, for the conformance gate.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .execution_model import ExecutionModel
+from .problem import SUPPORTED_HEAD_DIMS, FwdSpec
+
+import json
+from functools import lru_cache
+from pathlib import Path
+
+BYTES_PER_ELEM = 2  # bf16 / fp16 operands
+#: A DSL kernel with dynamic smem also carries a 1024-byte static section (the dynamic block is
+#: 1024-aligned); the conformance gate reads it from the cubin. The per-CTA budget covers both.
+STATIC_SMEM_BYTES = 1024
+
+
+@dataclass(frozen=True)
+class FwdConfig:
+    tile_m: int
+    tile_n: int
+    num_warps: int = 4
+    #: K/V shared-memory stages: tiles in flight ahead of the one being consumed is num_stages - 1.
+    num_stages: int = 2
+    #: Keep Q's MMA fragments in registers for the whole mainloop instead of re-reading smem.
+    q_in_regs: bool = False
+
+    @property
+    def num_threads(self) -> int:
+        return self.num_warps * 32
+
+
+def padded_head_dim(d: int) -> int:
+    """The MMA k-extent (16) rounds head dims up; smem and fragments use the padded size."""
+    return (d + 15) // 16 * 16
+
+
+def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
+    """Shared memory per CTA: Q tile (reused for O) + num_stages K and V tiles, each 1024-aligned."""
+    d, dv = padded_head_dim(spec.head_dim), padded_head_dim(spec.head_dim_v)
+
+    def aligned(n: int) -> int:
+        return (n + 1023) // 1024 * 1024
+
+    q_or_o = max(cfg.tile_m * d, cfg.tile_m * dv) * BYTES_PER_ELEM
+    stages = cfg.num_stages
+    return (aligned(q_or_o) + aligned(stages * cfg.tile_n * d * BYTES_PER_ELEM)
+            + aligned(stages * cfg.tile_n * dv * BYTES_PER_ELEM))
+
+
+def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) -> tuple[str, ...]:
+    """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
+    out = []
+    rows_per_pass = cfg.num_warps * 16  # rows one MMA step covers (one m16 atom per warp)
+    if cfg.num_warps not in (4, 8):
+        out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
+    if cfg.tile_m % rows_per_pass:
+        out.append(f"tile_m={cfg.tile_m} is not a multiple of {rows_per_pass} (16 rows per warp)")
+    if cfg.num_stages not in (2, 3):
+        out.append(f"num_stages={cfg.num_stages} (2 or 3 supported)")
+    if cfg.tile_n % 16:
+        out.append(f"tile_n={cfg.tile_n} is not a multiple of 16 (two n8 atoms form one k16 step of P@V)")
+    for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
+        if d % 16:
+            out.append(f"{name}={d} is not a multiple of 16")
+    smem = fwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES
+    if smem > model.smem_per_cta:
+        out.append(f"shared memory {smem} B (incl. {STATIC_SMEM_BYTES} B static) exceeds "
+                   f"{model.smem_per_cta} B per CTA of the {model.name} model")
+    # fp32 accumulators per thread: O (tile_m x dv) and S (tile_m x tile_n). At 192 the sm_120a
+    # build spills (d=128 128x64 and d=64 128x128 on 4 warps: 255 regs + 72/56 B stack); at 128 it
+    # does not (measured with the conformance gate, 2026-11-22).
+    acc_regs = cfg.tile_m * (padded_head_dim(spec.head_dim_v) + cfg.tile_n) // cfg.num_threads
+    if acc_regs > 128:
+        out.append(f"{acc_regs} accumulator registers per thread (O + S) leave too few for operands")
+    return tuple(out)
+
+
+def is_valid(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) -> bool:
+    return not fwd_config_problems(spec, cfg, model)
+
+
+TABLE_PATH = Path(__file__).with_name("fwd_table.json")
+
+
+@lru_cache(maxsize=None)
+def fwd_table() -> dict:
+    """The dispatcher's table, ``"d{head_dim}_{full|causal}" -> FwdConfig``, produced by
+    ``benchmarks/tune_fwd.py`` on the device and committed with device and date (fwd_table.json)."""
+    data = json.loads(TABLE_PATH.read_text())
+    return {key: FwdConfig(**knobs) for key, knobs in data["table"].items()}
+
+
+def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
+    cfg = fwd_table()[f"d{spec.head_dim}_{'causal' if spec.causal else 'full'}"]
+    problems = fwd_config_problems(spec, cfg, model)
+    if problems:  # a table entry that fails the predicate is a bug in this file, not a user error
+        raise RuntimeError(f"forward table entry {cfg} is invalid for {spec} on {model.name}: {'; '.join(problems)}")
+    return cfg
+
+
+def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
+    """Every (spec, config) the dispatcher can choose under ``model``: the conformance list."""
+    out = []
+    for dtype in ("bf16", "fp16"):
+        for d in SUPPORTED_HEAD_DIMS:
+            for causal in (False, True):
+                spec = FwdSpec(dtype=dtype, head_dim=d, head_dim_v=d, causal=causal)
+                out.append((spec, select_fwd_config(spec, model)))
+    return out

@@ -1,0 +1,183 @@
+"""The execution model: the only module that knows SM numbers.
+
+Every kernel in this bundle is written against one contract, the SM120 execution model: warp-level
+``mma.sync`` (m16n8k16, fp32 accumulate), ``ldmatrix``, at most 101376 bytes of shared memory per CTA,
+no wgmma, no tcgen05/TMEM, single-CTA TMA without multicast. A GPU *runs* that model when it has the
+instructions the model needs; a part with more (an H100 has 227 KB of smem and wgmma) still gets the
+model's limits, so what we verify on it is what an RTX 5090 executes.
+
+Kernels receive an ``ExecutionModel`` as a trace-time constant and branch on its named capabilities
+(``model.g2s_copy is CopyKind.CP_ASYNC``), never on an SM number.
+
+Two targets are kept apart:
+  * the *dispatch* model: which part we are running on (from the CUDA device, or the
+    ``FA4_SM120_DISPATCH_ARCH`` override, e.g. ``sm_120`` to force the SM120 model on another GPU);
+  * the *compile* target: what ``cute.compile`` emits (``model.compile_target``, or the
+    ``FA4_SM120_COMPILE_TARGET`` override, e.g. ``sm_120a`` for conformance checks on a CPU).
+Both overrides are read by the public API at call time and passed down as arguments, so they are
+part of every compile-cache key.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, replace
+from typing import Optional
+
+DISPATCH_ENV = "FA4_SM120_DISPATCH_ARCH"
+COMPILE_TARGET_ENV = "FA4_SM120_COMPILE_TARGET"
+
+#: Shared memory one CTA may use under the SM120 execution model (99 KB: RTX 5090, RTX PRO 6000,
+#: GB10). ``cutlass.memory.get_smem_capacity_in_bytes("sm_120")`` reports the same number.
+SM120_SMEM_PER_CTA = 101376
+
+
+class MmaKind(enum.Enum):
+    MMA_SYNC_F16 = "mma.sync.m16n8k16 f16/bf16 -> f32"
+
+
+class Fp8MmaKind(enum.Enum):
+    NONE = "none"
+    MMA_SYNC_E4M3 = "mma.sync.m16n8k32 e4m3 -> f32"
+    MMA_SYNC_F8F6F4 = "mma.sync kind::f8f6f4 (sm_120a)"
+
+
+class CopyKind(enum.Enum):
+    CP_ASYNC = "cp.async (LDGSTS)"
+    TMA = "cp.async.bulk.tensor, single CTA"
+    LDMATRIX = "ldmatrix"
+    STMATRIX = "stmatrix"
+    UNIVERSAL = "st.shared"
+
+
+@dataclass(frozen=True)
+class ExecutionModel:
+    """What one GPU part offers to kernels written for the SM120 execution model."""
+
+    name: str
+    #: (major, minor) compute capabilities this entry describes.
+    capabilities: tuple[tuple[int, int], ...]
+    #: Default ``cute.compile`` target for this part.
+    compile_target: str
+    #: Shared memory per CTA the kernels may use: the model's limit, never the part's larger one.
+    smem_per_cta: int
+    mma: MmaKind
+    fp8_mma: Fp8MmaKind
+    #: How global -> shared tiles are loaded by the mainloops this part can run.
+    g2s_copies: tuple[CopyKind, ...]
+    #: How shared -> register fragments are loaded (ldmatrix on every part here).
+    s2r_copy: CopyKind
+    #: How register fragments are written to shared memory in epilogues.
+    r2s_copy: CopyKind
+    tma_multicast: bool = False
+    has_setmaxnreg: bool = False
+    has_wgmma: bool = False
+    has_tmem: bool = False
+    max_regs_per_thread: int = 255
+    #: True for the parts the bundle is built for; False for parts that merely run the same model.
+    primary: bool = False
+
+    @property
+    def has_tma(self) -> bool:
+        return CopyKind.TMA in self.g2s_copies
+
+    def supports(self, copy: CopyKind) -> bool:
+        return copy in self.g2s_copies
+
+    def cache_token(self) -> str:
+        """A stable string naming everything about this model that changes generated code."""
+        return repr(self)
+
+
+_SM120_COMMON = dict(
+    smem_per_cta=SM120_SMEM_PER_CTA,
+    mma=MmaKind.MMA_SYNC_F16,
+    g2s_copies=(CopyKind.CP_ASYNC, CopyKind.TMA),
+    s2r_copy=CopyKind.LDMATRIX,
+    r2s_copy=CopyKind.STMATRIX,
+    has_setmaxnreg=True,
+)
+
+SM120 = ExecutionModel(
+    name="sm120",
+    capabilities=((12, 0),),
+    compile_target="sm_120a",
+    fp8_mma=Fp8MmaKind.MMA_SYNC_F8F6F4,
+    primary=True,
+    **_SM120_COMMON,
+)
+SM121 = replace(SM120, name="sm121", capabilities=((12, 1),), compile_target="sm_121a")
+#: Hopper runs the SM120 model with its own compile target; wgmma/TMEM stay unused on purpose and the
+#: smem limit stays the model's 101376 bytes. Its FP8 mma.sync is the m16n8k32 e4m3 form.
+SM90 = replace(
+    SM120,
+    name="sm90",
+    capabilities=((9, 0),),
+    compile_target="sm_90a",
+    fp8_mma=Fp8MmaKind.MMA_SYNC_E4M3,
+    primary=False,
+)
+#: Ampere/Ada: cp.async + ldmatrix + mma.sync, no TMA, no stmatrix, no setmaxnreg.
+SM80 = ExecutionModel(
+    name="sm80",
+    capabilities=((8, 0), (8, 6), (8, 7)),
+    compile_target="sm_80",
+    smem_per_cta=SM120_SMEM_PER_CTA,
+    mma=MmaKind.MMA_SYNC_F16,
+    fp8_mma=Fp8MmaKind.NONE,
+    g2s_copies=(CopyKind.CP_ASYNC,),
+    s2r_copy=CopyKind.LDMATRIX,
+    r2s_copy=CopyKind.UNIVERSAL,
+)
+SM89 = replace(SM80, name="sm89", capabilities=((8, 9),), compile_target="sm_89",
+               fp8_mma=Fp8MmaKind.MMA_SYNC_E4M3)
+
+MODELS: tuple[ExecutionModel, ...] = (SM120, SM121, SM90, SM89, SM80)
+
+#: The arch strings build.toml / metadata.json declare: every capability some model runs.
+def declared_cuda_capabilities() -> list[str]:
+    return [f"{major}.{minor}" for m in MODELS for (major, minor) in m.capabilities]
+
+
+class UnsupportedDeviceError(RuntimeError):
+    """The GPU lacks what the SM120 execution model needs (or there is no CUDA GPU)."""
+
+
+def model_for_capability(major: int, minor: int) -> ExecutionModel:
+    for m in MODELS:
+        if (major, minor) in m.capabilities:
+            return m
+    supported = ", ".join(declared_cuda_capabilities())
+    raise UnsupportedDeviceError(
+        f"compute capability {major}.{minor} cannot run the SM120 execution model "
+        f"(mma.sync + ldmatrix + cp.async within 99 KB of shared memory); supported capabilities: {supported}. "
+        f"On Hopper/Blackwell datacenter parts use upstream flash-attn-4 instead."
+    )
+
+
+def model_for_arch_string(arch: str) -> ExecutionModel:
+    """``"sm_120"``, ``"sm_120a"``, ``"120"``, ``"12.0"`` -> the model for that part."""
+    s = arch.strip().lower().removeprefix("sm_").removeprefix("sm").rstrip("af")
+    if "." in s:
+        major, minor = (int(x) for x in s.split(".", 1))
+    elif s.isdigit() and len(s) >= 2:
+        major, minor = int(s[:-1]), int(s[-1])
+    else:
+        raise ValueError(f"cannot parse an architecture from {arch!r}; expected e.g. 'sm_120' or '12.0'")
+    return model_for_capability(major, minor)
+
+
+def resolve_dispatch_model(device_capability: Optional[tuple[int, int]], override: Optional[str]) -> ExecutionModel:
+    """The model to run as: the override if given, else the device's capability."""
+    if override:
+        return model_for_arch_string(override)
+    if device_capability is None:
+        raise UnsupportedDeviceError(
+            "no CUDA GPU is available: flash_attn_4_sm120 runs on SM120/SM121 (and SM80-SM90) GPUs. "
+            "Without a GPU you can still compile and inspect kernels: see tools/conformance.py."
+        )
+    return model_for_capability(*device_capability)
+
+
+def resolve_compile_target(model: ExecutionModel, override: Optional[str]) -> str:
+    return override.strip() if override else model.compile_target

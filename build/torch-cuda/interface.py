@@ -1,0 +1,166 @@
+"""Public API: validation, feature refusal, custom-op registration. No architecture branches here.
+
+``flash_attn_func`` keeps upstream flash-attn-4's argument names, ``(batch, seqlen, heads, head_dim)``
+layout and ``(out, lse)`` return convention, so code written for flash-attn-4 runs unchanged where the
+features it uses are implemented; features not yet in this version raise ``NotImplementedError``
+with the manifest's message (see CONFLICTS_LOG.md).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+import torch
+
+from . import manifest
+from ._ops import add_op_namespace_prefix
+from .config import select_fwd_config
+from .execution_model import (
+    COMPILE_TARGET_ENV,
+    DISPATCH_ENV,
+    ExecutionModel,
+    resolve_compile_target,
+    resolve_dispatch_model,
+)
+from .problem import validate_fwd
+
+_LOG2_E = 1.0 / math.log(2.0)
+
+
+def dispatch_model(device: torch.device) -> ExecutionModel:
+    """The execution model for ``device`` (``FA4_SM120_DISPATCH_ARCH`` overrides)."""
+    cap = torch.cuda.get_device_capability(device) if torch.cuda.is_available() else None
+    return resolve_dispatch_model(cap, os.environ.get(DISPATCH_ENV))
+
+
+def flash_attn_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    out: Optional[torch.Tensor] = None,
+    lse: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Low-level forward without autograd: writes into ``out``/``lse`` when given, returns both."""
+    from .compiler import get_fwd_kernel
+
+    spec, shape, softmax_scale = validate_fwd(q, k, v, softmax_scale, causal)
+    model = dispatch_model(q.device)
+    target = resolve_compile_target(model, os.environ.get(COMPILE_TARGET_ENV))
+    out_shape = (*q.shape[:3], v.shape[3])
+    lse_shape = (shape.batch, shape.num_heads, shape.seqlen_q)
+    if out is None:
+        out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+    _check_output("out", out, out_shape, q.dtype, q.device)
+    if lse is None:
+        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+    _check_output("lse", lse, lse_shape, torch.float32, q.device)
+    if out.numel() == 0:
+        return out, lse
+    if shape.seqlen_k == 0:  # softmax over no keys: zero output, LSE of the empty set
+        return out.zero_(), lse.fill_(-math.inf)
+    kernel = get_fwd_kernel(spec, select_fwd_config(spec, model), model, target)
+    with torch.cuda.device(q.device):
+        kernel(q, k, v, out, lse, softmax_scale * _LOG2_E)
+    return out, lse
+
+
+def _check_output(name, t, shape, dtype, device) -> None:
+    if tuple(t.shape) != tuple(shape) or t.dtype != dtype or t.device != device:
+        raise ValueError(f"{name} must be a {dtype} tensor of shape {tuple(shape)} on {device}; "
+                         f"got {t.dtype} {tuple(t.shape)} on {t.device}")
+    if t.stride(-1) != 1 or (name == "out" and t.data_ptr() % 16):
+        raise ValueError(f"{name} must be contiguous in its last dimension and 16-byte aligned")
+
+
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return flash_attn_fwd(q, k, v, softmax_scale, causal)
+
+
+def _fwd_fake(q, k, v, softmax_scale, causal):
+    out = q.new_empty((*q.shape[:3], v.shape[3]))
+    lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
+    return out, lse
+
+
+def _fwd_backward(ctx, dout, dlse):
+    manifest.require("backward")
+    raise NotImplementedError("backward is not available in this version")  # require() raised already
+
+
+def _register_fwd_op():
+    """Register this build's op once per process. The name carries the build's namespace, so two
+    builds never collide; the same build imported twice (clone import + get_kernel) reuses it."""
+    qualname = add_op_namespace_prefix("fwd")
+    namespace, name = qualname.split("::")
+    if hasattr(getattr(torch.ops, namespace), name):
+        return getattr(getattr(torch.ops, namespace), name).default
+    op = torch.library.custom_op(qualname, mutates_args=())(_fwd_impl)
+    op.register_fake(_fwd_fake)
+    op.register_autograd(_fwd_backward)
+    return op
+
+
+_fwd_op = _register_fwd_op()
+
+
+def _refuse_unimplemented(
+    window_size, learnable_sink, softcap, num_splits, pack_gqa, deterministic, score_mod, mask_mod, extra
+) -> None:
+    """Raise the manifest's message for each requested feature this version does not implement."""
+    if extra:
+        raise TypeError(f"flash_attn_func got unexpected arguments: {sorted(extra)}")
+    requested = []
+    if window_size is not None and tuple(window_size) != (None, None) and tuple(window_size) != (-1, -1):
+        requested.append("sliding_window")
+    if learnable_sink is not None:
+        requested.append("learnable_sink")
+    if softcap:
+        requested.append("softcap")
+    if num_splits not in (None, 1, 0):
+        requested.append("split_kv")
+    if pack_gqa:
+        requested.append("pack_gqa")
+    if deterministic:
+        requested.append("deterministic_backward")
+    if score_mod is not None or mask_mod is not None:
+        requested.append("score_mod")
+    manifest.check_combination(requested)
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple = (None, None),
+    learnable_sink: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    deterministic: bool = False,
+    score_mod=None,
+    mask_mod=None,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """Attention forward. q: (batch, seqlen_q, heads, d); k, v: (batch, seqlen_k, heads_kv, d).
+
+    Returns ``(out, lse)``: out (batch, seqlen_q, heads, d) in q's dtype; lse (batch, heads, seqlen_q)
+    fp32 natural-log sum-exp of the scaled scores when ``return_lse`` is set or a gradient is
+    required, else None. ``softmax_scale`` defaults to 1/sqrt(d). ``causal`` aligns the diagonal to
+    the bottom-right corner when seqlen_q != seqlen_k.
+    """
+    _refuse_unimplemented(window_size, learnable_sink, softcap, num_splits, pack_gqa, deterministic,
+                          score_mod, mask_mod, kwargs)
+    _, _, softmax_scale = validate_fwd(q, k, v, softmax_scale, causal)
+    out, lse = _fwd_op(q, k, v, softmax_scale, bool(causal))
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return out, (lse if (return_lse or needs_grad) else None)
+
+
+__all__ = ["flash_attn_func", "flash_attn_fwd", "dispatch_model"]

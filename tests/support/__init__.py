@@ -1,0 +1,1 @@
+"""Helpers shared by tests (importable as `support.*` via pytest.ini pythonpath)."""

@@ -1,0 +1,388 @@
+"""Forward attention, cp.async multistage mainloop with warp-level mma.sync (SM120 execution model).
+
+Computes, per (batch, query head) and query row i:
+    O[i] = softmax(scale * Q[i] K^T, masked) V,     LSE[i] = log(sum_j exp(scale * Q[i] K[j]))
+for bf16/fp16 inputs with fp32 accumulation. K/V heads are shared by ``num_heads_q / num_heads_kv``
+query heads (MHA, GQA, MQA). Causal masking is bottom-right aligned.
+
+Tensors: Q, O (batch, seqlen_q, heads_q, d); K, V (batch, seqlen_k, heads_kv, d); LSE (batch, heads_q,
+seqlen_q) fp32. Sizes and strides are runtime values (last dim contiguous, 16-byte aligned rows).
+
+Algorithm (one CTA = one tile_m x d block of Q for one head; ``num_warps`` warps split it by rows;
+key blocks are visited from the last to the first, so the few that need an element mask come first):
+  1. Prologue: cp.async Q and the first ``num_stages - 1`` K/V tiles (the first can run past seqlen_k:
+     its rows are predicated, V's zero-filled); wait for Q and tile 0; optionally keep Q in registers.
+  2. For each key block n (tile in smem stage n % num_stages, complete and visible):
+     a. start the cp.async of the tile ``num_stages - 1`` blocks ahead into the stage freed last step
+     b. S = Q K^T with ldmatrix + mma.sync m16n8k16, fp32 accumulators
+     c. mask S (sequence end, causal diagonal) where the block needs it
+     d. online softmax: P = exp2(S*scale_log2 - running max), rescale O
+     e. O += P V, P kept in registers as the A operand, V^T read by ldmatrix.trans
+     f. wait for the next tile; one CTA barrier (the next tile is visible, this stage is free)
+  3. O /= row sum; O goes through shared memory (reusing Q's buffer) for 16-byte global stores;
+     LSE is written by the lane that owns column 0 of each row.
+
+Constraints: head dims multiples of 16, tile_m a multiple of 16 * num_warps, tile_n a multiple of
+16, 2-3 stages, shared memory within the model's per-CTA limit (see ``config.fwd_config_problems``).
+"""
+
+from types import SimpleNamespace
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warp
+
+from ..config import FwdConfig, fwd_config_problems, fwd_smem_bytes, padded_head_dim
+from ..execution_model import CopyKind, ExecutionModel
+from ..problem import FwdSpec
+from . import block_info
+from .fragments import acc_as_operand_a, acc_rows_cols, convert
+from .mask import mask_scores
+from .softmax import OnlineSoftmax
+from .tile_io import copy_rows
+from .tile_scheduler import SingleTileScheduler
+
+_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+_COPY_BITS = 128  # 16-byte cp.async / st.global vectors
+
+
+def smem_layout_atom(dtype, width: int) -> cute.ComposedLayout:
+    """A swizzled 8-row atom, ``width`` columns wide (16, 32 or 64 elements), bank-conflict free
+    for both cp.async writes and ldmatrix reads."""
+    atom_cols = 64 if width % 64 == 0 else (32 if width % 32 == 0 else 16)
+    swizzle_bits = {64: 3, 32: 2, 16: 1}[atom_cols]
+    return cute.make_composed_layout(
+        cute.make_swizzle(swizzle_bits, 3, 3), 0, cute.make_layout((8, atom_cols), stride=(atom_cols, 1))
+    )
+
+
+def g2s_tiled_copy(dtype, atom_cols: int, num_threads: int, op) -> cute.TiledCopy:
+    """Threads tile rows of 16-byte vectors: ``atom_cols / 8`` threads per row."""
+    elems = _COPY_BITS // dtype.width
+    threads_per_row = atom_cols // elems
+    atom = cute.make_copy_atom(op, dtype, num_bits_per_copy=_COPY_BITS)
+    thr_layout = cute.make_ordered_layout((num_threads // threads_per_row, threads_per_row), order=(1, 0))
+    return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, elems)))
+
+
+class FlashFwdMultistage:
+    """cp.async + mma.sync forward kernel. Build with a spec, a config and an execution model."""
+
+    def __init__(self, spec: FwdSpec, config: FwdConfig, model: ExecutionModel):
+        self.spec = spec
+        self.config = config
+        self.model = model
+        self.dtype = _DTYPES[spec.dtype]
+        self.head_dim = padded_head_dim(spec.head_dim)
+        self.head_dim_v = padded_head_dim(spec.head_dim_v)
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        self.num_threads = config.num_threads
+        self.causal = spec.causal
+
+    @staticmethod
+    def can_implement(spec: FwdSpec, config: FwdConfig, model: ExecutionModel) -> tuple[str, ...]:
+        """Reasons this kernel cannot run (empty when it can): the config predicate plus what this
+        mainloop needs from the execution model."""
+        problems = list(fwd_config_problems(spec, config, model))
+        if not model.supports(CopyKind.CP_ASYNC):
+            problems.append(f"the {model.name} model has no cp.async")
+        if model.s2r_copy is not CopyKind.LDMATRIX:
+            problems.append(f"the {model.name} model has no ldmatrix")
+        return tuple(problems)
+
+    @staticmethod
+    def smem_bytes(spec: FwdSpec, config: FwdConfig) -> int:
+        return fwd_smem_bytes(spec, config)
+
+    # ------------------------------------------------------------------------------------------
+    # Host-side (trace-time) setup
+    # ------------------------------------------------------------------------------------------
+    def _setup(self):
+        dt, stages = self.dtype, self.config.num_stages
+        atom_qk = smem_layout_atom(dt, self.head_dim)
+        atom_v = smem_layout_atom(dt, self.head_dim_v)
+        self.sQ_layout = cute.tile_to_shape(atom_qk, (self.tile_m, self.head_dim), (0, 1))
+        self.sK_layout = cute.tile_to_shape(atom_qk, (self.tile_n, self.head_dim, stages), (0, 1, 2))
+        self.sV_layout = cute.tile_to_shape(atom_v, (self.tile_n, self.head_dim_v, stages), (0, 1, 2))
+        self.sO_layout = cute.tile_to_shape(atom_v, (self.tile_m, self.head_dim_v), (0, 1))
+        cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
+        self.g2s_qk = g2s_tiled_copy(dt, atom_qk.outer.shape[1], self.num_threads, cp_async)
+        self.g2s_v = g2s_tiled_copy(dt, atom_v.outer.shape[1], self.num_threads, cp_async)
+        self.s2g_o = g2s_tiled_copy(dt, atom_v.outer.shape[1], self.num_threads, cute.nvgpu.CopyUniversalOp())
+        num_warps = self.num_threads // 32
+        self.tiled_mma = cute.make_tiled_mma(
+            warp.MmaF16BF16Op(dt, Float32, (16, 8, 16)),
+            (num_warps, 1, 1),
+            permutation_mnk=(num_warps * 16, 16, 16),
+        )
+        q_o_elems = max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout))
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, q_o_elems], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
+
+        # Trace-time invariant: the host formula (used by the predicate and the gate) is exact.
+        if SharedStorage.size_in_bytes() != fwd_smem_bytes(self.spec, self.config):
+            raise RuntimeError(
+                f"smem accounting mismatch: struct {SharedStorage.size_in_bytes()} B vs "
+                f"predicate {fwd_smem_bytes(self.spec, self.config)} B"
+            )
+        self.SharedStorage = SharedStorage
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        softmax_scale_log2: Float32,
+        stream: cuda.CUstream,
+    ):
+        if const_expr(not (mQ.element_type == mK.element_type == mV.element_type == mO.element_type == self.dtype)):
+            raise TypeError("Q, K, V, O must all have the spec's dtype")
+        self._setup()
+        scheduler = SingleTileScheduler(reverse_m=self.causal)
+        grid = scheduler.grid(cute.ceil_div(mQ.shape[1], self.tile_m), mQ.shape[2], mQ.shape[0])
+        self.kernel(
+            mQ, mK, mV, mO, mLSE, softmax_scale_log2,
+            self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
+            self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            smem=self.SharedStorage.size_in_bytes(),
+            stream=stream,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # Device code
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mO: cute.Tensor,
+        mLSE: cute.Tensor,
+        softmax_scale_log2: Float32,
+        sQ_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sO_layout: cute.ComposedLayout,
+        g2s_qk: cute.TiledCopy,
+        g2s_v: cute.TiledCopy,
+        s2g_o: cute.TiledCopy,
+        tiled_mma: cute.TiledMma,
+        scheduler: cutlass.Constexpr,
+    ):
+        # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
+        self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
+        stages = self.config.num_stages
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, head, batch = scheduler.tile()
+        seqlen_q = mQ.shape[1]
+        seqlen_k = mK.shape[1]
+        head_kv = head // (mQ.shape[2] // mK.shape[2])
+
+        n_end = block_info.n_block_end(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
+        n_unmasked_end = block_info.n_block_unmasked_end(
+            m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal
+        )
+        n_unmasked_end = cutlass.min(n_unmasked_end, n_end)
+
+        # (tile_m, d), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
+        gQ = cute.local_tile(mQ[batch, None, head, None], (self.tile_m, self.head_dim), (m_block, 0))
+        gK = cute.local_tile(mK[batch, None, head_kv, None], (self.tile_n, self.head_dim), (None, 0))
+        gV = cute.local_tile(mV[batch, None, head_kv, None], (self.tile_n, self.head_dim_v), (None, 0))
+
+        storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
+        sQ = storage.sQ.get_tensor(sQ_layout)  # (tile_m, d)
+        sK = storage.sK.get_tensor(sK_layout)  # (tile_n, d, stages)
+        sV = storage.sV.get_tensor(sV_layout)  # (tile_n, dv, stages)
+        sO = cute.make_tensor(sQ.iterator, sO_layout)
+        # V^T view (dv, tile_n, stages) for the B operand of P @ V.
+        sVt = cute.composition(
+            sV, cute.make_layout((self.head_dim_v, self.tile_n, stages),
+                                 stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
+        )
+
+        # Global -> shared partitions: (CPY, CPY_ROWS, CPY_COLS[, n_blocks | stages])
+        thr_qk = self.g2s_qk.get_slice(tidx)
+        thr_v = self.g2s_v.get_slice(tidx)
+        tQgQ, tQsQ = thr_qk.partition_S(gQ), thr_qk.partition_D(sQ)
+        tKgK, tKsK = thr_qk.partition_S(gK), thr_qk.partition_D(sK)
+        tVgV, tVsV = thr_v.partition_S(gV), thr_v.partition_D(sV)
+        cQ = cute.make_identity_tensor((self.tile_m, self.head_dim))
+        cK = cute.make_identity_tensor((self.tile_n, self.head_dim))
+        cV = cute.make_identity_tensor((self.tile_n, self.head_dim_v))
+        tQcQ, t0QcQ = thr_qk.partition_S(cQ), self.g2s_qk.get_slice(0).partition_S(cQ)
+        tKcK, t0KcK = thr_qk.partition_S(cK), self.g2s_qk.get_slice(0).partition_S(cK)
+        tVcV, t0VcV = thr_v.partition_S(cV), self.g2s_v.get_slice(0).partition_S(cV)
+
+        # MMA fragments and shared -> register copies (ldmatrix); smem partitions keep the stage mode.
+        thr_mma = self.tiled_mma.get_slice(tidx)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # (MMA, MMA_M, MMA_K)
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))  # (MMA, MMA_N, MMA_K)
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0]))  # (MMA, MMA_N, MMA_K)
+        s2r_q = cute.make_tiled_copy_A(
+            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
+        )
+        s2r_k = cute.make_tiled_copy_B(
+            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
+        )
+        s2r_v = cute.make_tiled_copy_B(
+            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), self.tiled_mma
+        )
+        thr_s2r_q, thr_s2r_k, thr_s2r_v = s2r_q.get_slice(tidx), s2r_k.get_slice(tidx), s2r_v.get_slice(tidx)
+
+        # (MMA, MMA_M, MMA_N) accumulator of O and its (rows, cols) view
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
+        acc_O.fill(0.0)
+        acc_O_rc = acc_rows_cols(acc_O)
+        softmax = OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0]))
+
+        # Coordinates of S for masking: this thread's and thread 0's (compile-time) partitions.
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        tScS_rc = acc_rows_cols(thr_mma.partition_C(cS))
+        t0ScS_rc = acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS))
+
+        ctx = SimpleNamespace(
+            m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_end=n_end,
+            tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
+            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
+            tSsQ=thr_s2r_q.partition_S(sQ), tSrQ_v=thr_s2r_q.retile(tSrQ),
+            tSsK=thr_s2r_k.partition_S(sK), tSrK_v=thr_s2r_k.retile(tSrK),
+            tOsVt=thr_s2r_v.partition_S(sVt), tOrVt_v=thr_s2r_v.retile(tOrVt),
+            s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v,
+            thr_mma=thr_mma, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc, softmax=softmax,
+        )
+
+        # 1. Prologue: Q and the first stages - 1 tiles (tile 0 = block n_end - 1 may be partial).
+        copy_rows(self.g2s_qk, tQgQ, tQsQ, t0QcQ, seqlen_q - m_block * self.tile_m - tQcQ[0][0], False)
+        for j in cutlass.range_constexpr(stages - 1):
+            n_block = n_end - 1 - j
+            if n_block >= 0:
+                rows_left = seqlen_k - n_block * self.tile_n
+                copy_rows(self.g2s_qk, tKgK[None, None, None, n_block], tKsK[None, None, None, j], t0KcK,
+                          rows_left - tKcK[0][0], False)
+                # Rows past seqlen_k are zeroed in V: P is 0 there, but 0 * garbage could be NaN.
+                copy_rows(self.g2s_v, tVgV[None, None, None, n_block], tVsV[None, None, None, j], t0VcV,
+                          rows_left - tVcV[0][0], True)
+            cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(stages - 2)
+        cute.arch.sync_threads()
+        if const_expr(self.config.q_in_regs):
+            cute.copy(s2r_q, ctx.tSsQ, ctx.tSrQ_v)
+
+        # 2. Mainloop: blocks needing an element mask, then the full ones.
+        num_masked = n_end - n_unmasked_end
+        for i in cutlass.range(num_masked, unroll=1):
+            self.mainloop_step(ctx, n_end - 1 - i, i % stages, masked=True)
+        for i in cutlass.range(n_unmasked_end, unroll=1):
+            self.mainloop_step(ctx, n_unmasked_end - 1 - i, (num_masked + i) % stages, masked=False)
+
+        # 3. Epilogue
+        lse = cute.make_rmem_tensor(cute.size(acc_O_rc, mode=[0]), Float32)
+        softmax.finalize(acc_O_rc, lse)
+        self.epilogue(acc_O, lse, sO, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
+
+    @cute.jit
+    def mainloop_step(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool]):
+        """One key block whose K/V tile sits complete in smem ``stage``."""
+        stages = self.config.num_stages
+        # a. Refill the stage consumed last step (every warp passed the barrier after it).
+        n_ahead = n_block - (stages - 1)
+        if n_ahead >= 0:
+            stage_ahead = (stage + stages - 1) % stages
+            cute.copy(self.g2s_qk, ctx.tKgK[None, None, None, n_ahead], ctx.tKsK[None, None, None, stage_ahead])
+            cute.copy(self.g2s_v, ctx.tVgV[None, None, None, n_ahead], ctx.tVsV[None, None, None, stage_ahead])
+        cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
+        # b. S = Q K^T
+        acc_S = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc_S.fill(0.0)
+        tSsK = ctx.tSsK[None, None, None, stage]
+        if const_expr(self.config.q_in_regs):
+            self.gemm_rA_smemB(acc_S, ctx.tSrQ, ctx.tSrK, tSsK, ctx.tSrK_v, ctx.s2r_k)
+        else:
+            self.gemm_smem(acc_S, ctx.tSrQ, ctx.tSrK, ctx.tSsQ, ctx.tSrQ_v, tSsK, ctx.tSrK_v, ctx.s2r_q, ctx.s2r_k)
+        # c./d. mask and online softmax
+        acc_S_rc = acc_rows_cols(acc_S)
+        if const_expr(masked):
+            mask_scores(
+                acc_S_rc, ctx.tScS_rc, ctx.t0ScS_rc, ctx.m_block, n_block, ctx.seqlen_q, ctx.seqlen_k,
+                self.tile_m, self.tile_n, self.causal,
+            )
+        ctx.softmax.step(acc_S_rc, ctx.acc_O_rc)
+        # e. O += P V, P reinterpreted as the A operand in 16-bit
+        tOrP = acc_as_operand_a(convert(acc_S, self.dtype))
+        self.gemm_rA_smemB(ctx.acc_O, tOrP, ctx.tOrVt, ctx.tOsVt[None, None, None, stage], ctx.tOrVt_v, ctx.s2r_v)
+        # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
+        cute.arch.cp_async_wait_group(stages - 2)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def gemm_smem(self, acc, tCrA, tCrB, tCsA, tCrA_v, tCsB, tCrB_v, s2r_a, s2r_b):
+        """acc += A B^T with both operands read from smem by ldmatrix, one k16 step ahead."""
+        num_k = cute.size(tCsA, mode=[2])
+        cute.copy(s2r_a, tCsA[None, None, 0], tCrA_v[None, None, 0])
+        cute.copy(s2r_b, tCsB[None, None, 0], tCrB_v[None, None, 0])
+        for k in cutlass.range_constexpr(num_k):
+            if const_expr(k + 1 < num_k):
+                cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
+                cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
+            cute.gemm(self.tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+
+    @cute.jit
+    def gemm_rA_smemB(self, acc, tCrA, tCrB, tCsB, tCrB_v, s2r_b):
+        """acc += A B^T with A already in registers and B read from smem by ldmatrix."""
+        num_k = cute.size(tCrA, mode=[2])
+        cute.copy(s2r_b, tCsB[None, None, 0], tCrB_v[None, None, 0])
+        for k in cutlass.range_constexpr(num_k):
+            if const_expr(k + 1 < num_k):
+                cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
+            cute.gemm(self.tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+
+    @cute.jit
+    def epilogue(self, acc_O, lse, sO, mO, mLSE, tidx, m_block, head, batch, seqlen_q):
+        """Normalized O -> smem (reusing Q's buffer) -> 16-byte global stores; LSE per row."""
+        # Every cp.async (Q when no key block ran) has landed and every warp is done reading sQ.
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+        rO = convert(acc_O, self.dtype)
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), self.tiled_mma)
+        thr_r2s = r2s.get_slice(tidx)
+        cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
+
+        # LSE: the lane holding column 0 of a row writes it.
+        cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
+        thr_mma = self.tiled_mma.get_slice(tidx)
+        tOcO_rc = acc_rows_cols(thr_mma.partition_C(cO))
+        gLSE = mLSE[batch, head, None]
+        if tOcO_rc[0, 0][1] == 0:
+            for r in cutlass.range_constexpr(cute.size(lse)):
+                row = m_block * self.tile_m + tOcO_rc[r, 0][0]
+                if row < seqlen_q:
+                    gLSE[row] = lse[r]
+
+        cute.arch.sync_threads()
+        gO = cute.local_tile(mO[batch, None, head, None], (self.tile_m, self.head_dim_v), (m_block, 0))
+        thr_s2g = self.s2g_o.get_slice(tidx)
+        tOsO = thr_s2g.partition_S(sO)
+        tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
+        cute.autovec_copy(tOsO, tOrO)
+        tOgO = thr_s2g.partition_D(gO)
+        tOcO = thr_s2g.partition_S(cO)
+        t0OcO = self.s2g_o.get_slice(0).partition_S(cO)
+        row_limit = seqlen_q - m_block * self.tile_m - tOcO[0][0]
+        for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
+            if t0OcO[0, m, 0][0] < row_limit:
+                cute.copy(self.s2g_o, tOrO[None, m, None], tOgO[None, m, None])

@@ -1,0 +1,66 @@
+"""Online softmax over key blocks, in the accumulator's (rows, cols) view (arch-free).
+
+State per accumulator row owned by this thread: ``row_max`` (raw scores, before scaling) and
+``row_sum`` (this thread's partial sum; the 4 lanes of a row are combined once, in ``finalize``).
+
+Step for one key block S (scores for this block, masked entries = -inf):
+  1. m_new = max(row_max, rowmax(S))                     (quad all-reduce)
+  2. base  = m_new * scale_log2, or 0 when the row has seen no key yet (m_new = -inf), so that
+     exp2 never sees -inf - (-inf)
+  3. P = exp2(S * scale_log2 - base); corr = exp2(row_max * scale_log2 - base)  (corr = 0 at start)
+  4. row_sum = row_sum * corr + rowsum(P); O *= corr; row_max = m_new
+Finalize: O /= rowsum, LSE = ln(rowsum) + row_max * scale; rows that saw no key give O = 0 and
+LSE = -inf (the log-sum-exp of an empty set).
+"""
+
+import math
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+
+from .fragments import quad_allreduce_max, quad_allreduce_sum
+
+LN2 = math.log(2.0)
+
+
+class OnlineSoftmax:
+    """Row statistics for ``num_rows`` accumulator rows of this thread."""
+
+    def __init__(self, scale_log2: Float32, num_rows: cutlass.Constexpr[int]):
+        self.scale_log2 = scale_log2
+        self.num_rows = num_rows
+        self.row_max = cute.make_rmem_tensor(num_rows, Float32)
+        self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
+        self.row_max.fill(-Float32.inf)
+        self.row_sum.fill(0.0)
+
+    @cute.jit
+    def step(self, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor):
+        """Turn scores into unnormalized probabilities in place and rescale O."""
+        for r in cutlass.range_constexpr(self.num_rows):
+            s_row = acc_S_rc[r, None].load()
+            m_blk = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
+            m_old = self.row_max[r]
+            m_new = cute.arch.fmax(m_old, m_blk)
+            base = Float32(0.0) if m_new == -Float32.inf else m_new * self.scale_log2
+            p_row = cute.math.exp2(s_row * self.scale_log2 - base, fastmath=True)
+            corr = cute.math.exp2(m_old * self.scale_log2 - base, fastmath=True)
+            self.row_sum[r] = self.row_sum[r] * corr + p_row.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+            self.row_max[r] = m_new
+            acc_S_rc[r, None].store(p_row)
+            acc_O_rc[r, None].store(acc_O_rc[r, None].load() * corr)
+
+    @cute.jit
+    def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor):
+        """Normalize O in place and write each row's natural-log LSE into ``lse`` (num_rows,)."""
+        for r in cutlass.range_constexpr(self.num_rows):
+            total = quad_allreduce_sum(self.row_sum[r])
+            seen = total > Float32(0.0)
+            inv = cute.arch.rcp_approx(total) if seen else Float32(0.0)
+            acc_O_rc[r, None].store(acc_O_rc[r, None].load() * inv)
+            lse[r] = (
+                (self.row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True)) * LN2
+                if seen
+                else -Float32.inf
+            )
