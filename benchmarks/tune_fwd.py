@@ -1,12 +1,14 @@
 """Tune the forward tile table on the device: time every valid candidate config per (head_dim, causal).
 
-For each head dim and mask, every candidate that passes the validity predicate is compiled, checked
-against SDPA (a wrong config is never a winner) and timed (median of CUDA events) on representative
-shapes; the winner per (head_dim, causal) is the best geometric mean over the shapes. Writes
-``--out`` JSON with every timing and the winning table, stamped with device and date; copy the table
-into ``torch-ext/flash_attn_4_sm120/fwd_table.json`` to make the dispatcher use it.
-
-    python benchmarks/tune_fwd.py --out tune.json [--head-dims 64 128]
+Two steps:
+1. On the device: every candidate (``config.candidate_fwd_configs``) is compiled, checked against SDPA
+   (a wrong config never wins) and timed (median of CUDA events) on representative shapes:
+       python benchmarks/tune_fwd.py --out tune.json [--head-dims 64 128]
+2. Anywhere: pick, per (head_dim, causal), the best geometric mean among the candidates that the
+   SM120 conformance gate passed for BOTH dtypes (no spills, smem, HMMA only) and write the table the
+   dispatcher reads:
+       python tools/conformance.py --subset candidates --json conf.json
+       python benchmarks/tune_fwd.py --select tune.json --conformance conf.json
 """
 
 import argparse
@@ -23,23 +25,13 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 from flash_attn_4_sm120.compiler import compile_fwd  # noqa: E402
-from flash_attn_4_sm120.config import FwdConfig, is_valid  # noqa: E402
+from flash_attn_4_sm120.config import TABLE_PATH, FwdConfig, candidate_fwd_configs  # noqa: E402
 from flash_attn_4_sm120.interface import dispatch_model  # noqa: E402
 from flash_attn_4_sm120.problem import FwdSpec  # noqa: E402
 
 # (batch, seqlen, heads_q, heads_kv) per head dim: long and short sequences
 SHAPES = {64: [(4, 4096, 16, 16), (16, 1024, 16, 16)], 128: [(4, 4096, 32, 8), (16, 1024, 32, 8)],
           96: [(4, 4096, 16, 16)], 192: [(2, 4096, 16, 16)], 256: [(2, 4096, 8, 8)]}
-
-
-def candidates(spec, model):
-    out = []
-    # 16 rows per warp (one m16 atom): 128 rows on 8 warps or 64 rows on 4 warps.
-    for (tm, w), tn, st, qr in itertools.product(((128, 8), (64, 4)), (64, 128), (2, 3), (False, True)):
-        cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr)
-        if is_valid(spec, cfg, model):
-            out.append(cfg)
-    return out
 
 
 def median_ms(fn, iters=15):
@@ -57,18 +49,48 @@ def median_ms(fn, iters=15):
     return statistics.median(ts)
 
 
+def select(tune_path: str, conformance_path: str) -> dict:
+    """Best conforming candidate per (head_dim, causal) -> fwd_table.json."""
+    from flash_attn_4_sm120.compiler import Case
+
+    tune = json.loads(Path(tune_path).read_text())
+    conf = json.loads(Path(conformance_path).read_text())
+    passed = {r["name"] for r in conf["configs"] if not r["violations"]}
+    table = {}
+    for rec in tune["records"]:
+        if not rec.get("correct"):
+            continue
+        cfg = FwdConfig(**rec["config"])
+        names = [Case(FwdSpec(dt, rec["head_dim"], rec["head_dim"], rec["causal"]), cfg).name for dt in ("bf16", "fp16")]
+        if not all(n in passed for n in names):
+            continue
+        key = f"d{rec['head_dim']}_{'causal' if rec['causal'] else 'full'}"
+        if key not in table or rec["geomean"] > table[key][0]:
+            table[key] = (rec["geomean"], cfg)
+    out = {"device": tune["device"], "date": tune["date"], "model": tune["model"],
+           "source": f"benchmarks/tune_fwd.py --select {Path(tune_path).name} (gate: {conf['target']})",
+           "table": {k: {**v[1].__dict__, "geomean_tflops": round(v[0], 1)} for k, v in sorted(table.items())}}
+    TABLE_PATH.write_text(json.dumps(out, indent=1) + "\n")
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
+    ap.add_argument("--select", metavar="TUNE_JSON")
+    ap.add_argument("--conformance", metavar="GATE_JSON")
     args = ap.parse_args()
+    if args.select:
+        print(json.dumps(select(args.select, args.conformance), indent=1))
+        return
     model = dispatch_model(torch.device("cuda"))
     target = model.compile_target
     records, table = [], {}
     for d, causal in itertools.product(args.head_dims, (False, True)):
         spec = FwdSpec("bf16", d, d, causal)
         best = None
-        for cfg in candidates(spec, model):
+        for cfg in candidate_fwd_configs(spec, model):
             try:
                 fn = compile_fwd(spec, cfg, model, target)
             except Exception as e:  # record and move on: a config that does not build never wins

@@ -110,3 +110,19 @@ def test_one_compile_serves_all_shapes():
     for shape in [(3, 100, 700, 4, 2), (1, 1, 4096, 8, 8), (2, 999, 13, 6, 3)]:
         call(*shape)
     assert default_cache().stats.compiles == before
+
+
+def test_torch_compile_fullgraph_uses_the_namespaced_op():
+    import flash_attn_4_sm120 as fa
+
+    q = torch.randn(2, 200, 4, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 300, 2, 64, dtype=torch.bfloat16, device="cuda")
+
+    @torch.compile(fullgraph=True)
+    def f(q, k):
+        out, lse = fa.flash_attn_func(q, k, k, causal=True, return_lse=True)
+        return out * 2, lse
+
+    out, lse = f(q, k)
+    ref_out, ref_lse = fa.flash_attn_func(q, k, k, causal=True, return_lse=True)
+    assert torch.equal(out, ref_out * 2) and torch.equal(lse, ref_lse)

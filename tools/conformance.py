@@ -1,6 +1,6 @@
 """SM120 conformance gate: compile every kernel config the dispatcher can choose and check the code.
 
-    python tools/conformance.py [--target sm_120a] [--subset ci|all] [--json out.json] [--only NAME...]
+    python tools/conformance.py [--target sm_120a] [--subset ci|all|candidates] [--json out.json] [--only NAME...]
 
 What it does, per config (a ``Case`` from the provider's ``conformance_cases()``, a declared list):
   1. ``compile_for_conformance(case, target)`` traces and compiles the kernel on the CPU with
@@ -653,7 +653,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "spills, shared memory and SASS instruction families.",
     )
     p.add_argument("--target", default=DEFAULT_TARGET, help="compile target (default %(default)s)")
-    p.add_argument("--subset", choices=("ci", "all"), default="all", help="all cases, or the CI subset")
+    p.add_argument("--subset", choices=("ci", "all", "candidates"), default="all",
+                   help="all dispatchable cases, the CI subset, or every tuning candidate (screened before tuning)")
     p.add_argument("--only", nargs="+", metavar="NAME", help="only cases with these names (shell patterns allowed)")
     p.add_argument("--json", metavar="PATH", help="write the per-config report as JSON")
     p.add_argument("--provider", default=DEFAULT_PROVIDER, help="module with conformance_cases / "
@@ -676,7 +677,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def select_cases(provider, subset: str, only: Optional[Sequence[str]]) -> list:
-    cases = list(provider.conformance_cases())
+    if subset == "candidates":
+        cases = list(provider.candidate_cases())
+    else:
+        cases = list(provider.conformance_cases())
     names = [c.name for c in cases]
     if len(set(names)) != len(names):
         dup = sorted(n for n, k in Counter(names).items() if k > 1)

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from .config import FwdConfig, dispatchable_fwd, fwd_smem_bytes
+from .config import FwdConfig, candidate_fwd_configs, dispatchable_fwd, fwd_smem_bytes
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
 from .problem import FwdSpec
 
@@ -94,14 +94,22 @@ class Case:
 
 def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
     """Every config the dispatcher can choose under ``model``. The CI subset covers every distinct
-    (head_dim, tile) config once, in bf16, causal (the masked path is the larger kernel)."""
+    (head_dim, mask, config) once, in bf16 (fp16 builds the same code with another operand type)."""
     cases, seen = [], set()
     for spec, cfg in dispatchable_fwd(model):
-        key = (spec.head_dim, spec.head_dim_v, cfg)
-        ci = spec.dtype == "bf16" and spec.causal and key not in seen
+        key = (spec.head_dim, spec.head_dim_v, spec.causal, cfg)
+        ci = spec.dtype == "bf16" and key not in seen
         if ci:
             seen.add(key)
         cases.append(Case(spec, cfg, model.name, subset_ci=ci))
+    return cases
+
+
+def candidate_cases(model: ExecutionModel = SM120) -> list[Case]:
+    """Every tuning candidate, for both dtypes and masks (the tuner only picks conforming ones)."""
+    cases = []
+    for spec, _ in dispatchable_fwd(model):
+        cases += [Case(spec, cfg, model.name) for cfg in candidate_fwd_configs(spec, model)]
     return cases
 
 

@@ -95,7 +95,8 @@ def fwd_table() -> dict:
     """The dispatcher's table, ``"d{head_dim}_{full|causal}" -> FwdConfig``, produced by
     ``benchmarks/tune_fwd.py`` on the device and committed with device and date (fwd_table.json)."""
     data = json.loads(TABLE_PATH.read_text())
-    return {key: FwdConfig(**knobs) for key, knobs in data["table"].items()}
+    return {key: FwdConfig(**{k: v for k, v in knobs.items() if k != "geomean_tflops"})
+            for key, knobs in data["table"].items()}
 
 
 def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
@@ -104,6 +105,21 @@ def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
     if problems:  # a table entry that fails the predicate is a bug in this file, not a user error
         raise RuntimeError(f"forward table entry {cfg} is invalid for {spec} on {model.name}: {'; '.join(problems)}")
     return cfg
+
+
+def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfig]:
+    """Configs the tuner may pick from: 16 rows per warp (128 rows on 8 warps, 64 on 4), 2-3 stages,
+    Q in smem or registers, filtered by the validity predicate. The conformance gate screens them
+    (``--subset candidates``) before ``benchmarks/tune_fwd.py`` times them on the device."""
+    out = []
+    for tm, w in ((128, 8), (64, 4)):
+        for tn in (64, 128):
+            for st in (2, 3):
+                for qr in (False, True):
+                    cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr)
+                    if is_valid(spec, cfg, model):
+                        out.append(cfg)
+    return out
 
 
 def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
