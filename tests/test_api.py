@@ -86,3 +86,17 @@ def test_import_has_no_cutlass_side_effect():
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          env={**__import__('os').environ, "PYTHONPATH": "torch-ext"})
     assert res.stdout.strip() == "False"
+
+
+def test_torch_compile_fullgraph_traces_the_custom_op():
+    """Dynamo traces flash_attn_func without graph breaks (the fake impl runs while tracing); the
+    real implementation then validates the concrete tensors, so CPU inputs fail at run time only."""
+    q = _t(1, 64, 2, 64)
+
+    @torch.compile(fullgraph=True, backend="eager")
+    def f(q):
+        out, lse = fa.flash_attn_func(q, q, q, causal=True, return_lse=True)
+        return out * 2, lse
+
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        f(q)

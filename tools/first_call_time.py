@@ -32,6 +32,9 @@ torch.cuda.synchronize()
 print(first, time.perf_counter() - t, default_cache().stats.compiles, default_cache().stats.disk_hits)
 """
 
+# Import cost of the DSL alone (fresh process): the floor under any first call.
+IMPORT = "import time; t = time.perf_counter(); import cutlass.cute, tvm_ffi; print(time.perf_counter() - t)"
+
 
 def main():
     ap = argparse.ArgumentParser()
@@ -50,6 +53,9 @@ def main():
                           "compiles": int(compiles), "disk_hits": int(disk_hits)}
             print(f"{label:5s} disk cache: first call {float(first):.3f} s (compiles={compiles}, disk hits={disk_hits}); "
                   f"second call {float(second) * 1e3:.2f} ms")
+        out = subprocess.run([sys.executable, "-c", IMPORT], capture_output=True, text=True, check=True)
+        res["import_cutlass_s"] = float(out.stdout.split()[-1])
+        print(f"import cutlass.cute + tvm_ffi alone: {res['import_cutlass_s']:.3f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
 
