@@ -190,14 +190,15 @@ def flash_attn_func(
     """
     _refuse_unimplemented(window_size, learnable_sink, softcap, num_splits, pack_gqa, deterministic,
                           score_mod, mask_mod, kwargs)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
         out, lse = _fwd_op(q, k, v, float(scale), bool(causal))
+        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return out, (lse if (return_lse or needs_grad) else None)
     spec, shape, softmax_scale = validate_fwd(q, k, v, softmax_scale, causal)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:
         out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, softmax_scale)
     else:
