@@ -4,7 +4,7 @@ Peers: PyTorch SDPA flash backend (FA2), PyTorch SDPA cuDNN backend (uses wgmma 
 for the H100, not a peer of the SM120 execution model), upstream flash-attn-4 forced onto its SM120
 path (FLASH_ATTENTION_ARCH=sm_120, set before it is imported).
 
-Timing: median of CUDA-event timings after warm-up. TFLOPS = 4*B*Hq*Sq*Sk*D (x0.5 causal) / time.
+Timing: benchmarks/timing.py (median of CUDA-event timings of back-to-back calls, after warm-up). TFLOPS = 4*B*Hq*Sq*Sk*D (x0.5 causal) / time.
 Decode cases report KV bandwidth instead (bytes of K and V read once / time).
 
     python benchmarks/bench_fwd.py --out results.json [--quick]
@@ -13,9 +13,7 @@ Decode cases report KV bandwidth instead (bytes of K and V read once / time).
 import argparse
 import datetime
 import json
-import math
 import os
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,6 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 import flash_attn_4_sm120 as fa  # noqa: E402
+from timing import median_ms  # noqa: E402
 
 # (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal)
 CASES = [
@@ -38,21 +37,6 @@ CASES = [
     ("4x4096 16/16 d64", 4, 4096, 4096, 16, 16, 64, False),
     ("decode 16x(1,8192) 32/8 d128", 16, 1, 8192, 32, 8, 128, False),
 ]
-
-
-def time_ms(fn, warmup=5, iters=20):
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(iters):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
 
 
 def sdpa(backend):
@@ -98,7 +82,7 @@ def main():
                "head_dim": d, "causal": causal, "results": {}}
         for impl, fn in impls.items():
             try:
-                ms = time_ms(lambda: fn(q, k, v, causal))
+                ms = median_ms(lambda: fn(q, k, v, causal))
             except Exception as e:
                 row["results"][impl] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
                 continue

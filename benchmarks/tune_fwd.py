@@ -16,7 +16,6 @@ import datetime
 import itertools
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -28,25 +27,11 @@ from flash_attn_4_sm120.compiler import compile_fwd  # noqa: E402
 from flash_attn_4_sm120.config import TABLE_PATH, FwdConfig, candidate_fwd_configs  # noqa: E402
 from flash_attn_4_sm120.interface import dispatch_model  # noqa: E402
 from flash_attn_4_sm120.problem import FwdSpec  # noqa: E402
+from timing import median_ms  # noqa: E402
 
 # (batch, seqlen, heads_q, heads_kv) per head dim: long and short sequences
 SHAPES = {64: [(4, 4096, 16, 16), (16, 1024, 16, 16)], 128: [(4, 4096, 32, 8), (16, 1024, 32, 8)],
           96: [(4, 4096, 16, 16)], 192: [(2, 4096, 16, 16)], 256: [(2, 4096, 8, 8)]}
-
-
-def median_ms(fn, iters=15):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    ts = []
-    for _ in range(iters):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        ts.append(s.elapsed_time(e))
-    return statistics.median(ts)
 
 
 def select(tune_path: str, conformance_path: str) -> dict:

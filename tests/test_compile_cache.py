@@ -7,7 +7,6 @@ test exports a real object file. The concurrency test and the import test run fr
 
 from __future__ import annotations
 
-import dataclasses
 import fcntl
 import json
 import os

@@ -5,7 +5,6 @@ computation in the input dtype. Outputs are NaN-poisoned before the call, so an 
 fails. LSE is checked against the fp32 reference, including -inf for rows that see no key.
 """
 
-import math
 
 import pytest
 import torch

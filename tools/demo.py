@@ -6,7 +6,6 @@ Works offline: the bundle is loaded from this checkout through LOCAL_KERNELS.
 """
 
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -27,32 +26,13 @@ def load_bundle():
     return fa
 
 
-def median_ms(fn, iters=20, reps=5):
-    """Median over ``reps`` of back-to-back runs of ``iters`` calls (CUDA events around each batch),
-    so the host's per-call launch cost overlaps GPU work as it does in a model."""
-    import torch
-
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        for _ in range(iters):
-            fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / iters)
-    return statistics.median(times)
-
-
 def gpu_demo(fa):
     import torch
     import torch.nn.functional as F
 
-    sys.path.insert(0, str(ROOT / "tests"))
+    sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "benchmarks")]
     from reference import attention_ref
+    from timing import median_ms
 
     print(f"GPU: {torch.cuda.get_device_name()}  execution model: {fa.dispatch_model(torch.device('cuda')).name}")
     print(f"{'shape (b, sq, sk, hq/hkv, d)':34s} {'causal':6s} {'max|out-ref|':>12s} {'first call':>10s} "

@@ -285,7 +285,6 @@ def _involved_names(c: dict, data: dict) -> list[str]:
 def render_conflicts_log(data: dict, capability_table: str) -> str:
     """The generated region of CONFLICTS_LOG.md (without the markers)."""
     features = {f["id"]: f for f in data["features"]}
-    conditions = {x["id"]: x for x in data["conditions"]}
     out = [
         "",
         f"## Capability groups ({data['bundle']} {data['bundle_version']})",

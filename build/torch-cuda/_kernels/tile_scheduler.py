@@ -7,7 +7,6 @@ Later schedulers (persistent, varlen, split-KV) implement the same ``tile()`` co
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32
 
 
 class SingleTileScheduler:

@@ -6,7 +6,6 @@ columns ``2*(lane%4) + {0,1}``. Softmax works on rows, so we view it as ``(rows,
 product feeds the same registers (converted to 16-bit) back in as the A operand.
 """
 
-import cutlass
 import cutlass.cute as cute
 from cutlass import Float32
 
