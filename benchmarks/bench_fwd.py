@@ -4,7 +4,8 @@ Peers: PyTorch SDPA flash backend (FA2), PyTorch SDPA cuDNN backend (uses wgmma 
 for the H100, not a peer of the SM120 execution model), upstream flash-attn-4 forced onto its SM120
 path (FLASH_ATTENTION_ARCH=sm_120, set before it is imported).
 
-Timing: benchmarks/timing.py (median of CUDA-event timings of back-to-back calls, after warm-up). TFLOPS = 4*B*Hq*Sq*Sk*D (x0.5 causal) / time.
+Timing: benchmarks/timing.py (median of CUDA-event timings of back-to-back calls, after warm-up).
+TFLOPS = 2*B*Hq*Sq*Sk*(D + Dv) (x0.5 causal) / time; window cases use the same nominal FLOPs.
 Decode cases report KV bandwidth instead (bytes of K and V read once / time).
 
     python benchmarks/bench_fwd.py --out results.json [--quick]
@@ -28,19 +29,27 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 import flash_attn_4_sm120 as fa  # noqa: E402
 from timing import median_ms  # noqa: E402
 
-# (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, causal)
+# (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v, causal, window_left)
 CASES = [
-    ("4x4096 32/8 d128", 4, 4096, 4096, 32, 8, 128, False),
-    ("4x4096 32/8 d128 causal", 4, 4096, 4096, 32, 8, 128, True),
-    ("16x1024 32/8 d128 causal", 16, 1024, 1024, 32, 8, 128, True),
-    ("4x4096 16/16 d64 causal", 4, 4096, 4096, 16, 16, 64, True),
-    ("4x4096 16/16 d64", 4, 4096, 4096, 16, 16, 64, False),
-    ("decode 16x(1,8192) 32/8 d128", 16, 1, 8192, 32, 8, 128, False),
+    ("4x4096 32/8 d128", 4, 4096, 4096, 32, 8, 128, 128, False, None),
+    ("4x4096 32/8 d128 causal", 4, 4096, 4096, 32, 8, 128, 128, True, None),
+    ("16x1024 32/8 d128 causal", 16, 1024, 1024, 32, 8, 128, 128, True, None),
+    ("4x4096 16/16 d64 causal", 4, 4096, 4096, 16, 16, 64, 64, True, None),
+    ("4x4096 16/16 d64", 4, 4096, 4096, 16, 16, 64, 64, False, None),
+    ("2x4096 8/8 d256 causal", 2, 4096, 4096, 8, 8, 256, 256, True, None),
+    ("4x4096 16/16 d96 causal", 4, 4096, 4096, 16, 16, 96, 96, True, None),
+    ("4x4096 16/16 d192/128 causal", 4, 4096, 4096, 16, 16, 192, 128, True, None),
+    ("4x4096 28/4 d128 causal (7-way GQA)", 4, 4096, 4096, 28, 4, 128, 128, True, None),
+    ("1x8192 32/8 d128 causal", 1, 8192, 8192, 32, 8, 128, 128, True, None),
+    ("1x8192 32/8 d128 window 1024", 1, 8192, 8192, 32, 8, 128, 128, True, 1024),
+    ("decode 16x(1,8192) 32/8 d128", 16, 1, 8192, 32, 8, 128, 128, False, None),
 ]
 
 
 def sdpa(backend):
-    def run(q, k, v, causal):
+    def run(q, k, v, causal, window):
+        if window is not None:  # SDPA has no window: it would need a dense mask (not a peer here)
+            raise NotImplementedError("no sliding window in SDPA flash/cuDNN")
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         with sdpa_kernel(backend):
             return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=kt.shape[1] != qt.shape[1])
@@ -53,7 +62,8 @@ def upstream_fa4():
     except Exception as e:  # not installed here: reported, not fatal
         print(f"upstream flash-attn-4 unavailable: {e}")
         return None
-    return lambda q, k, v, causal: up(q, k, v, causal=causal)
+    return lambda q, k, v, causal, window: up(q, k, v, causal=causal,
+                                              window_size=(window, 0) if window is not None else (None, None))
 
 
 def main():
@@ -63,7 +73,8 @@ def main():
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
     impls = {
-        "ours": lambda q, k, v, causal: fa.flash_attn_func(q, k, v, causal=causal),
+        "ours": lambda q, k, v, causal, window: fa.flash_attn_func(
+            q, k, v, causal=causal, window_size=(window, 0) if window is not None else (None, None)),
         "sdpa_flash_fa2": sdpa(SDPBackend.FLASH_ATTENTION),
         "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION),
     }
@@ -71,18 +82,20 @@ def main():
     if up is not None:
         impls["fa4_sm120_path"] = up
     rows = []
-    for name, b, sq, sk, hq, hkv, d, causal in CASES[: 2 if args.quick else None]:
+    for name, b, sq, sk, hq, hkv, d, dv, causal, window in CASES[: 2 if args.quick else None]:
         torch.manual_seed(0)
         q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
         k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
-        v = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
-        flops = 4 * b * hq * sq * sk * d * (0.5 if causal else 1.0)
-        kv_bytes = 2 * b * sk * hkv * d * 2
+        v = torch.randn(b, sk, hkv, dv, dtype=torch.bfloat16, device="cuda")
+        # Nominal FLOPs of the full (causal: half) problem, for every case: a window case shows how
+        # much faster it is than the full causal one, in the same units.
+        flops = 2 * b * hq * sq * sk * (d + dv) * (0.5 if causal else 1.0)
+        kv_bytes = b * sk * hkv * (d + dv) * 2
         row = {"case": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
-               "head_dim": d, "causal": causal, "results": {}}
+               "head_dim": d, "head_dim_v": dv, "causal": causal, "window_left": window, "results": {}}
         for impl, fn in impls.items():
             try:
-                ms = median_ms(lambda: fn(q, k, v, causal))
+                ms = median_ms(lambda: fn(q, k, v, causal, window))
             except Exception as e:
                 row["results"][impl] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
                 continue

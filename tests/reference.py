@@ -1,7 +1,10 @@
 """Reference attention for the tests (fp32 or the input dtype), with the bundle's masking rules.
 
-Causal masking is bottom-right aligned: key j is visible to query i iff j <= i + seqlen_k - seqlen_q.
-A row that sees no key has output 0 and LSE -inf.
+Visibility (bottom-right aligned, off = seqlen_k - seqlen_q): key j is visible to query i iff
+causal: j <= i + off; window (left, right): i + off - left <= j <= i + off + right (None = unbounded;
+causal + window means right = 0). Logits are scale * q.k, or softcap * tanh(scale * q.k / softcap).
+A learnable sink adds exp(sink_h) to each row's denominator and LSE. A row that sees no key (and has
+no sink) has output 0 and LSE -inf.
 """
 
 import math
@@ -9,7 +12,8 @@ import math
 import torch
 
 
-def attention_ref(q, k, v, softmax_scale=None, causal=False, upcast=True):
+def attention_ref(q, k, v, softmax_scale=None, causal=False, upcast=True, window_size=(None, None),
+                  softcap=0.0, learnable_sink=None):
     """q (b, sq, hq, d), k/v (b, sk, hkv, d) -> (out (b, sq, hq, dv), lse (b, hq, sq) fp32).
 
     ``upcast=True`` computes in fp32 (the reference); ``upcast=False`` computes in the input dtype with
@@ -24,12 +28,27 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, upcast=True):
     rep = hq // hkv
     k = k.repeat_interleave(rep, dim=2)
     v = v.repeat_interleave(rep, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q * scale, k).float()
+    if softcap:
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k).float()
+        scores = softcap * torch.tanh(scores * (scale / softcap))
+    else:
+        scores = torch.einsum("bqhd,bkhd->bhqk", q * scale, k).float()
+    left, right = ((None if x is None or x < 0 else x) for x in window_size)
     if causal:
-        i = torch.arange(sq, device=q.device)[:, None]
-        j = torch.arange(sk, device=q.device)[None, :]
-        scores = scores.masked_fill(j > i + sk - sq, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)
+        right = 0
+    i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=q.device)[None, :]
+    masked = torch.zeros(sq, sk, dtype=torch.bool, device=q.device)
+    if right is not None:
+        masked |= j > i + right
+    if left is not None:
+        masked |= j < i - left
+    scores = scores.masked_fill(masked, float("-inf"))
+    if learnable_sink is not None:
+        sink = learnable_sink.float().view(1, hq, 1, 1).expand(b, hq, sq, 1)
+        lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1)
+    else:
+        lse = torch.logsumexp(scores, dim=-1)
     empty = torch.isinf(lse) & (lse < 0)
     p = torch.exp(scores - lse.masked_fill(empty, 0.0)[..., None])
     p = p.masked_fill(empty[..., None], 0.0)

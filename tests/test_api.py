@@ -33,25 +33,23 @@ def test_invalid_inputs_raise_clear_errors(make, exc, match):
         fa.flash_attn_func(*make())
 
 
-@pytest.mark.parametrize("head_dim, feature", [(96, "head_dim"), (256, "head_dim")])
-def test_unsupported_head_dim_is_refused_with_manifest_message(head_dim, feature):
+@pytest.mark.parametrize("head_dim", [100, 4, 264], ids=["not-multiple-of-8", "too-small", "too-large"])
+def test_head_dims_outside_the_envelope_are_value_errors(head_dim):
     q = _t(1, 8, 4, head_dim)
-    with pytest.raises(NotImplementedError, match=feature):
+    with pytest.raises(ValueError, match="multiples of 8 between 8 and 256"):
         fa.flash_attn_func(q, q, q)
 
 
-def test_head_dim_v_differs_is_refused():
-    q, v = _t(1, 8, 4, 128), _t(1, 8, 4, 64)
-    with pytest.raises(NotImplementedError, match="head_dim"):
+@pytest.mark.parametrize("head_dim, head_dim_v", [(40, 40), (96, 96), (192, 128), (256, 256), (128, 64)])
+def test_any_head_dim_in_the_envelope_passes_validation(head_dim, head_dim_v):
+    q, v = _t(1, 8, 4, head_dim), _t(1, 8, 4, head_dim_v)
+    with pytest.raises(ValueError, match="CUDA tensors"):  # validation passed; only the device is wrong
         fa.flash_attn_func(q, q, v)
 
 
 @pytest.mark.parametrize(
     "kwargs",
     [
-        pytest.param({"window_size": (128, 0)}, id="window"),
-        pytest.param({"softcap": 30.0}, id="softcap"),
-        pytest.param({"learnable_sink": torch.zeros(4)}, id="sink"),
         pytest.param({"num_splits": 4}, id="split-kv"),
         pytest.param({"pack_gqa": True}, id="pack-gqa"),
         pytest.param({"deterministic": True}, id="deterministic"),
@@ -61,6 +59,24 @@ def test_head_dim_v_differs_is_refused():
 def test_planned_features_are_refused_not_ignored(kwargs):
     q = _t(1, 8, 4, 64)
     with pytest.raises(NotImplementedError, match="not yet available"):
+        fa.flash_attn_func(q, q, q, **kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        pytest.param({"softcap": -1.0}, ValueError, "softcap", id="negative-softcap"),
+        pytest.param({"window_size": (1, 2, 3)}, ValueError, "pair", id="window-triple"),
+        pytest.param({"window_size": (1.5, 0)}, TypeError, "int or None", id="window-float"),
+        pytest.param({"learnable_sink": torch.zeros(3)}, ValueError, "num_heads", id="sink-shape"),
+        pytest.param({"learnable_sink": torch.zeros(4, dtype=torch.int32)}, ValueError, "floating", id="sink-int"),
+        pytest.param({"window_size": (128, 0), "softcap": 30.0, "learnable_sink": torch.zeros(4)}, ValueError,
+                     "CUDA tensors", id="all-valid-until-device"),
+    ],
+)
+def test_window_softcap_sink_validation(kwargs, exc, match):
+    q = _t(1, 8, 4, 64)
+    with pytest.raises(exc, match=match):
         fa.flash_attn_func(q, q, q, **kwargs)
 
 

@@ -1,29 +1,53 @@
-"""Key-block ranges against a brute-force mask: every visible key is visited, and blocks below
-``n_block_unmasked_end`` need no element mask."""
+"""Key-block ranges against a brute-force mask: every visible key is visited, blocks outside the
+band are skipped, and blocks in [unmasked_start, unmasked_end) need no element mask."""
 
 import itertools
 
 import pytest
 
-from flash_attn_4_sm120._kernels.block_info import n_block_end, n_block_unmasked_end
+from flash_attn_4_sm120._kernels.block_info import block_range
 
 
-def _visible(i, j, sq, sk, causal):
-    return j < sk and (not causal or j <= i + sk - sq)
+def _visible(i, j, sq, sk, causal, local, left, right):
+    off = sk - sq
+    if j >= sk:
+        return False
+    if local:
+        return i + off - left <= j <= i + off + right
+    return not causal or j <= i + off
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("tile_m, tile_n", [(128, 64), (128, 128), (64, 128)])
-def test_block_ranges_match_brute_force(causal, tile_m, tile_n):
+MASKS = [
+    pytest.param(False, False, 0, 0, id="full"),
+    pytest.param(True, False, 0, 0, id="causal"),
+    pytest.param(False, True, 100, 0, id="window100-0"),
+    pytest.param(False, True, 0, 0, id="window0-0"),
+    pytest.param(False, True, 37, 70, id="window37-70"),
+    pytest.param(False, True, 1000, 5, id="window1000-5"),
+]
+
+
+@pytest.mark.parametrize("causal, local, left, right", MASKS)
+@pytest.mark.parametrize("tile_m, tile_n", [(128, 64), (64, 64), (64, 32), (64, 128)])
+def test_block_ranges_match_brute_force(causal, local, left, right, tile_m, tile_n):
     for sq, sk in itertools.product([1, 63, 128, 130, 300], [1, 64, 65, 200, 257]):
         for m in range((sq + tile_m - 1) // tile_m):
             rows = range(m * tile_m, min((m + 1) * tile_m, sq))
-            n_end = n_block_end(m, sq, sk, tile_m, tile_n, causal)
-            n_full = n_block_unmasked_end(m, sq, sk, tile_m, tile_n, causal)
+            start, u_start, u_end, end = block_range(m, sq, sk, tile_m, tile_n, causal, local, left, right)
+            assert 0 <= start <= u_start <= u_end <= end
             for n in range((sk + tile_n - 1) // tile_n):
                 cols = range(n * tile_n, (n + 1) * tile_n)
-                any_visible = any(_visible(i, j, sq, sk, causal) for i in rows for j in cols)
-                all_visible = all(_visible(i, j, sq, sk, causal) for i in rows for j in cols)
-                assert (n < n_end) or not any_visible, (sq, sk, m, n, "visible block skipped")
-                if n < n_full:
-                    assert all_visible, (sq, sk, m, n, "block marked mask-free needs a mask")
+                vis = [_visible(i, j, sq, sk, causal, local, left, right) for i in rows for j in cols]
+                if any(vis):
+                    assert start <= n < end, (sq, sk, m, n, "visible block skipped")
+                if u_start <= n < u_end:
+                    assert all(vis), (sq, sk, m, n, "block marked mask-free needs a mask")
+
+
+def test_window_cost_scales_with_width():
+    """Sliding window 1024 at seqlen 8192: each M tile visits ~(1024 + tile_m) / tile_n blocks, not all."""
+    visited = sum(end - start for m in range(8192 // 64)
+                  for start, _, _, end in [block_range(m, 8192, 8192, 64, 64, False, True, 1024, 0)])
+    causal = sum(end - start for m in range(8192 // 64)
+                 for start, _, _, end in [block_range(m, 8192, 8192, 64, 64, True, False)])
+    assert visited * 3.5 < causal

@@ -10,7 +10,13 @@ from flash_attn_4_sm120.problem import FwdSpec
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m.name)
 def test_every_dispatchable_config_passes_the_predicate(model):
     pairs = config.dispatchable_fwd(model)
-    assert len(pairs) == 8  # 2 dtypes x 2 head dims x 2 masks
+    dims = sum(len(d) for d in config.REPRESENTATIVE_HEAD_DIMS.values())
+    classes = len(config.REPRESENTATIVE_HEAD_DIMS)
+    masks = len(config.MASKS)
+    # dtypes x masks x representative head dims, plus 3 softcap/sink combos x masks per class (bf16)
+    assert len(pairs) == 2 * masks * dims + 3 * masks * classes
+    assert {(s.local, s.causal, s.softcap, s.has_sink) for s, _ in pairs} >= {
+        (True, False, True, True), (False, True, False, False), (False, False, True, False)}
     for spec, cfg in pairs:
         assert config.fwd_config_problems(spec, cfg, model) == ()
 
@@ -19,7 +25,10 @@ def test_table_records_device_and_date():
     import json
 
     data = json.loads(config.TABLE_PATH.read_text())
-    assert data["device"] and data["date"] and set(data["table"]) == {"d64_full", "d64_causal", "d128_full", "d128_causal"}
+    assert data["device"] and data["date"]
+    base = {f"d{c}_{m}" for c in config.HEAD_DIM_CLASSES for m in ("full", "causal")}
+    assert base <= set(data["table"])
+    assert all(k in base or k.rsplit("_", 1)[0] in base and k.rsplit("_", 1)[1] in ("bf16", "fp16") for k in data["table"])
 
 
 @pytest.mark.parametrize(
@@ -38,8 +47,24 @@ def test_predicate_names_each_problem(cfg, fragment):
     assert any(fragment in p for p in problems), problems
 
 
+@pytest.mark.parametrize("d, dv, klass", [(8, 8, 64), (64, 64, 64), (72, 72, 128), (192, 128, 192), (128, 192, 192),
+                                          (200, 200, 256), (256, 256, 256)])
+def test_head_dim_classes(d, dv, klass):
+    assert config.head_dim_class(FwdSpec("bf16", d, dv, False)) == klass
+
+
 def test_static_smem_counts_against_the_budget():
     # 100352 B of dynamic smem + the 1024 B static section is exactly the 101376 B limit.
     spec = FwdSpec("bf16", 64, 64, False)
     cfg = config.FwdConfig(64, 64, 4, 3)
     assert config.fwd_smem_bytes(spec, cfg) + config.STATIC_SMEM_BYTES <= SM120.smem_per_cta
+
+
+@pytest.mark.parametrize("d, tile_n, width", [(200, 32, 224), (232, 32, 256), (160, 32, 160), (72, 64, 80), (8, 64, 16),
+                                              (144, 32, 160)])
+def test_smem_width_keeps_copy_passes_inside_the_tile(d, tile_n, width):
+    """A 16-column swizzle atom needs 64-row copy passes on 128 threads: with 32-row K tiles the width
+    widens to a multiple of 32 (d=200 with 208 columns wrote past the tile: illegal address, H100, 2026-11-22)."""
+    cfg = config.FwdConfig(64, tile_n, 4, 2)
+    assert config.padded_head_dim(d, cfg) == width
+    assert config.rows_per_copy_pass(width, cfg.num_threads) <= tile_n

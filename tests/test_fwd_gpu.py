@@ -25,16 +25,16 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k)
 ]
 
 
-def _run_and_check(q, k, v, causal, softmax_scale=None):
+def _run_and_check(q, k, v, causal, softmax_scale=None, **features):
     import flash_attn_4_sm120 as fa
 
     b, sq, hq, _ = q.shape
     out = torch.full((b, sq, hq, v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
-    fa.flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, out=out, lse=lse)
+    fa.flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, out=out, lse=lse, **features)
     torch.cuda.synchronize()
-    ref, lse_ref = attention_ref(q, k, v, softmax_scale, causal)
-    pt, _ = attention_ref(q, k, v, softmax_scale, causal, upcast=False)
+    ref, lse_ref = attention_ref(q, k, v, softmax_scale, causal, **features)
+    pt, _ = attention_ref(q, k, v, softmax_scale, causal, upcast=False, **features)
     assert not out.isnan().any(), "output has NaN (unwritten or wrong)"
     assert not lse.isnan().any(), "lse has NaN (unwritten or wrong)"
     err = (out.float() - ref.float()).abs().max().item()
@@ -59,6 +59,91 @@ def test_fwd_matches_reference(dtype, head_dim, heads, shape, causal):
     k = torch.randn(b, sk, hkv, head_dim, dtype=dtype, device="cuda")
     v = torch.randn(b, sk, hkv, head_dim, dtype=dtype, device="cuda")
     _run_and_check(q, k, v, causal)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", [pytest.param((2, 113, 203), id="113x203"), pytest.param((1, 300, 64), id="300x64"),
+                                   pytest.param((1, 1, 799), id="1x799")])
+@pytest.mark.parametrize(
+    "head_dim, head_dim_v",
+    [(8, 8), (40, 40), (72, 72), (96, 96), (160, 160), (192, 128), (128, 64), (64, 128), (200, 200), (256, 256)],
+    ids=lambda x: str(x),
+)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fwd_any_head_dim(dtype, head_dim, head_dim_v, shape, causal):
+    """Every head-dim class, padded (not a multiple of 16) and exact, and head_dim_v != head_dim; GQA 2:1."""
+    torch.manual_seed(head_dim * 1000 + head_dim_v)
+    b, sq, sk = shape
+    q = torch.randn(b, sq, 4, head_dim, dtype=dtype, device="cuda")
+    k = torch.randn(b, sk, 2, head_dim, dtype=dtype, device="cuda")
+    v = torch.randn(b, sk, 2, head_dim_v, dtype=dtype, device="cuda")
+    _run_and_check(q, k, v, causal)
+
+
+WINDOWS = [pytest.param((64, 0), False, id="w64-0"), pytest.param((100, 37), False, id="w100-37"),
+           pytest.param((0, 0), False, id="w0-0"), pytest.param((300, None), True, id="causal-w300"),
+           pytest.param((None, 50), False, id="wNone-50"), pytest.param((1000, 1000), False, id="w-wide")]
+
+
+@pytest.mark.parametrize("window, causal", WINDOWS)
+@pytest.mark.parametrize("shape", [pytest.param((2, 113, 203), id="113x203"), pytest.param((1, 500, 300), id="500x300"),
+                                   pytest.param((1, 1, 799), id="1x799"), pytest.param((1, 1023, 1023), id="1023x1023")])
+@pytest.mark.parametrize("head_dim", [64, 128], ids=["d64", "d128"])
+def test_fwd_sliding_window(head_dim, shape, window, causal):
+    torch.manual_seed(7)
+    b, sq, sk = shape
+    q = torch.randn(b, sq, 4, head_dim, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(b, sk, 2, head_dim, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(b, sk, 2, head_dim, dtype=torch.bfloat16, device="cuda")
+    _run_and_check(q, k, v, causal, window_size=window)
+
+
+FEATURES = [
+    pytest.param({"softcap": 5.0}, False, id="softcap"),
+    pytest.param({"softcap": 30.0}, True, id="softcap-causal"),
+    pytest.param({"learnable_sink": "sink"}, False, id="sink"),
+    pytest.param({"learnable_sink": "sink"}, True, id="sink-causal"),
+    pytest.param({"learnable_sink": "sink", "window_size": (128, 0), "softcap": 20.0}, False, id="gpt-oss-like"),
+]
+
+
+@pytest.mark.parametrize("features, causal", FEATURES)
+@pytest.mark.parametrize("shape", [pytest.param((2, 113, 203), id="113x203"), pytest.param((1, 300, 64), id="300x64"),
+                                   pytest.param((1, 1, 513), id="1x513")])
+@pytest.mark.parametrize("head_dim, dtype", [(64, torch.bfloat16), (128, torch.float16), (256, torch.bfloat16)],
+                         ids=["d64-bf16", "d128-fp16", "d256-bf16"])
+def test_fwd_softcap_and_sink(head_dim, dtype, shape, features, causal):
+    torch.manual_seed(11)
+    b, sq, sk = shape
+    q = torch.randn(b, sq, 4, head_dim, dtype=dtype, device="cuda")
+    k = torch.randn(b, sk, 1, head_dim, dtype=dtype, device="cuda")
+    v = torch.randn(b, sk, 1, head_dim, dtype=dtype, device="cuda")
+    features = dict(features)
+    if features.get("learnable_sink") == "sink":
+        features["learnable_sink"] = torch.randn(4, device="cuda") * 2
+    _run_and_check(q, k, v, causal, **features)
+
+
+def test_sliding_window_skips_blocks_outside_the_window():
+    """A 1024-wide window at seqlen 8192 must cost well under a third of full causal (blocks skipped)."""
+    import flash_attn_4_sm120 as fa
+
+    q = torch.randn(1, 8192, 8, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(1, 8192, 8, 128, dtype=torch.bfloat16, device="cuda")
+
+    def run(**kw):
+        for _ in range(3):
+            fa.flash_attn_func(q, k, k, **kw)
+        torch.cuda.synchronize()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        for _ in range(10):
+            fa.flash_attn_func(q, k, k, **kw)
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e)
+
+    assert run(causal=True, window_size=(1024, 0)) * 3 < run(causal=True)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -39,7 +39,9 @@ CONDITIONS = {c["id"]: c for c in DATA["conditions"]}
 IMPLICIT = {c["id"] for c in DATA["conditions"] if c["implicit"]}
 
 #: What is implemented today. Change it in the same commit that flips a status in manifest.json.
-IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", "conformance_gate"}
+IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", "conformance_gate",
+                     "sliding_window", "softcap", "learnable_sink",
+                     "head_dim_any", "head_dim_256", "head_dim_v_differs"}
 
 
 def _involved(conflict: dict) -> list[str]:
@@ -97,8 +99,8 @@ def test_implemented_features_are_exactly_todays():
 def test_forward_envelope():
     env = FEATURES["forward"]["envelope"]
     assert env["dtypes"] == ["bfloat16", "float16"]
-    assert env["head_dims"] == [64, 128]
-    assert env["masks"] == ["none", "causal"]
+    assert "8, 256" in env["head_dims"] and "differ" in env["head_dim_v"]
+    assert env["masks"] == ["none", "causal", "local window (left, right)"]
 
 
 def test_upstream_references_are_the_bundled_prs():
@@ -199,12 +201,13 @@ def test_todays_forward_calls_pass():
     manifest.check_combination(["forward", "forward", "causal"])
 
 
-def test_specific_conflict_wins_over_implicit_one():
-    # paged_kv + head_dim_256 also matches head_dim_256 + the implicit smem condition; the pair with
-    # more features is the more specific message.
+def test_specific_conflict_wins_over_generic_refusal():
+    # paged_kv + head_dim_256 is refused with its own message, not paged_kv's generic one; head_dim_256
+    # alone is routed (tile_m 64 fits the implicit 99 KB condition) and passes.
     by_id = {c["id"]: c for c in DATA["conflicts"]}
     assert _refusal(["forward", "head_dim_256", "paged_kv"]) == by_id["paged_kv+head_dim_256"]["message"]
-    assert _refusal(["forward", "head_dim_256"]) == by_id["head_dim_256+smem_101376"]["message"]
+    assert by_id["head_dim_256+smem_101376"]["resolution"] == "routed"
+    manifest.check_combination(["forward", "head_dim_256"])
 
 
 def test_load_returns_a_copy():

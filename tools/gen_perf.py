@@ -16,7 +16,7 @@ PEERS = [("ours", "this bundle"), ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_
 
 
 def table(result: dict, source: str) -> str:
-    lines = [f"Forward, bf16, {result['device']}, {result['date']} (`{source}`). TFLOPS = 4·B·Hq·Sq·Sk·D (×0.5 causal); "
+    lines = [f"Forward, bf16, {result['device']}, {result['date']} (`{source}`). TFLOPS = 2·B·Hq·Sq·Sk·(D+Dv) (×0.5 causal; window rows use the nominal causal FLOPs); "
              "decode rows show K/V GB/s. Ratio = ours / SDPA flash (FA2), same run.", "",
              "| case | " + " | ".join(name for _, name in PEERS) + " | ours / FA2 |",
              "|---" * (len(PEERS) + 2) + "|"]

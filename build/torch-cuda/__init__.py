@@ -19,3 +19,12 @@ __all__ = [
     "KERNEL_VERSION",
     "CUTLASS_DSL_VERSION",
 ]
+
+
+def __getattr__(name):
+    """``fa.precompile`` is imported on first use (it is tooling, not the call path)."""
+    if name == "precompile":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

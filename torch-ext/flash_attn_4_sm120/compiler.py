@@ -43,12 +43,17 @@ def _fake_fwd_args(spec: FwdSpec):
     lse = cute.runtime.make_fake_tensor(
         cutlass.Float32, (batch, heads_q, seqlen_q), stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
     )
-    return q, k, v, o, lse, cutlass.Float32(1.0), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    sink = (cute.runtime.make_fake_tensor(cutlass.Float32, (heads_q,), stride=(1,), assumed_align=4)
+            if spec.has_sink else None)
+    # scale_log2, softcap_scale, window_left, window_right are runtime scalars.
+    scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0))
+    return (q, k, v, o, lse, *scalars, sink, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target: str, extra_options: str = ""):
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
-    ``fn(q, k, v, out, lse, softmax_scale_log2)`` taking torch tensors (TVM FFI, current stream)."""
+    ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink)`` taking torch
+    tensors (TVM FFI, current stream); ``sink`` is None unless ``spec.has_sink``."""
     import cutlass.cute as cute
 
     from ._kernels.fwd_multistage import FlashFwdMultistage
@@ -84,7 +89,9 @@ class Case:
     @property
     def name(self) -> str:
         s, c = self.spec, self.config
-        mask = "causal" if s.causal else "full"
+        mask = "causal" if s.causal else ("local" if s.local else "full")
+        mask += "_softcap" if s.softcap else ""
+        mask += "_sink" if s.has_sink else ""
         qr = "_qreg" if c.q_in_regs else ""
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}"
 
@@ -93,14 +100,17 @@ class Case:
 
 
 def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
-    """Every config the dispatcher can choose under ``model``. The CI subset covers every distinct
-    (head_dim, mask, config) once, in bf16 (fp16 builds the same code with another operand type)."""
-    cases, seen = [], set()
+    """Every config the dispatcher can choose under ``model`` (``config.dispatchable_fwd``). The CI
+    subset: bf16 at each head-dim class's largest head dim, full and causal plain, and the local
+    window with softcap and sink together (the largest mainloop)."""
+    from .config import REPRESENTATIVE_HEAD_DIMS
+
+    largest = {dims[0] for dims in REPRESENTATIVE_HEAD_DIMS.values()}
+    cases = []
     for spec, cfg in dispatchable_fwd(model):
-        key = (spec.head_dim, spec.head_dim_v, spec.causal, cfg)
-        ci = spec.dtype == "bf16" and key not in seen
-        if ci:
-            seen.add(key)
+        plain = not (spec.softcap or spec.has_sink or spec.local)
+        everything = spec.local and spec.softcap and spec.has_sink
+        ci = spec.dtype == "bf16" and (spec.head_dim, spec.head_dim_v) in largest and (plain or everything)
         cases.append(Case(spec, cfg, model.name, subset_ci=ci))
     return cases
 
@@ -122,10 +132,14 @@ def make_case(
     num_stages: int = 2,
     q_in_regs: bool = False,
     causal: bool = True,
+    local: bool = False,
+    softcap: bool = False,
+    has_sink: bool = False,
     dtype: str = "bf16",
     model: str = SM120.name,
 ) -> Case:
-    spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal)
+    spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal and not local,
+                   local=local, softcap=softcap, has_sink=has_sink)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs)
     return Case(spec, cfg, model)
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .execution_model import ExecutionModel
-from .problem import SUPPORTED_HEAD_DIMS, FwdSpec
+from .problem import FwdSpec
 
 import json
 from functools import lru_cache
 from pathlib import Path
 
 BYTES_PER_ELEM = 2  # bf16 / fp16 operands
+MAX_HEAD_DIM = 256
+#: Head-dim classes of the tile table: a spec uses the smallest class >= max(head_dim, head_dim_v).
+HEAD_DIM_CLASSES = (64, 128, 192, 256)
 #: A DSL kernel with dynamic smem also carries a 1024-byte static section (the dynamic block is
 #: 1024-aligned); the conformance gate reads it from the cubin. The per-CTA budget covers both.
 STATIC_SMEM_BYTES = 1024
@@ -37,14 +40,32 @@ class FwdConfig:
         return self.num_warps * 32
 
 
-def padded_head_dim(d: int) -> int:
-    """The MMA k-extent (16) rounds head dims up; smem and fragments use the padded size."""
-    return (d + 15) // 16 * 16
+def atom_cols(width: int) -> int:
+    """Columns of the swizzled smem atom for a tile ``width`` elements wide (64, 32 or 16)."""
+    return 64 if width % 64 == 0 else (32 if width % 32 == 0 else 16)
+
+
+def rows_per_copy_pass(width: int, num_threads: int) -> int:
+    """Rows one pass of the 16-byte global->smem tiled copy covers: each atom row is read by
+    ``atom_cols / 8`` threads. A tile shorter than this would be written past its end."""
+    return num_threads * 8 // atom_cols(width)
+
+
+def padded_head_dim(d: int, cfg: "FwdConfig") -> int:
+    """The smem/fragment width for head dim ``d``: a multiple of the MMA k-extent (16), widened to a
+    multiple of 32 or 64 when a narrower swizzle atom would make one copy pass taller than the tile
+    (e.g. d=200 with 32-row K tiles: 208 -> 224)."""
+    min_rows = min(cfg.tile_m, cfg.tile_n)
+    for multiple in (16, 32, 64):
+        width = (d + multiple - 1) // multiple * multiple
+        if rows_per_copy_pass(width, cfg.num_threads) <= min_rows:
+            return width
+    return width
 
 
 def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
     """Shared memory per CTA: Q tile (reused for O) + num_stages K and V tiles, each 1024-aligned."""
-    d, dv = padded_head_dim(spec.head_dim), padded_head_dim(spec.head_dim_v)
+    d, dv = padded_head_dim(spec.head_dim, cfg), padded_head_dim(spec.head_dim_v, cfg)
 
     def aligned(n: int) -> int:
         return (n + 1023) // 1024 * 1024
@@ -68,17 +89,22 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     if cfg.tile_n % 16:
         out.append(f"tile_n={cfg.tile_n} is not a multiple of 16 (two n8 atoms form one k16 step of P@V)")
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
-        if d % 16:
-            out.append(f"{name}={d} is not a multiple of 16")
+        if d % 8 or not 8 <= d <= MAX_HEAD_DIM:
+            out.append(f"{name}={d} is not a multiple of 8 in [8, {MAX_HEAD_DIM}] (16-byte rows)")
+    for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
+        width = padded_head_dim(d, cfg)
+        if cfg.tile_m % rows_per_copy_pass(width, cfg.num_threads) or cfg.tile_n % rows_per_copy_pass(width, cfg.num_threads):
+            out.append(f"{name}={d} (smem width {width}) needs tiles of {rows_per_copy_pass(width, cfg.num_threads)}-row "
+                       f"multiples per copy pass; tile_m={cfg.tile_m}, tile_n={cfg.tile_n}")
     smem = fwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES
     if smem > model.smem_per_cta:
         out.append(f"shared memory {smem} B (incl. {STATIC_SMEM_BYTES} B static) exceeds "
                    f"{model.smem_per_cta} B per CTA of the {model.name} model")
     # fp32 accumulators per thread: O (tile_m x dv) and S (tile_m x tile_n). At 192 the sm_120a
-    # build spills (d=128 128x64 and d=64 128x128 on 4 warps: 255 regs + 72/56 B stack); at 128 it
-    # does not (measured with the conformance gate, 2026-11-22).
-    acc_regs = cfg.tile_m * (padded_head_dim(spec.head_dim_v) + cfg.tile_n) // cfg.num_threads
-    if acc_regs > 128:
+    # build spills (d=128 128x64 and d=64 128x128 on 4 warps: 255 regs + 72/56 B stack); at 144
+    # (d=256, 64x32 on 4 warps) it does not (conformance gate, 2026-11-22).
+    acc_regs = cfg.tile_m * (padded_head_dim(spec.head_dim_v, cfg) + cfg.tile_n) // cfg.num_threads
+    if acc_regs > 144:
         out.append(f"{acc_regs} accumulator registers per thread (O + S) leave too few for operands")
     return tuple(out)
 
@@ -99,8 +125,26 @@ def fwd_table() -> dict:
             for key, knobs in data["table"].items()}
 
 
+def head_dim_class(spec: FwdSpec) -> int:
+    d = max(spec.head_dim, spec.head_dim_v)
+    for c in HEAD_DIM_CLASSES:
+        if d <= c:
+            return c
+    raise ValueError(f"head dim {d} exceeds {MAX_HEAD_DIM}")
+
+
+def table_key(spec: FwdSpec) -> str:
+    """Masked variants (causal, local window) share the "causal" entry: their mainloops carry the
+    element-mask path, which sets the register budget."""
+    return f"d{head_dim_class(spec)}_{'causal' if spec.causal or spec.local else 'full'}"
+
+
 def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
-    cfg = fwd_table()[f"d{spec.head_dim}_{'causal' if spec.causal else 'full'}"]
+    table = fwd_table()
+    key = table_key(spec)
+    # A dtype-specific entry wins: ptxas allocates registers differently for fp16 and bf16 operands,
+    # and the gate judges each build (e.g. d128 full: fp16 spills 1 STL without q_in_regs, bf16 with it).
+    cfg = table.get(f"{key}_{spec.dtype}", table[key])
     problems = fwd_config_problems(spec, cfg, model)
     if problems:  # a table entry that fails the predicate is a bug in this file, not a user error
         raise RuntimeError(f"forward table entry {cfg} is invalid for {spec} on {model.name}: {'; '.join(problems)}")
@@ -113,7 +157,7 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
     (``--subset candidates``) before ``benchmarks/tune_fwd.py`` times them on the device."""
     out = []
     for tm, w in ((128, 8), (64, 4)):
-        for tn in (64, 128):
+        for tn in (32, 64, 128):
             for st in (2, 3):
                 for qr in (False, True):
                     cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr)
@@ -122,12 +166,32 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
     return out
 
 
+#: Head dims the conformance list compiles per class: the class size (the largest tile, most
+#: registers) and a padded one (column predicates). Plus the two common head_dim_v != head_dim shapes.
+REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 128: ((128, 128), (96, 96), (72, 72), (128, 64)),
+                            192: ((192, 192), (192, 128), (160, 160)), 256: ((256, 256), (232, 232), (200, 200))}
+
+
+MASKS = ("full", "causal", "local")
+
+
+def _spec(dtype, d, dv, mask, softcap=False, sink=False) -> FwdSpec:
+    return FwdSpec(dtype=dtype, head_dim=d, head_dim_v=dv, causal=mask == "causal", local=mask == "local",
+                   softcap=softcap, has_sink=sink)
+
+
 def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
-    """Every (spec, config) the dispatcher can choose under ``model``: the conformance list."""
-    out = []
+    """The (spec, config) pairs the conformance gate compiles: every table entry (head-dim class x
+    mask x dtype) at its representative head dims, and at each class's largest head dim every
+    softcap / sink combination (they add code to the same mainloop). Any other head dim of a class
+    runs the same config with a subset of these code paths (exact or padded columns)."""
+    specs = []
     for dtype in ("bf16", "fp16"):
-        for d in SUPPORTED_HEAD_DIMS:
-            for causal in (False, True):
-                spec = FwdSpec(dtype=dtype, head_dim=d, head_dim_v=d, causal=causal)
-                out.append((spec, select_fwd_config(spec, model)))
-    return out
+        for dims in REPRESENTATIVE_HEAD_DIMS.values():
+            for d, dv in dims:
+                specs += [_spec(dtype, d, dv, mask) for mask in MASKS]
+    for klass, dims in REPRESENTATIVE_HEAD_DIMS.items():
+        d, dv = dims[0]
+        for softcap, sink in ((True, False), (False, True), (True, True)):
+            specs += [_spec("bf16", d, dv, mask, softcap, sink) for mask in MASKS]
+    return [(spec, select_fwd_config(spec, model)) for spec in specs]

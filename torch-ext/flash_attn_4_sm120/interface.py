@@ -27,9 +27,6 @@ from .execution_model import (
 )
 from .problem import validate_fwd
 
-_LOG2_E = 1.0 / math.log(2.0)
-
-
 @functools.lru_cache(maxsize=None)
 def _model_and_target(device_index: Optional[int], dispatch_override: Optional[str],
                       target_override: Optional[str]) -> tuple[ExecutionModel, str]:
@@ -49,15 +46,18 @@ def flash_attn_fwd(
     v: torch.Tensor,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
+    window_size: tuple = (None, None),
+    softcap: float = 0.0,
+    learnable_sink: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Low-level forward without autograd: writes into ``out``/``lse`` when given, returns both."""
-    spec, shape, softmax_scale = validate_fwd(q, k, v, softmax_scale, causal)
-    return _launch_fwd(q, k, v, spec, shape, softmax_scale, out, lse)
+    spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
+    return _launch_fwd(q, k, v, spec, shape, params, out, lse)
 
 
-def _launch_fwd(q, k, v, spec, shape, softmax_scale: float, out=None, lse=None):
+def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None):
     """Allocate (or check) outputs and launch; inputs are already validated."""
     from .compiler import get_fwd_kernel
 
@@ -73,14 +73,19 @@ def _launch_fwd(q, k, v, spec, shape, softmax_scale: float, out=None, lse=None):
     _check_output("lse", lse, lse_shape, torch.float32, q.device)
     if out.numel() == 0:
         return out, lse
-    if shape.seqlen_k == 0:  # softmax over no keys: zero output, LSE of the empty set
-        return out.zero_(), lse.fill_(-math.inf)
+    if shape.seqlen_k == 0:  # softmax over no keys: zero output, LSE of the empty set (or the sink)
+        out.zero_()
+        if params.sink is not None:
+            return out, lse.copy_(params.sink[None, :, None].expand(lse_shape))
+        return out, lse.fill_(-math.inf)
     kernel = get_fwd_kernel(spec, select_fwd_config(spec, model), model, target)
+    args = (q, k, v, out, lse, params.scale_log2, params.softcap_scale, params.window_left, params.window_right,
+            params.sink)
     if q.device.index == torch.cuda.current_device():
-        kernel(q, k, v, out, lse, softmax_scale * _LOG2_E)
+        kernel(*args)
     else:
         with torch.cuda.device(q.device):
-            kernel(q, k, v, out, lse, softmax_scale * _LOG2_E)
+            kernel(*args)
     return out, lse
 
 
@@ -92,11 +97,13 @@ def _check_output(name, t, shape, dtype, device) -> None:
         raise ValueError(f"{name} must be contiguous in its last dimension and 16-byte aligned")
 
 
-def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return flash_attn_fwd(q, k, v, softmax_scale, causal)
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
+              window_left: int, window_right: int, softcap: float,
+              learnable_sink: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return flash_attn_fwd(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, learnable_sink)
 
 
-def _fwd_fake(q, k, v, softmax_scale, causal):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink):
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse
@@ -112,8 +119,8 @@ class _FlashAttnFunc(torch.autograd.Function):
     dispatch costs hundreds (measured ~600 us per call on CPU, 2026-11-22)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, shape, softmax_scale):
-        return _launch_fwd(q, k, v, spec, shape, softmax_scale)
+    def forward(ctx, q, k, v, spec, shape, params):
+        return _launch_fwd(q, k, v, spec, shape, params)
 
     @staticmethod
     def backward(ctx, dout, dlse):
@@ -136,23 +143,11 @@ def _register_fwd_op():
 _fwd_op = _register_fwd_op()
 
 
-def _refuse_unimplemented(
-    window_size, learnable_sink, softcap, num_splits, pack_gqa, deterministic, score_mod, mask_mod, extra
-) -> None:
+def _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, extra) -> None:
     """Raise the manifest's message for each requested feature this version does not implement."""
     if extra:
         raise TypeError(f"flash_attn_func got unexpected arguments: {sorted(extra)}")
-    if (learnable_sink is None and not softcap and num_splits in (None, 0, 1) and not pack_gqa
-            and not deterministic and score_mod is None and mask_mod is None
-            and (window_size is None or tuple(window_size) in ((None, None), (-1, -1)))):
-        return  # the common call: nothing beyond the implemented forward was asked for
     requested = []
-    if window_size is not None and tuple(window_size) != (None, None) and tuple(window_size) != (-1, -1):
-        requested.append("sliding_window")
-    if learnable_sink is not None:
-        requested.append("learnable_sink")
-    if softcap:
-        requested.append("softcap")
     if num_splits not in (None, 1, 0):
         requested.append("split_kv")
     if pack_gqa:
@@ -161,7 +156,8 @@ def _refuse_unimplemented(
         requested.append("deterministic_backward")
     if score_mod is not None or mask_mod is not None:
         requested.append("score_mod")
-    manifest.check_combination(requested)
+    if requested:
+        manifest.check_combination(requested)
 
 
 def flash_attn_func(
@@ -186,23 +182,27 @@ def flash_attn_func(
     Returns ``(out, lse)``: out (batch, seqlen_q, heads, d) in q's dtype; lse (batch, heads, seqlen_q)
     fp32 natural-log sum-exp of the scaled scores when ``return_lse`` is set or a gradient is
     required, else None. ``softmax_scale`` defaults to 1/sqrt(d). ``causal`` aligns the diagonal to
-    the bottom-right corner when seqlen_q != seqlen_k.
+    the bottom-right corner when seqlen_q != seqlen_k. ``window_size=(left, right)`` (None or -1 =
+    unbounded) restricts query i to keys [i + off - left, i + off + right] (off = seqlen_k - seqlen_q;
+    with ``causal`` right is 0); key blocks outside the window are skipped. ``softcap > 0`` caps the
+    logits as softcap * tanh(logit / softcap). ``learnable_sink`` (num_heads,) adds exp(sink_h) to
+    every row's softmax denominator (gpt-oss) and to the LSE.
     """
-    _refuse_unimplemented(window_size, learnable_sink, softcap, num_splits, pack_gqa, deterministic,
-                          score_mod, mask_mod, kwargs)
+    _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, kwargs)
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-        out, lse = _fwd_op(q, k, v, float(scale), bool(causal))
+        left, right = ((-1 if x is None else x) for x in (window_size or (None, None)))
+        out, lse = _fwd_op(q, k, v, float(scale), bool(causal), left, right, float(softcap or 0.0), learnable_sink)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return out, (lse if (return_lse or needs_grad) else None)
-    spec, shape, softmax_scale = validate_fwd(q, k, v, softmax_scale, causal)
+    spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:
-        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, softmax_scale)
+        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params)
     else:
-        out, lse = _launch_fwd(q, k, v, spec, shape, softmax_scale)
+        out, lse = _launch_fwd(q, k, v, spec, shape, params)
     return out, (lse if (return_lse or needs_grad) else None)
 
 

@@ -1,15 +1,18 @@
-"""Which key blocks an M tile visits, and which of them need masking (arch-free).
+"""Which key blocks an M tile visits, and which of them need an element mask (arch-free).
 
-Rows are queries, columns keys. With causal masking the diagonal is aligned to the bottom-right
-corner (query ``i`` sees keys ``j <= i + seqlen_k - seqlen_q``), as in FlashAttention 2/4.
+Rows are queries, columns keys, ``off = seqlen_k - seqlen_q`` aligns the diagonal to the bottom-right
+corner (as in FlashAttention 2/4). Query ``i`` sees key ``j`` iff ``j < seqlen_k`` and
+  * causal:                 j <= i + off
+  * local (window l, r):    i + off - l <= j <= i + off + r     (causal + window = local with r = 0)
+Blocks wholly outside the visible band are never visited: the cost of a window scales with its width.
 
-For M tile ``m`` (rows ``[m*tile_m, (m+1)*tile_m)``) the key blocks visited are ``[0, n_end)``; the
-mainloop walks them from the last down, so the (at most a few) blocks that need an element mask
-come first: ``[n_unmasked_end, n_end)``. Blocks below ``n_unmasked_end`` are full and entirely
-visible to every row of the tile.
+For M tile ``m`` (rows ``[m*tile_m, (m+1)*tile_m)``) the visited key blocks are ``[start, end)``.
+The mainloop walks them from the last down. ``[unmasked_end, end)`` touch the right edge (sequence
+end or diagonal) and ``[start, unmasked_start)`` the left edge of a window: those need an element
+mask; blocks in between are visible to every row of the tile.
 
-These functions are plain integer arithmetic on non-negative values: they run unchanged on the
-host (tests, Python ints) and in ``@cute.jit`` code (``Int32``).
+Plain integer arithmetic on non-negative values: runs on the host (tests, Python ints) and in
+``@cute.jit`` code (``Int32``).
 """
 
 import cutlass
@@ -27,21 +30,27 @@ def ceil_div(a, b):
     return (a + b - 1) // b
 
 
-def n_block_end(m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
-    """One past the last key block any row of this M tile may see (can be <= 0)."""
-    n_end = ceil_div(seqlen_k, tile_n)
-    if causal:
-        # Last row of the tile sees keys up to (m_block+1)*tile_m - 1 + seqlen_k - seqlen_q.
-        last_key = (m_block + 1) * tile_m + seqlen_k - seqlen_q
-        n_end = _min(n_end, ceil_div(_max(last_key, 0), tile_n))
-    return n_end
+def block_range(m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool, local: bool,
+                window_left=0, window_right=0):
+    """(start, unmasked_start, unmasked_end, end) with start <= unmasked_start <= unmasked_end <= end.
 
-
-def n_block_unmasked_end(m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool):
-    """Key blocks below this index need no element mask for any row of the M tile."""
-    full = seqlen_k // tile_n  # blocks with no out-of-range keys
-    if causal:
-        # The first row of the tile sees keys < m_block*tile_m + 1 + seqlen_k - seqlen_q.
-        first_row_keys = m_block * tile_m + 1 + seqlen_k - seqlen_q
-        full = _min(full, _max(first_row_keys, 0) // tile_n)
-    return full
+    ``window_left``/``window_right`` are used when ``local`` (non-negative; the host clamps
+    "unbounded" to seqlen_q + seqlen_k)."""
+    off = seqlen_k - seqlen_q
+    end = ceil_div(seqlen_k, tile_n)
+    unmasked_end = seqlen_k // tile_n  # blocks with no key past seqlen_k
+    if causal or local:
+        right = window_right if local else 0
+        # Last row of the tile sees keys < (m+1)*tile_m + off + right; the first row < m*tile_m + 1 + off + right.
+        end = _min(end, ceil_div(_max((m_block + 1) * tile_m + off + right, 0), tile_n))
+        unmasked_end = _min(unmasked_end, _max(m_block * tile_m + 1 + off + right, 0) // tile_n)
+    start = 0
+    unmasked_start = 0
+    if local:
+        # First row sees keys >= m*tile_m + off - left; the last row >= (m+1)*tile_m - 1 + off - left.
+        start = _max(m_block * tile_m + off - window_left, 0) // tile_n
+        unmasked_start = ceil_div(_max((m_block + 1) * tile_m - 1 + off - window_left, 0), tile_n)
+    end = _max(end, start)
+    unmasked_end = _min(_max(unmasked_end, start), end)
+    unmasked_start = _min(_max(unmasked_start, start), unmasked_end)
+    return start, unmasked_start, unmasked_end, end

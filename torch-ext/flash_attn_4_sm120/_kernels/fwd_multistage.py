@@ -1,9 +1,12 @@
 """Forward attention, cp.async multistage mainloop with warp-level mma.sync (SM120 execution model).
 
-Computes, per (batch, query head) and query row i:
-    O[i] = softmax(scale * Q[i] K^T, masked) V,     LSE[i] = log(sum_j exp(scale * Q[i] K[j]))
-for bf16/fp16 inputs with fp32 accumulation. K/V heads are shared by ``num_heads_q / num_heads_kv``
-query heads (MHA, GQA, MQA). Causal masking is bottom-right aligned.
+Computes, per (batch, query head) and query row i, with logits l_ij = scale * Q[i] K[j] (or, with a
+softcap c, c * tanh(scale * Q[i] K[j] / c)):
+    O[i] = sum_j exp(l_ij) V[j] / (sum_j exp(l_ij) [+ exp(sink_h)]),   LSE[i] = log(denominator)
+over the visible keys j, for bf16/fp16 inputs with fp32 accumulation. K/V heads are shared by
+``num_heads_q / num_heads_kv`` query heads (MHA, GQA, MQA). Visibility (``block_info``): causal or a
+local window (left, right), both aligned bottom-right; key blocks outside the band are not visited.
+Head dims are any multiples of 8 up to 256 (padded to 16 in shared memory), head_dim_v may differ.
 
 Tensors: Q, O (batch, seqlen_q, heads_q, d); K, V (batch, seqlen_k, heads_kv, d); LSE (batch, heads_q,
 seqlen_q) fp32. Sizes and strides are runtime values (last dim contiguous, 16-byte aligned rows).
@@ -15,18 +18,20 @@ key blocks are visited from the last to the first, so the few that need an eleme
   2. For each key block n (tile in smem stage n % num_stages, complete and visible):
      a. start the cp.async of the tile ``num_stages - 1`` blocks ahead into the stage freed last step
      b. S = Q K^T with ldmatrix + mma.sync m16n8k16, fp32 accumulators
-     c. mask S (sequence end, causal diagonal) where the block needs it
+     c. softcap; mask S (sequence end, diagonal, window edges) where the block needs it
      d. online softmax: P = exp2(S*scale_log2 - running max), rescale O
      e. O += P V, P kept in registers as the A operand, V^T read by ldmatrix.trans
      f. wait for the next tile; one CTA barrier (the next tile is visible, this stage is free)
   3. O /= row sum; O goes through shared memory (reusing Q's buffer) for 16-byte global stores;
      LSE is written by the lane that owns column 0 of each row.
 
-Constraints: head dims multiples of 16, tile_m a multiple of 16 * num_warps, tile_n a multiple of
-16, 2-3 stages, shared memory within the model's per-CTA limit (see ``config.fwd_config_problems``).
+Constraints: tile_m a multiple of 16 * num_warps, tile_n a multiple of 16, 2-3 stages, shared memory
+within the model's per-CTA limit (see ``config.fwd_config_problems``).
 """
 
+import math
 from types import SimpleNamespace
+from typing import Optional
 
 import cuda.bindings.driver as cuda
 
@@ -35,27 +40,28 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..config import FwdConfig, fwd_config_problems, fwd_smem_bytes, padded_head_dim
+from ..config import FwdConfig, atom_cols, fwd_config_problems, fwd_smem_bytes, padded_head_dim
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
 from . import block_info
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .mask import mask_scores
 from .softmax import OnlineSoftmax
-from .tile_io import copy_rows
+from .tile_io import column_predicate, copy_rows, zero_masked_cols
 from .tile_scheduler import SingleTileScheduler
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 _COPY_BITS = 128  # 16-byte cp.async / st.global vectors
+LOG2_E = 1.0 / math.log(2.0)
 
 
 def smem_layout_atom(dtype, width: int) -> cute.ComposedLayout:
     """A swizzled 8-row atom, ``width`` columns wide (16, 32 or 64 elements), bank-conflict free
     for both cp.async writes and ldmatrix reads."""
-    atom_cols = 64 if width % 64 == 0 else (32 if width % 32 == 0 else 16)
-    swizzle_bits = {64: 3, 32: 2, 16: 1}[atom_cols]
+    cols = atom_cols(width)
+    swizzle_bits = {64: 3, 32: 2, 16: 1}[cols]
     return cute.make_composed_layout(
-        cute.make_swizzle(swizzle_bits, 3, 3), 0, cute.make_layout((8, atom_cols), stride=(atom_cols, 1))
+        cute.make_swizzle(swizzle_bits, 3, 3), 0, cute.make_layout((8, cols), stride=(cols, 1))
     )
 
 
@@ -76,8 +82,11 @@ class FlashFwdMultistage:
         self.config = config
         self.model = model
         self.dtype = _DTYPES[spec.dtype]
-        self.head_dim = padded_head_dim(spec.head_dim)
-        self.head_dim_v = padded_head_dim(spec.head_dim_v)
+        self.head_dim = padded_head_dim(spec.head_dim, config)
+        self.head_dim_v = padded_head_dim(spec.head_dim_v, config)
+        # Padded head dims need column predicates (and zeroed Q/K padding); exact ones compile without.
+        self.pad_qk = spec.head_dim != self.head_dim
+        self.pad_v = spec.head_dim_v != self.head_dim_v
         self.tile_m = config.tile_m
         self.tile_n = config.tile_n
         self.num_threads = config.num_threads
@@ -144,15 +153,20 @@ class FlashFwdMultistage:
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         softmax_scale_log2: Float32,
+        softcap_scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        mSink: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
         if const_expr(not (mQ.element_type == mK.element_type == mV.element_type == mO.element_type == self.dtype)):
             raise TypeError("Q, K, V, O must all have the spec's dtype")
         self._setup()
-        scheduler = SingleTileScheduler(reverse_m=self.causal)
+        # Causal rows get longer down the sequence: start the long tiles first.
+        scheduler = SingleTileScheduler(reverse_m=self.causal or self.spec.local)
         grid = scheduler.grid(cute.ceil_div(mQ.shape[1], self.tile_m), mQ.shape[2], mQ.shape[0])
         self.kernel(
-            mQ, mK, mV, mO, mLSE, softmax_scale_log2,
+            mQ, mK, mV, mO, mLSE, softmax_scale_log2, softcap_scale, window_left, window_right, mSink,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
         ).launch(
@@ -174,6 +188,10 @@ class FlashFwdMultistage:
         mO: cute.Tensor,
         mLSE: cute.Tensor,
         softmax_scale_log2: Float32,
+        softcap_scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        mSink: Optional[cute.Tensor],
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -193,11 +211,11 @@ class FlashFwdMultistage:
         seqlen_k = mK.shape[1]
         head_kv = head // (mQ.shape[2] // mK.shape[2])
 
-        n_end = block_info.n_block_end(m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal)
-        n_unmasked_end = block_info.n_block_unmasked_end(
-            m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal
+        # Key blocks [n_start, n_end); [n_unmasked_start, n_unmasked_end) need no element mask.
+        n_start, n_unmasked_start, n_unmasked_end, n_end = block_info.block_range(
+            m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, self.spec.local,
+            window_left, window_right,
         )
-        n_unmasked_end = cutlass.min(n_unmasked_end, n_end)
 
         # (tile_m, d), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
         gQ = cute.local_tile(mQ[batch, None, head, None], (self.tile_m, self.head_dim), (m_block, 0))
@@ -256,7 +274,8 @@ class FlashFwdMultistage:
         t0ScS_rc = acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS))
 
         ctx = SimpleNamespace(
-            m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_end=n_end,
+            m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start,
+            window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
             tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
             tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
             tSsQ=thr_s2r_q.partition_S(sQ), tSrQ_v=thr_s2r_q.retile(tSrQ),
@@ -266,33 +285,54 @@ class FlashFwdMultistage:
             thr_mma=thr_mma, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc, softmax=softmax,
         )
 
+        # Column predicates for padded head dims; the padded Q/K columns are zeroed once and never loaded.
+        tQKp = None
+        tVp = None
+        if const_expr(self.pad_qk):
+            tQKp = column_predicate(tKcK, self.spec.head_dim)
+            zero_masked_cols(tQsQ, column_predicate(tQcQ, self.spec.head_dim))
+            for j in cutlass.range_constexpr(stages):
+                zero_masked_cols(tKsK[None, None, None, j], tQKp)
+        if const_expr(self.pad_v):
+            tVp = column_predicate(tVcV, self.spec.head_dim_v)
+        ctx.tQKp, ctx.tVp = tQKp, tVp
+
         # 1. Prologue: Q and the first stages - 1 tiles (tile 0 = block n_end - 1 may be partial).
-        copy_rows(self.g2s_qk, tQgQ, tQsQ, t0QcQ, seqlen_q - m_block * self.tile_m - tQcQ[0][0], False)
+        copy_rows(self.g2s_qk, tQgQ, tQsQ, t0QcQ, seqlen_q - m_block * self.tile_m - tQcQ[0][0], False,
+                  column_predicate(tQcQ, self.spec.head_dim) if const_expr(self.pad_qk) else None)
         for j in cutlass.range_constexpr(stages - 1):
             n_block = n_end - 1 - j
-            if n_block >= 0:
+            if n_block >= n_start:
                 rows_left = seqlen_k - n_block * self.tile_n
                 copy_rows(self.g2s_qk, tKgK[None, None, None, n_block], tKsK[None, None, None, j], t0KcK,
-                          rows_left - tKcK[0][0], False)
+                          rows_left - tKcK[0][0], False, tQKp)
                 # Rows past seqlen_k are zeroed in V: P is 0 there, but 0 * garbage could be NaN.
                 copy_rows(self.g2s_v, tVgV[None, None, None, n_block], tVsV[None, None, None, j], t0VcV,
-                          rows_left - tVcV[0][0], True)
+                          rows_left - tVcV[0][0], True, tVp)
             cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(stages - 2)
         cute.arch.sync_threads()
         if const_expr(self.config.q_in_regs):
             cute.copy(s2r_q, ctx.tSsQ, ctx.tSrQ_v)
 
-        # 2. Mainloop: blocks needing an element mask, then the full ones.
-        num_masked = n_end - n_unmasked_end
-        for i in cutlass.range(num_masked, unroll=1):
+        # 2. Mainloop, last block first: right-edge blocks (masked), full blocks, left-edge blocks of
+        #    a window (masked). The stage index continues across the three loops.
+        num_right = n_end - n_unmasked_end
+        num_full = n_unmasked_end - n_unmasked_start
+        for i in cutlass.range(num_right, unroll=1):
             self.mainloop_step(ctx, n_end - 1 - i, i % stages, masked=True)
-        for i in cutlass.range(n_unmasked_end, unroll=1):
-            self.mainloop_step(ctx, n_unmasked_end - 1 - i, (num_masked + i) % stages, masked=False)
+        for i in cutlass.range(num_full, unroll=1):
+            self.mainloop_step(ctx, n_unmasked_end - 1 - i, (num_right + i) % stages, masked=False)
+        if const_expr(self.spec.local):
+            for i in cutlass.range(n_unmasked_start - n_start, unroll=1):
+                self.mainloop_step(ctx, n_unmasked_start - 1 - i, (num_right + num_full + i) % stages, masked=True)
 
         # 3. Epilogue
         lse = cute.make_rmem_tensor(cute.size(acc_O_rc, mode=[0]), Float32)
-        softmax.finalize(acc_O_rc, lse)
+        sink_log2 = None
+        if const_expr(self.spec.has_sink):
+            sink_log2 = Float32(mSink[head]) * Float32(LOG2_E)
+        softmax.finalize(acc_O_rc, lse, sink_log2)
         self.epilogue(acc_O, lse, sO, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
 
     @cute.jit
@@ -301,10 +341,12 @@ class FlashFwdMultistage:
         stages = self.config.num_stages
         # a. Refill the stage consumed last step (every warp passed the barrier after it).
         n_ahead = n_block - (stages - 1)
-        if n_ahead >= 0:
+        if n_ahead >= ctx.n_start:
             stage_ahead = (stage + stages - 1) % stages
-            cute.copy(self.g2s_qk, ctx.tKgK[None, None, None, n_ahead], ctx.tKsK[None, None, None, stage_ahead])
-            cute.copy(self.g2s_v, ctx.tVgV[None, None, None, n_ahead], ctx.tVsV[None, None, None, stage_ahead])
+            cute.copy(self.g2s_qk, ctx.tKgK[None, None, None, n_ahead], ctx.tKsK[None, None, None, stage_ahead],
+                      pred=ctx.tQKp)
+            cute.copy(self.g2s_v, ctx.tVgV[None, None, None, n_ahead], ctx.tVsV[None, None, None, stage_ahead],
+                      pred=ctx.tVp)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
         # b. S = Q K^T
         acc_S = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32)
@@ -314,12 +356,15 @@ class FlashFwdMultistage:
             self.gemm_rA_smemB(acc_S, ctx.tSrQ, ctx.tSrK, tSsK, ctx.tSrK_v, ctx.s2r_k)
         else:
             self.gemm_smem(acc_S, ctx.tSrQ, ctx.tSrK, ctx.tSsQ, ctx.tSrQ_v, tSsK, ctx.tSrK_v, ctx.s2r_q, ctx.s2r_k)
-        # c./d. mask and online softmax
+        # c./d. softcap, mask and online softmax
+        if const_expr(self.spec.softcap):
+            # logits = softcap * tanh(s * scale / softcap); the softcap factor is folded into scale_log2.
+            acc_S.store(cute.math.tanh(acc_S.load() * ctx.softcap_scale, fastmath=True))
         acc_S_rc = acc_rows_cols(acc_S)
         if const_expr(masked):
             mask_scores(
                 acc_S_rc, ctx.tScS_rc, ctx.t0ScS_rc, ctx.m_block, n_block, ctx.seqlen_q, ctx.seqlen_k,
-                self.tile_m, self.tile_n, self.causal,
+                ctx.window_left, ctx.window_right, self.tile_m, self.tile_n, self.causal, self.spec.local,
             )
         ctx.softmax.step(acc_S_rc, ctx.acc_O_rc)
         # e. O += P V, P reinterpreted as the A operand in 16-bit
@@ -383,6 +428,8 @@ class FlashFwdMultistage:
         tOcO = thr_s2g.partition_S(cO)
         t0OcO = self.s2g_o.get_slice(0).partition_S(cO)
         row_limit = seqlen_q - m_block * self.tile_m - tOcO[0][0]
+        tOp = column_predicate(tOcO, self.spec.head_dim_v) if const_expr(self.pad_v) else None
         for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
             if t0OcO[0, m, 0][0] < row_limit:
-                cute.copy(self.s2g_o, tOrO[None, m, None], tOgO[None, m, None])
+                cute.copy(self.s2g_o, tOrO[None, m, None], tOgO[None, m, None],
+                          pred=tOp[None, m, None] if const_expr(self.pad_v) else None)

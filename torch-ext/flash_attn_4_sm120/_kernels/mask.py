@@ -1,10 +1,12 @@
 """Element masks on a score tile (arch-free).
 
-Entries outside the key range (``col >= seqlen_k``) or above the causal diagonal (bottom-right
-aligned: key ``j`` is visible to query ``i`` iff ``j <= i + seqlen_k - seqlen_q``) become -inf.
+Entries outside the key range (``col >= seqlen_k``), above the causal diagonal, or outside a local
+window become -inf. The visibility rules and the bottom-right alignment are those of
+``block_info``: query ``i`` sees key ``j`` iff ``j < seqlen_k`` and ``i + off - left <= j <= i + off + right``
+(``off = seqlen_k - seqlen_q``; causal is ``right = 0`` with no left bound).
 
 Coordinates come from an identity tensor partitioned like the accumulator. Thread 0's partition
-(``t0ScS``) has compile-time coordinates; the thread's own offset is folded into the limit once,
+(``t0ScS``) has compile-time coordinates; the thread's own offset is folded into the limits once,
 so the per-element test is a compare against a constant.
 """
 
@@ -22,21 +24,33 @@ def mask_scores(
     n_block: Int32,
     seqlen_q: Int32,
     seqlen_k: Int32,
+    window_left: Int32,
+    window_right: Int32,
     tile_m: cutlass.Constexpr[int],
     tile_n: cutlass.Constexpr[int],
     causal: cutlass.Constexpr[bool],
+    local: cutlass.Constexpr[bool],
 ):
     """Set masked entries of this thread's (rows, cols) score view to -inf."""
     thr_row0 = tScS_rc[0, 0][0]
     thr_col0 = tScS_rc[0, 0][1]
-    # Column limit relative to this thread's first column: keys in [0, seqlen_k) of this block.
-    col_limit_seq = seqlen_k - n_block * tile_n - thr_col0
+    # Limits relative to this thread's first column of this block.
+    col_base = n_block * tile_n + thr_col0
+    col_limit_seq = seqlen_k - col_base
     for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
-        col_limit = col_limit_seq
-        if cutlass.const_expr(causal):
-            row = m_block * tile_m + thr_row0 + t0ScS_rc[r, 0][0]
-            # Keys j <= row + seqlen_k - seqlen_q are visible: limit is one past that, block-relative.
-            col_limit = cutlass.min(col_limit, row + 1 + seqlen_k - seqlen_q - n_block * tile_n - thr_col0)
+        col_hi = col_limit_seq  # exclusive
+        col_lo = 0  # inclusive, used when local
+        if cutlass.const_expr(causal or local):
+            diag = m_block * tile_m + thr_row0 + t0ScS_rc[r, 0][0] + seqlen_k - seqlen_q - col_base
+            right = window_right if cutlass.const_expr(local) else 0
+            col_hi = cutlass.min(col_hi, diag + 1 + right)
+            if cutlass.const_expr(local):
+                col_lo = diag - window_left
         for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-            if t0ScS_rc[0, c][1] >= col_limit:
-                acc_S_rc[r, c] = -Float32.inf
+            col = t0ScS_rc[0, c][1]
+            if cutlass.const_expr(local):
+                if col >= col_hi or col < col_lo:
+                    acc_S_rc[r, c] = -Float32.inf
+            else:
+                if col >= col_hi:
+                    acc_S_rc[r, c] = -Float32.inf

@@ -10,7 +10,8 @@ Step for one key block S (scores for this block, masked entries = -inf):
   3. P = exp2(S * scale_log2 - base); corr = exp2(row_max * scale_log2 - base)  (corr = 0 at start)
   4. row_sum = row_sum * corr + rowsum(P); O *= corr; row_max = m_new
 Finalize: O /= rowsum, LSE = ln(rowsum) + row_max * scale; rows that saw no key give O = 0 and
-LSE = -inf (the log-sum-exp of an empty set).
+LSE = -inf (the log-sum-exp of an empty set). A learnable sink (gpt-oss) adds exp(sink) to the
+denominator and to the LSE.
 """
 
 import math
@@ -52,15 +53,27 @@ class OnlineSoftmax:
             acc_O_rc[r, None].store(acc_O_rc[r, None].load() * corr)
 
     @cute.jit
-    def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor):
-        """Normalize O in place and write each row's natural-log LSE into ``lse`` (num_rows,)."""
+    def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor, sink_log2: Float32 = None):
+        """Normalize O in place and write each row's natural-log LSE into ``lse`` (num_rows,).
+
+        ``sink_log2`` (a learnable sink logit times log2(e)) adds exp(sink) to every row's denominator
+        and to its LSE. Exponents are taken against max(row max, sink) so nothing overflows; a row that
+        saw no key then gets O = 0 and LSE = sink."""
         for r in cutlass.range_constexpr(self.num_rows):
             total = quad_allreduce_sum(self.row_sum[r])
-            seen = total > Float32(0.0)
-            inv = cute.arch.rcp_approx(total) if seen else Float32(0.0)
-            acc_O_rc[r, None].store(acc_O_rc[r, None].load() * inv)
-            lse[r] = (
-                (self.row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True)) * LN2
-                if seen
-                else -Float32.inf
-            )
+            if cutlass.const_expr(sink_log2 is None):
+                seen = total > Float32(0.0)
+                inv = cute.arch.rcp_approx(total) if seen else Float32(0.0)
+                acc_O_rc[r, None].store(acc_O_rc[r, None].load() * inv)
+                lse[r] = (
+                    (self.row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True)) * LN2
+                    if seen
+                    else -Float32.inf
+                )
+            else:
+                m_log2 = self.row_max[r] * self.scale_log2  # -inf when the row saw no key
+                top = cute.arch.fmax(m_log2, sink_log2)
+                keep = cute.math.exp2(m_log2 - top, fastmath=True)
+                denom = total * keep + cute.math.exp2(sink_log2 - top, fastmath=True)
+                acc_O_rc[r, None].store(acc_O_rc[r, None].load() * (keep * cute.arch.rcp_approx(denom)))
+                lse[r] = (top + cute.math.log2(denom, fastmath=True)) * LN2

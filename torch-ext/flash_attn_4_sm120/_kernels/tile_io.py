@@ -1,9 +1,13 @@
-"""Global <-> shared tile movement with row predication (arch-free building blocks).
+"""Global <-> shared tile movement with row and column predication (arch-free building blocks).
 
 Tiles are partitioned by a tiled copy into ``(CPY, CPY_ROWS, CPY_COLS)``. Rows past the end of the
 sequence are skipped (and, where the consumer would multiply them, zero-filled). As in the masks,
 thread 0's coordinate partition (``t0XcX``) is compile-time, and each thread's own row offset is
 folded into the limit once.
+
+Head dims that are not a multiple of the MMA k-extent (16) are padded in shared memory: columns past
+the real head dim are never loaded (a column predicate, built once per CTA) and, for Q and K, zeroed
+once so the padded part of every dot product is exactly 0.
 """
 
 import cutlass
@@ -19,11 +23,41 @@ def copy_rows(
     t0XcX: cute.Tensor,
     row_limit: Int32,
     zero_fill: cutlass.Constexpr[bool],
+    col_pred: cute.Tensor = None,
 ):
-    """Copy rows whose (thread-relative) index is below ``row_limit``; zero the others if asked."""
+    """Copy rows whose (thread-relative) index is below ``row_limit``; zero the others if asked.
+    ``col_pred`` (from ``column_predicate``) restricts the columns, when the tile is padded."""
     for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
         if t0XcX[0, m, 0][0] < row_limit:
-            cute.copy(tiled_copy, src[None, m, None], dst[None, m, None])
+            if cutlass.const_expr(col_pred is None):
+                cute.copy(tiled_copy, src[None, m, None], dst[None, m, None])
+            else:
+                cute.copy(tiled_copy, src[None, m, None], dst[None, m, None], pred=col_pred[None, m, None])
         else:
             if cutlass.const_expr(zero_fill):
                 dst[None, m, None].fill(0)
+
+
+@cute.jit
+def column_predicate(tXcX: cute.Tensor, limit: cutlass.Constexpr[int]) -> cute.Tensor:
+    """(vectors, CPY_ROWS (broadcast), CPY_COLS) booleans: this thread's vector lies below ``limit``."""
+    pred = cute.make_rmem_tensor(
+        cute.make_layout(
+            (tXcX.shape[0][1], cute.size(tXcX, mode=[1]), cute.size(tXcX, mode=[2])),
+            stride=(cute.size(tXcX, mode=[2]), 0, 1),
+        ),
+        cutlass.Boolean,
+    )
+    for v in cutlass.range_constexpr(cute.size(pred, mode=[0])):
+        for k in cutlass.range_constexpr(cute.size(pred, mode=[2])):
+            pred[v, 0, k] = tXcX[(0, v), 0, k][1] < limit
+    return pred
+
+
+@cute.jit
+def zero_masked_cols(dst: cute.Tensor, col_pred: cute.Tensor):
+    """Zero this thread's vectors of ``dst`` (CPY, CPY_ROWS, CPY_COLS) that ``col_pred`` excludes."""
+    for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+        for k in cutlass.range_constexpr(cute.size(dst, mode=[2])):
+            if not col_pred[0, 0, k]:
+                dst[None, m, k].fill(0)

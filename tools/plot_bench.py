@@ -1,0 +1,120 @@
+"""Plot a forward benchmark result (``benchmarks/bench_fwd.py --out``) as a grouped bar chart PNG.
+
+    python tools/plot_bench.py benchmarks/results/fwd_h100_2026-11-22.json [--out chart.png]
+
+Input: ``{device, date, dtype?, rows: [{case, seqlen_q, results: {impl: {tflops, kv_gbps, ms}}}]}``.
+Output (default: the input's path with ``.png``): one group of bars per case, this bundle first and then
+each peer in the order ``tools/gen_perf.py`` lists them (others after, by first appearance). Compute
+cases show TFLOPS (window cases: the nominal causal FLOPs, as bench_fwd.py counts them, with a
+footnote); decode cases (``seqlen_q == 1``, the rule gen_perf uses) show K/V GB/s on a second
+panel. The title names the device and the date. A peer missing from a case leaves a gap.
+
+matplotlib is a development dependency only (requirements-dev.txt); nothing in the package imports it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gen_perf import PEERS  # noqa: E402  (one list of peer names for the README table and the chart)
+
+#: Bar colours: this bundle stands out; peers muted; the H100-only ceiling hatched.
+COLORS = {"ours": "#d62728", "sdpa_flash_fa2": "#1f77b4", "fa4_sm120_path": "#7f7f7f", "sdpa_cudnn": "#c7c7c7"}
+HATCHES = {"sdpa_cudnn": "//"}
+_FALLBACK_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
+
+
+def implementations(rows: list[dict]) -> list[str]:
+    """Every implementation key in the rows: gen_perf's order first, then any other by first appearance."""
+    seen = [impl for row in rows for impl in row["results"]]
+    known = [impl for impl, _ in PEERS if impl in seen]
+    return known + [impl for impl in dict.fromkeys(seen) if impl not in known]
+
+
+def label(impl: str) -> str:
+    return dict(PEERS).get(impl, impl)
+
+
+def split_rows(rows: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(compute rows, decode rows)."""
+    decode = [r for r in rows if r.get("seqlen_q") == 1]
+    return [r for r in rows if r.get("seqlen_q") != 1], decode
+
+
+def _bars(ax, rows: list[dict], impls: list[str], metric: str, ylabel: str) -> None:
+    n = len(impls)
+    width = 0.8 / n
+    top = max((r["results"][i][metric] for r in rows for i in impls if metric in r["results"].get(i, {})), default=1)
+    fallback = iter(_FALLBACK_COLORS * 4)
+    colors = {i: COLORS.get(i) or next(fallback) for i in impls}
+    for j, impl in enumerate(impls):
+        xs, ys = [], []
+        for x, row in enumerate(rows):
+            value = row["results"].get(impl, {}).get(metric)
+            if value is not None:
+                xs.append(x + (j - (n - 1) / 2) * width)
+                ys.append(value)
+        bars = ax.bar(xs, ys, width, label=label(impl), color=colors[impl], hatch=HATCHES.get(impl),
+                      edgecolor="#404040" if impl in HATCHES else None, linewidth=0.4)
+        ax.bar_label(bars, fmt="%.0f", fontsize=6, rotation=90, padding=2)
+    ax.set_xticks(range(len(rows)))
+    ax.set_xticklabels([r["case"] for r in rows], rotation=30, ha="right", fontsize=8)
+    ax.set_ylabel(ylabel)
+    ax.set_ylim(0, top * 1.15)  # room for the value labels
+    ax.grid(axis="y", alpha=0.3)
+    ax.set_axisbelow(True)
+
+
+def plot(result: dict, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = result["rows"]
+    if not rows:
+        raise ValueError("the result has no rows")
+    compute, decode = split_rows(rows)
+    impls = implementations(rows)
+    panels = [(r, m, y) for r, m, y in ((compute, "tflops", "TFLOPS"), (decode, "kv_gbps", "K/V read, GB/s")) if r]
+    fig, axes = plt.subplots(1, len(panels), figsize=(3 + 1.0 * len(rows) + 0.4 * len(impls), 5.2),
+                             gridspec_kw={"width_ratios": [max(len(r), 1.6) for r, _, _ in panels]}, squeeze=False)
+    for ax, (panel_rows, metric, ylabel) in zip(axes[0], panels):
+        _bars(ax, panel_rows, impls, metric, ylabel)
+    if decode and compute:
+        axes[0][-1].set_title("decode (one query row)", fontsize=9)
+    dtype = f", {result['dtype']}" if result.get("dtype") else ""
+    fig.suptitle(f"Attention forward{dtype}: {result.get('device', 'unknown device')}, {result.get('date', 'undated')}",
+                 fontsize=11)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=len(impls), fontsize=8,
+               frameon=False)
+    notes = []
+    if any(r.get("window_left") is not None for r in compute):
+        notes.append("window rows: nominal causal FLOPs / time (blocks outside the window are skipped, "
+                     "so this exceeds the MMA rate)")
+    if notes:
+        fig.text(0.005, 0.005, "; ".join(notes), fontsize=7, color="#404040", ha="left", va="bottom")
+    fig.tight_layout(rect=(0, 0.02 if notes else 0, 1, 0.92))
+    fig.savefig(out, dpi=100, pil_kwargs={"optimize": True})
+    plt.close(fig)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("result", type=Path, help="benchmark JSON (benchmarks/results/fwd_*.json)")
+    ap.add_argument("--out", type=Path, help="PNG to write (default: the result's path with .png)")
+    args = ap.parse_args(argv)
+    out = args.out or args.result.with_suffix(".png")
+    plot(json.loads(args.result.read_text()), out)
+    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
