@@ -116,3 +116,34 @@ def test_torch_compile_fullgraph_traces_the_custom_op():
 
     with pytest.raises(ValueError, match="CUDA tensors"):
         f(q)
+
+
+@pytest.mark.parametrize(
+    "make, exc, match",
+    [
+        pytest.param(lambda: dict(cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int64),
+                                  cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32)), TypeError, "int32",
+                     id="cu-int64"),
+        pytest.param(lambda: dict(cu_seqlens_q=torch.tensor([0, 4, 8], dtype=torch.int32),
+                                  cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32)), ValueError, "entries",
+                     id="cu-length-mismatch"),
+        pytest.param(lambda: dict(cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32),
+                                  cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32),
+                                  seqused_k=torch.tensor([1, 2], dtype=torch.int32)), ValueError, "entries",
+                     id="seqused-length"),
+        pytest.param(lambda: dict(cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32),
+                                  cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32),
+                                  page_table=torch.zeros(1, 1, dtype=torch.int32)), NotImplementedError, "paged",
+                     id="page-table"),
+    ],
+)
+def test_varlen_validation(make, exc, match):
+    q = _t(8, 4, 64)
+    with pytest.raises(exc, match=match):
+        fa.flash_attn_varlen_func(q, q, q, **make())
+
+
+def test_varlen_packed_q_needs_rank_3():
+    q = _t(1, 8, 4, 64)
+    with pytest.raises(ValueError, match="total_tokens"):
+        fa.flash_attn_varlen_func(q, q, q, cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32))

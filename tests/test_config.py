@@ -14,7 +14,7 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     classes = len(config.REPRESENTATIVE_HEAD_DIMS)
     masks = len(config.MASKS)
     # dtypes x masks x representative head dims, plus 3 softcap/sink combos x masks per class (bf16)
-    assert len(pairs) == 2 * masks * dims + 3 * masks * classes
+    assert len(pairs) == 2 * masks * dims + 3 * masks * classes + 3 * masks * classes
     assert {(s.local, s.causal, s.softcap, s.has_sink) for s, _ in pairs} >= {
         (True, False, True, True), (False, True, False, False), (False, False, True, False)}
     for spec, cfg in pairs:

@@ -25,7 +25,7 @@ from .execution_model import (
     resolve_compile_target,
     resolve_dispatch_model,
 )
-from .problem import validate_fwd
+from .problem import validate_fwd, validate_varlen
 
 @functools.lru_cache(maxsize=None)
 def _model_and_target(device_index: Optional[int], dispatch_override: Optional[str],
@@ -57,30 +57,36 @@ def flash_attn_fwd(
     return _launch_fwd(q, k, v, spec, shape, params, out, lse)
 
 
-def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None):
-    """Allocate (or check) outputs and launch; inputs are already validated."""
+def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None):
+    """Allocate (or check) outputs and launch; inputs are already validated. ``varlen`` is
+    (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) for packed/varlen calls."""
     from .compiler import get_fwd_kernel
 
     model, target = _model_and_target(q.device.index, os.environ.get(DISPATCH_ENV),
                                       os.environ.get(COMPILE_TARGET_ENV))
-    out_shape = (*q.shape[:3], v.shape[3])
-    lse_shape = (shape.batch, shape.num_heads, shape.seqlen_q)
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    lse_shape = (shape.num_heads, q.shape[0]) if spec.varlen_q else (shape.batch, shape.num_heads, shape.seqlen_q)
     if out is None:
-        out = torch.empty(out_shape, dtype=q.dtype, device=q.device)
+        # Packed rows past a sequence's used length are never written: allocate zeros there.
+        alloc = torch.zeros if spec.seqused_q else torch.empty
+        out = alloc(out_shape, dtype=q.dtype, device=q.device)
     _check_output("out", out, out_shape, q.dtype, q.device)
     if lse is None:
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=q.device)
+        lse = (torch.full(lse_shape, -math.inf, dtype=torch.float32, device=q.device) if spec.seqused_q
+               else torch.empty(lse_shape, dtype=torch.float32, device=q.device))
     _check_output("lse", lse, lse_shape, torch.float32, q.device)
     if out.numel() == 0:
         return out, lse
-    if shape.seqlen_k == 0:  # softmax over no keys: zero output, LSE of the empty set (or the sink)
+    if shape.seqlen_k == 0 or shape.batch == 0:  # no keys anywhere: zero output, LSE of the empty set (or the sink)
         out.zero_()
         if params.sink is not None:
-            return out, lse.copy_(params.sink[None, :, None].expand(lse_shape))
+            sink = params.sink[:, None] if spec.varlen_q else params.sink[None, :, None]
+            return out, lse.copy_(sink.expand(lse_shape))
         return out, lse.fill_(-math.inf)
     kernel = get_fwd_kernel(spec, select_fwd_config(spec, model), model, target)
+    cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
     args = (q, k, v, out, lse, params.scale_log2, params.softcap_scale, params.window_left, params.window_right,
-            params.sink)
+            params.sink, cu_q, cu_k, used_q, used_k, shape.seqlen_q)
     if q.device.index == torch.cuda.current_device():
         kernel(*args)
     else:
@@ -206,4 +212,63 @@ def flash_attn_func(
     return out, (lse if (return_lse or needs_grad) else None)
 
 
-__all__ = ["flash_attn_func", "flash_attn_fwd", "dispatch_model"]
+class _FlashAttnVarlenFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, spec, shape, params, varlen):
+        return _launch_fwd(q, k, v, spec, shape, params, varlen=varlen)
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        return _fwd_backward(ctx, dout, dlse)
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    seqused_q: Optional[torch.Tensor] = None,
+    seqused_k: Optional[torch.Tensor] = None,
+    page_table: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple = (None, None),
+    learnable_sink: Optional[torch.Tensor] = None,
+    softcap: float = 0.0,
+    num_splits: int = 1,
+    pack_gqa: Optional[bool] = None,
+    deterministic: bool = False,
+    score_mod=None,
+    mask_mod=None,
+    return_lse: bool = False,
+    **kwargs,
+):
+    """Attention over a batch of sequences of different lengths, flash-attn-4's varlen convention.
+
+    Each side is packed or dense: q (total_q, heads, d) with ``cu_seqlens_q`` (batch + 1,) int32 offsets,
+    or (batch, seqlen_q, heads, d); likewise k/v with ``cu_seqlens_k``. ``seqused_q``/``seqused_k``
+    (batch,) int32 cap each sequence's length (rows past it are ignored; packed output rows past it are
+    zero). Pass ``max_seqlen_q``/``max_seqlen_k`` to avoid a device sync. Zero-length sequences are
+    allowed. Returns ``(out, lse)``; out has q's layout, lse is (heads, total_q) when q is packed,
+    else (batch, heads, seqlen_q); lse is None unless ``return_lse`` or a gradient is required.
+    Masks, windows, softcap and sinks are as in ``flash_attn_func``, per sequence.
+    """
+    if page_table is not None:
+        manifest.require("paged_kv")
+    _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, kwargs)
+    spec, shape, params = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                          seqused_q, seqused_k, softmax_scale, causal, window_size, softcap,
+                                          learnable_sink)
+    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if needs_grad:
+        out, lse = _FlashAttnVarlenFunc.apply(q, k, v, spec, shape, params, varlen)
+    else:
+        out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen)
+    return out, (lse if (return_lse or needs_grad) else None)
+
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_fwd", "dispatch_model"]

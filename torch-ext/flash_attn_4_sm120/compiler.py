@@ -29,31 +29,42 @@ def _fake_fwd_args(spec: FwdSpec):
 
     dtype = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[spec.dtype]
     vec = 128 // dtype.width  # elements per 16-byte vector: row strides are multiples of it
-    batch, seqlen_q, seqlen_k, heads_q, heads_kv = (cute.sym_int() for _ in range(5))
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, total_q, total_k = (cute.sym_int() for _ in range(7))
 
-    def bshd(seqlen, heads, d):
-        stride = (cute.sym_int64(divisibility=vec), cute.sym_int64(divisibility=vec),
-                  cute.sym_int64(divisibility=vec), 1)
-        return cute.runtime.make_fake_tensor(dtype, (batch, seqlen, heads, d), stride=stride, assumed_align=16)
+    def rows(packed, seqlen, total, heads, d):
+        """(batch, seqlen, heads, d) dense or (total, heads, d) packed, unit last stride."""
+        shape = (total, heads, d) if packed else (batch, seqlen, heads, d)
+        stride = tuple(cute.sym_int64(divisibility=vec) for _ in shape[:-1]) + (1,)
+        return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=16)
 
-    q = bshd(seqlen_q, heads_q, spec.head_dim)
-    k = bshd(seqlen_k, heads_kv, spec.head_dim)
-    v = bshd(seqlen_k, heads_kv, spec.head_dim_v)
-    o = bshd(seqlen_q, heads_q, spec.head_dim_v)
-    lse = cute.runtime.make_fake_tensor(
-        cutlass.Float32, (batch, heads_q, seqlen_q), stride=(cute.sym_int64(), cute.sym_int64(), 1), assumed_align=4
-    )
+    def int_vector(n):
+        return cute.runtime.make_fake_tensor(cutlass.Int32, (n,), stride=(1,), assumed_align=4)
+
+    q = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim)
+    k = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim)
+    v = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim_v)
+    o = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim_v)
+    lse_shape = (heads_q, total_q) if spec.varlen_q else (batch, heads_q, seqlen_q)
+    lse = cute.runtime.make_fake_tensor(cutlass.Float32, lse_shape,
+                                        stride=tuple(cute.sym_int64() for _ in lse_shape[:-1]) + (1,), assumed_align=4)
     sink = (cute.runtime.make_fake_tensor(cutlass.Float32, (heads_q,), stride=(1,), assumed_align=4)
             if spec.has_sink else None)
-    # scale_log2, softcap_scale, window_left, window_right are runtime scalars.
+    batch_p1 = cute.sym_int()
+    cu_q = int_vector(batch_p1) if spec.varlen_q else None
+    cu_k = int_vector(batch_p1) if spec.varlen_k else None
+    used_q = int_vector(cute.sym_int()) if spec.seqused_q else None
+    used_k = int_vector(cute.sym_int()) if spec.seqused_k else None
+    # scale_log2, softcap_scale, window_left, window_right are runtime scalars; so is max_seqlen_q.
     scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0))
-    return (q, k, v, o, lse, *scalars, sink, cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+    return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, cutlass.Int32(0),
+            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target: str, extra_options: str = ""):
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
-    ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink)`` taking torch
-    tensors (TVM FFI, current stream); ``sink`` is None unless ``spec.has_sink``."""
+    ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink, cu_seqlens_q,
+    cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q)`` taking torch tensors (TVM FFI, current stream);
+    the optional tensors are None unless the spec's matching flag is set."""
     import cutlass.cute as cute
 
     from ._kernels.fwd_multistage import FlashFwdMultistage
@@ -92,6 +103,10 @@ class Case:
         mask = "causal" if s.causal else ("local" if s.local else "full")
         mask += "_softcap" if s.softcap else ""
         mask += "_sink" if s.has_sink else ""
+        if s.varlen_q or s.varlen_k:
+            mask += "_varlen" + ("q" if s.varlen_q else "") + ("k" if s.varlen_k else "")
+        if s.seqused_q or s.seqused_k:
+            mask += "_used" + ("q" if s.seqused_q else "") + ("k" if s.seqused_k else "")
         qr = "_qreg" if c.q_in_regs else ""
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}"
 
@@ -135,11 +150,14 @@ def make_case(
     local: bool = False,
     softcap: bool = False,
     has_sink: bool = False,
+    varlen: bool = False,
+    seqused: bool = False,
     dtype: str = "bf16",
     model: str = SM120.name,
 ) -> Case:
     spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal and not local,
-                   local=local, softcap=softcap, has_sink=has_sink)
+                   local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen,
+                   seqused_q=seqused, seqused_k=seqused)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs)
     return Case(spec, cfg, model)
 

@@ -7,7 +7,7 @@ every (spec, config) the dispatcher can pick, for the conformance gate.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .execution_model import ExecutionModel
 from .problem import FwdSpec
@@ -184,7 +184,8 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
     """The (spec, config) pairs the conformance gate compiles: every table entry (head-dim class x
     mask x dtype) at its representative head dims, and at each class's largest head dim every
     softcap / sink combination (they add code to the same mainloop). Any other head dim of a class
-    runs the same config with a subset of these code paths (exact or padded columns)."""
+    runs the same config with a subset of these code paths (exact or padded columns). Varlen layouts
+    (packed Q and/or K, seqused) are compiled at each class's largest head dim."""
     specs = []
     for dtype in ("bf16", "fp16"):
         for dims in REPRESENTATIVE_HEAD_DIMS.values():
@@ -194,4 +195,9 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
         d, dv = dims[0]
         for softcap, sink in ((True, False), (False, True), (True, True)):
             specs += [_spec("bf16", d, dv, mask, softcap, sink) for mask in MASKS]
+        # varlen: packed Q and K (+ seqused), and dense Q over a packed/paged-style K with seqused_k
+        for mask in MASKS:
+            specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True))
+            specs.append(replace(_spec("bf16", d, dv, mask), varlen_k=True, seqused_k=True))
+            specs.append(replace(_spec("bf16", d, dv, mask), seqused_k=True))  # dense KV cache, filled length
     return [(spec, select_fwd_config(spec, model)) for spec in specs]

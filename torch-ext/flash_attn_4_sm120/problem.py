@@ -28,6 +28,12 @@ class FwdSpec:
     softcap: bool = False
     #: a learnable per-head sink logit in the softmax denominator (gpt-oss)
     has_sink: bool = False
+    #: packed (total, heads, d) Q/O with cu_seqlens_q, and/or packed K/V with cu_seqlens_k (varlen)
+    varlen_q: bool = False
+    varlen_k: bool = False
+    #: per-sequence used lengths (seqused_q / seqused_k)
+    seqused_q: bool = False
+    seqused_k: bool = False
 
 
 @dataclass(frozen=True)
@@ -45,9 +51,8 @@ def _check_tensor(name: str, t, expected_rank: int = 4) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != expected_rank:
-        raise ValueError(
-            f"{name} must have rank {expected_rank} (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}"
-        )
+        layout = "(batch, seqlen, heads, head_dim)" if expected_rank == 4 else "(total_tokens, heads, head_dim) with cu_seqlens"
+        raise ValueError(f"{name} must have rank {expected_rank} {layout}, got shape {tuple(t.shape)}")
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}; flash_attn_4_sm120 supports torch.bfloat16 and torch.float16")
     d = t.shape[-1]
@@ -98,30 +103,21 @@ def _window_bound(x) -> Optional[int]:
     return None if x < 0 else x
 
 
-def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool, window_size=(None, None),
-                 softcap: float = 0.0, learnable_sink=None) -> tuple[FwdSpec, FwdShape, FwdParams]:
-    """Check user inputs; return the compile spec, runtime shape and runtime parameters."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t)
+def _check_heads_and_dims(q, k, v, heads_q: int, heads_kv: int) -> None:
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
-    batch, seqlen_q, num_heads, head_dim = q.shape
-    bk, seqlen_k, num_heads_kv, head_dim_k = k.shape
-    if tuple(v.shape[:3]) != (bk, seqlen_k, num_heads_kv):
-        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in (batch, seqlen_k, heads_kv)")
-    if bk != batch:
-        raise ValueError(f"q has batch {batch} but k/v have batch {bk}")
-    if head_dim_k != head_dim:
-        raise ValueError(f"q head_dim {head_dim} != k head_dim {head_dim_k}")
-    head_dim_v = v.shape[3]
-    if num_heads_kv == 0 or num_heads % num_heads_kv != 0:
-        raise ValueError(
-            f"num_heads_q ({num_heads}) must be a multiple of num_heads_kv ({num_heads_kv}) for MHA/GQA/MQA"
-        )
+    if k.shape[-1] != q.shape[-1]:
+        raise ValueError(f"q head_dim {q.shape[-1]} != k head_dim {k.shape[-1]}")
+    if heads_kv == 0 or heads_q % heads_kv != 0:
+        raise ValueError(f"num_heads_q ({heads_q}) must be a multiple of num_heads_kv ({heads_kv}) for MHA/GQA/MQA")
+
+
+def _runtime_params(q, num_heads, softmax_scale, causal, window_size, softcap, learnable_sink, unbounded):
+    """(FwdParams, local, causal_mask) from the user's scalars; ``unbounded`` bounds a window side."""
     if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(head_dim)
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     softmax_scale = float(softmax_scale)
     if not math.isfinite(softmax_scale) or softmax_scale <= 0.0:
         raise ValueError(f"softmax_scale must be a finite positive number, got {softmax_scale}")
@@ -136,7 +132,6 @@ def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool, window_s
     if causal:
         right = 0  # causal + window = a local window ending on the diagonal
     local = left is not None or (right is not None and not causal)
-    unbounded = seqlen_q + seqlen_k  # any bound this large changes nothing
     sink = None
     if learnable_sink is not None:
         if not isinstance(learnable_sink, torch.Tensor) or learnable_sink.shape != (num_heads,):
@@ -147,9 +142,6 @@ def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool, window_s
         sink = learnable_sink.detach().to(torch.float32).contiguous()
     if q.device.type != "cuda":
         raise ValueError(f"flash_attn_4_sm120 runs on CUDA tensors; got tensors on {q.device}")
-    spec = FwdSpec(dtype=_DTYPES[q.dtype], head_dim=head_dim, head_dim_v=head_dim_v,
-                   causal=bool(causal) and not local, local=local, softcap=softcap > 0.0, has_sink=sink is not None)
-    shape = FwdShape(batch, seqlen_q, seqlen_k, num_heads, num_heads_kv)
     params = FwdParams(
         softmax_scale=softmax_scale,
         scale_log2=(softcap if softcap > 0.0 else softmax_scale) * _LOG2_E,
@@ -158,4 +150,79 @@ def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool, window_s
         window_right=min(right, unbounded) if right is not None else unbounded,
         sink=sink,
     )
-    return spec, shape, params
+    return params, local, bool(causal) and not local, softcap > 0.0
+
+
+def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool, window_size=(None, None),
+                 softcap: float = 0.0, learnable_sink=None) -> tuple[FwdSpec, FwdShape, FwdParams]:
+    """Check dense (batch, seqlen, heads, d) inputs; return the compile spec, runtime shape and parameters."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _check_tensor(name, t)
+    batch, seqlen_q, num_heads, head_dim = q.shape
+    bk, seqlen_k, num_heads_kv, _ = k.shape
+    if tuple(v.shape[:3]) != (bk, seqlen_k, num_heads_kv):
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in (batch, seqlen_k, heads_kv)")
+    if bk != batch:
+        raise ValueError(f"q has batch {batch} but k/v have batch {bk}")
+    _check_heads_and_dims(q, k, v, num_heads, num_heads_kv)
+    params, local, causal_mask, capped = _runtime_params(q, num_heads, softmax_scale, causal, window_size, softcap,
+                                                         learnable_sink, seqlen_q + seqlen_k)
+    spec = FwdSpec(dtype=_DTYPES[q.dtype], head_dim=head_dim, head_dim_v=v.shape[3], causal=causal_mask,
+                   local=local, softcap=capped, has_sink=params.sink is not None)
+    return spec, FwdShape(batch, seqlen_q, seqlen_k, num_heads, num_heads_kv), params
+
+
+def _check_index_vector(name: str, t, length: Optional[int], device) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1:
+        raise TypeError(f"{name} must be a 1-D torch.int32 tensor, got "
+                        f"{getattr(t, 'dtype', type(t).__name__)} with shape {tuple(getattr(t, 'shape', ()))}")
+    if length is not None and t.shape[0] != length:
+        raise ValueError(f"{name} must have {length} entries, got {t.shape[0]}")
+    if t.device != device or t.stride(0) != 1:
+        raise ValueError(f"{name} must be contiguous and on {device}")
+
+
+def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                    softmax_scale, causal, window_size=(None, None), softcap=0.0, learnable_sink=None):
+    """Check varlen inputs: each side (Q/O, K/V) is packed (total, heads, d) with cu_seqlens (batch+1,)
+    or dense (batch, seqlen, heads, d); seqused_* (batch,) cap the lengths. Returns (spec, shape, params);
+    shape.seqlen_q / seqlen_k are the maxima (``max_seqlen_*``, computed with a device sync when None)."""
+    packed_q, packed_k = cu_seqlens_q is not None, cu_seqlens_k is not None
+    _check_tensor("q", q, 3 if packed_q else 4)
+    _check_tensor("k", k, 3 if packed_k else 4)
+    _check_tensor("v", v, 3 if packed_k else 4)
+    heads_q, heads_kv = q.shape[-2], k.shape[-2]
+    if v.shape[:-1] != k.shape[:-1]:
+        raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in all but the head dim")
+    _check_heads_and_dims(q, k, v, heads_q, heads_kv)
+    batch = None
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu is not None:
+            _check_index_vector(name, cu, None if batch is None else batch + 1, q.device)
+            batch = cu.shape[0] - 1
+    for name, dense in (("q", None if packed_q else q), ("k", None if packed_k else k)):
+        if dense is not None:
+            if batch is not None and dense.shape[0] != batch:
+                raise ValueError(f"dense {name} has batch {dense.shape[0]} but cu_seqlens give {batch} sequences")
+            batch = dense.shape[0]
+    for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if used is not None:
+            _check_index_vector(name, used, batch, q.device)
+
+    def longest(cu, dense, given):
+        if given is not None:
+            return int(given)
+        if cu is None:
+            return dense.shape[1]
+        return int((cu[1:] - cu[:-1]).max().item()) if cu.shape[0] > 1 else 0  # device sync: pass max_seqlen
+
+    max_q = longest(cu_seqlens_q, q, max_seqlen_q)
+    max_k = longest(cu_seqlens_k, k, max_seqlen_k)
+    if max_q < 0 or max_k < 0:
+        raise ValueError("max_seqlen_q / max_seqlen_k must be non-negative")
+    params, local, causal_mask, capped = _runtime_params(q, heads_q, softmax_scale, causal, window_size, softcap,
+                                                         learnable_sink, max_q + max_k)
+    spec = FwdSpec(dtype=_DTYPES[q.dtype], head_dim=q.shape[-1], head_dim_v=v.shape[-1], causal=causal_mask,
+                   local=local, softcap=capped, has_sink=params.sink is not None, varlen_q=packed_q,
+                   varlen_k=packed_k, seqused_q=seqused_q is not None, seqused_k=seqused_k is not None)
+    return spec, FwdShape(batch, max_q, max_k, heads_q, heads_kv), params

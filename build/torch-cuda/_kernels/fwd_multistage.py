@@ -48,6 +48,7 @@ from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .mask import mask_scores
 from .softmax import OnlineSoftmax
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
+from .seqlen_info import lse_row, num_batches, num_heads, sequence
 from .tile_scheduler import SingleTileScheduler
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
@@ -157,6 +158,11 @@ class FlashFwdMultistage:
         window_left: Int32,
         window_right: Int32,
         mSink: Optional[cute.Tensor],
+        mCuSeqlensQ: Optional[cute.Tensor],
+        mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedQ: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
+        max_seqlen_q: Int32,
         stream: cuda.CUstream,
     ):
         if const_expr(not (mQ.element_type == mK.element_type == mV.element_type == mO.element_type == self.dtype)):
@@ -164,15 +170,22 @@ class FlashFwdMultistage:
         self._setup()
         # Causal rows get longer down the sequence: start the long tiles first.
         scheduler = SingleTileScheduler(reverse_m=self.causal or self.spec.local)
-        grid = scheduler.grid(cute.ceil_div(mQ.shape[1], self.tile_m), mQ.shape[2], mQ.shape[0])
+        packed_q = mCuSeqlensQ is not None
+        # Packed Q: the grid covers the longest sequence; CTAs past a shorter one exit at once.
+        rows = max_seqlen_q if const_expr(packed_q) else mQ.shape[1]
+        grid = scheduler.grid(cute.ceil_div(rows, self.tile_m), num_heads(mQ, packed_q), num_batches(mQ, mCuSeqlensQ))
         self.kernel(
             mQ, mK, mV, mO, mLSE, softmax_scale_log2, softcap_scale, window_left, window_right, mSink,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
             smem=self.SharedStorage.size_in_bytes(),
+            # One CTA per SM is all the model promises (99 KB of smem per SM): let ptxas spend registers
+            # instead of aiming at 3 CTAs/SM (it capped some 128-thread builds at 168 and spilled).
+            min_blocks_per_mp=1,
             stream=stream,
         )
 
@@ -192,6 +205,10 @@ class FlashFwdMultistage:
         window_left: Int32,
         window_right: Int32,
         mSink: Optional[cute.Tensor],
+        mCuSeqlensQ: Optional[cute.Tensor],
+        mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedQ: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -207,133 +224,137 @@ class FlashFwdMultistage:
         stages = self.config.num_stages
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = scheduler.tile()
-        seqlen_q = mQ.shape[1]
-        seqlen_k = mK.shape[1]
-        head_kv = head // (mQ.shape[2] // mK.shape[2])
+        head_kv = head // (num_heads(mQ, mCuSeqlensQ is not None) // num_heads(mK, mCuSeqlensK is not None))
+        # (rows, d) views of this sequence and head, and the runtime lengths (dense or packed).
+        mQ_s, seqlen_q = sequence(mQ, batch, head, mCuSeqlensQ, mSeqUsedQ)
+        mO_s, _ = sequence(mO, batch, head, mCuSeqlensQ, mSeqUsedQ)
+        mK_s, seqlen_k = sequence(mK, batch, head_kv, mCuSeqlensK, mSeqUsedK)
+        mV_s, _ = sequence(mV, batch, head_kv, mCuSeqlensK, mSeqUsedK)
+        gLSE = lse_row(mLSE, batch, head, mCuSeqlensQ)
+        if m_block * self.tile_m < seqlen_q:  # packed batches: tiles past a short sequence do nothing
+            # Key blocks [n_start, n_end); [n_unmasked_start, n_unmasked_end) need no element mask.
+            n_start, n_unmasked_start, n_unmasked_end, n_end = block_info.block_range(
+                m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, self.spec.local,
+                window_left, window_right,
+            )
 
-        # Key blocks [n_start, n_end); [n_unmasked_start, n_unmasked_end) need no element mask.
-        n_start, n_unmasked_start, n_unmasked_end, n_end = block_info.block_range(
-            m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, self.spec.local,
-            window_left, window_right,
-        )
+            # (tile_m, d), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
+            gQ = cute.local_tile(mQ_s, (self.tile_m, self.head_dim), (m_block, 0))
+            gK = cute.local_tile(mK_s, (self.tile_n, self.head_dim), (None, 0))
+            gV = cute.local_tile(mV_s, (self.tile_n, self.head_dim_v), (None, 0))
 
-        # (tile_m, d), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
-        gQ = cute.local_tile(mQ[batch, None, head, None], (self.tile_m, self.head_dim), (m_block, 0))
-        gK = cute.local_tile(mK[batch, None, head_kv, None], (self.tile_n, self.head_dim), (None, 0))
-        gV = cute.local_tile(mV[batch, None, head_kv, None], (self.tile_n, self.head_dim_v), (None, 0))
+            storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
+            sQ = storage.sQ.get_tensor(sQ_layout)  # (tile_m, d)
+            sK = storage.sK.get_tensor(sK_layout)  # (tile_n, d, stages)
+            sV = storage.sV.get_tensor(sV_layout)  # (tile_n, dv, stages)
+            sO = cute.make_tensor(sQ.iterator, sO_layout)
+            # V^T view (dv, tile_n, stages) for the B operand of P @ V.
+            sVt = cute.composition(
+                sV, cute.make_layout((self.head_dim_v, self.tile_n, stages),
+                                     stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
+            )
 
-        storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
-        sQ = storage.sQ.get_tensor(sQ_layout)  # (tile_m, d)
-        sK = storage.sK.get_tensor(sK_layout)  # (tile_n, d, stages)
-        sV = storage.sV.get_tensor(sV_layout)  # (tile_n, dv, stages)
-        sO = cute.make_tensor(sQ.iterator, sO_layout)
-        # V^T view (dv, tile_n, stages) for the B operand of P @ V.
-        sVt = cute.composition(
-            sV, cute.make_layout((self.head_dim_v, self.tile_n, stages),
-                                 stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
-        )
+            # Global -> shared partitions: (CPY, CPY_ROWS, CPY_COLS[, n_blocks | stages])
+            thr_qk = self.g2s_qk.get_slice(tidx)
+            thr_v = self.g2s_v.get_slice(tidx)
+            tQgQ, tQsQ = thr_qk.partition_S(gQ), thr_qk.partition_D(sQ)
+            tKgK, tKsK = thr_qk.partition_S(gK), thr_qk.partition_D(sK)
+            tVgV, tVsV = thr_v.partition_S(gV), thr_v.partition_D(sV)
+            cQ = cute.make_identity_tensor((self.tile_m, self.head_dim))
+            cK = cute.make_identity_tensor((self.tile_n, self.head_dim))
+            cV = cute.make_identity_tensor((self.tile_n, self.head_dim_v))
+            tQcQ, t0QcQ = thr_qk.partition_S(cQ), self.g2s_qk.get_slice(0).partition_S(cQ)
+            tKcK, t0KcK = thr_qk.partition_S(cK), self.g2s_qk.get_slice(0).partition_S(cK)
+            tVcV, t0VcV = thr_v.partition_S(cV), self.g2s_v.get_slice(0).partition_S(cV)
 
-        # Global -> shared partitions: (CPY, CPY_ROWS, CPY_COLS[, n_blocks | stages])
-        thr_qk = self.g2s_qk.get_slice(tidx)
-        thr_v = self.g2s_v.get_slice(tidx)
-        tQgQ, tQsQ = thr_qk.partition_S(gQ), thr_qk.partition_D(sQ)
-        tKgK, tKsK = thr_qk.partition_S(gK), thr_qk.partition_D(sK)
-        tVgV, tVsV = thr_v.partition_S(gV), thr_v.partition_D(sV)
-        cQ = cute.make_identity_tensor((self.tile_m, self.head_dim))
-        cK = cute.make_identity_tensor((self.tile_n, self.head_dim))
-        cV = cute.make_identity_tensor((self.tile_n, self.head_dim_v))
-        tQcQ, t0QcQ = thr_qk.partition_S(cQ), self.g2s_qk.get_slice(0).partition_S(cQ)
-        tKcK, t0KcK = thr_qk.partition_S(cK), self.g2s_qk.get_slice(0).partition_S(cK)
-        tVcV, t0VcV = thr_v.partition_S(cV), self.g2s_v.get_slice(0).partition_S(cV)
+            # MMA fragments and shared -> register copies (ldmatrix); smem partitions keep the stage mode.
+            thr_mma = self.tiled_mma.get_slice(tidx)
+            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # (MMA, MMA_M, MMA_K)
+            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))  # (MMA, MMA_N, MMA_K)
+            tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0]))  # (MMA, MMA_N, MMA_K)
+            s2r_q = cute.make_tiled_copy_A(
+                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
+            )
+            s2r_k = cute.make_tiled_copy_B(
+                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
+            )
+            s2r_v = cute.make_tiled_copy_B(
+                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), self.tiled_mma
+            )
+            thr_s2r_q, thr_s2r_k, thr_s2r_v = s2r_q.get_slice(tidx), s2r_k.get_slice(tidx), s2r_v.get_slice(tidx)
 
-        # MMA fragments and shared -> register copies (ldmatrix); smem partitions keep the stage mode.
-        thr_mma = self.tiled_mma.get_slice(tidx)
-        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # (MMA, MMA_M, MMA_K)
-        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))  # (MMA, MMA_N, MMA_K)
-        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0]))  # (MMA, MMA_N, MMA_K)
-        s2r_q = cute.make_tiled_copy_A(
-            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
-        )
-        s2r_k = cute.make_tiled_copy_B(
-            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
-        )
-        s2r_v = cute.make_tiled_copy_B(
-            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), self.tiled_mma
-        )
-        thr_s2r_q, thr_s2r_k, thr_s2r_v = s2r_q.get_slice(tidx), s2r_k.get_slice(tidx), s2r_v.get_slice(tidx)
+            # (MMA, MMA_M, MMA_N) accumulator of O and its (rows, cols) view
+            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
+            acc_O.fill(0.0)
+            acc_O_rc = acc_rows_cols(acc_O)
+            softmax = OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0]))
 
-        # (MMA, MMA_M, MMA_N) accumulator of O and its (rows, cols) view
-        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
-        acc_O.fill(0.0)
-        acc_O_rc = acc_rows_cols(acc_O)
-        softmax = OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0]))
+            # Coordinates of S for masking: this thread's and thread 0's (compile-time) partitions.
+            cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+            tScS_rc = acc_rows_cols(thr_mma.partition_C(cS))
+            t0ScS_rc = acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS))
 
-        # Coordinates of S for masking: this thread's and thread 0's (compile-time) partitions.
-        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        tScS_rc = acc_rows_cols(thr_mma.partition_C(cS))
-        t0ScS_rc = acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS))
+            ctx = SimpleNamespace(
+                m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start,
+                window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
+                tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
+                tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
+                tSsQ=thr_s2r_q.partition_S(sQ), tSrQ_v=thr_s2r_q.retile(tSrQ),
+                tSsK=thr_s2r_k.partition_S(sK), tSrK_v=thr_s2r_k.retile(tSrK),
+                tOsVt=thr_s2r_v.partition_S(sVt), tOrVt_v=thr_s2r_v.retile(tOrVt),
+                s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v,
+                thr_mma=thr_mma, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc, softmax=softmax,
+            )
 
-        ctx = SimpleNamespace(
-            m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start,
-            window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
-            tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
-            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
-            tSsQ=thr_s2r_q.partition_S(sQ), tSrQ_v=thr_s2r_q.retile(tSrQ),
-            tSsK=thr_s2r_k.partition_S(sK), tSrK_v=thr_s2r_k.retile(tSrK),
-            tOsVt=thr_s2r_v.partition_S(sVt), tOrVt_v=thr_s2r_v.retile(tOrVt),
-            s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v,
-            thr_mma=thr_mma, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc, softmax=softmax,
-        )
+            # Column predicates for padded head dims; the padded Q/K columns are zeroed once and never loaded.
+            tQKp = None
+            tVp = None
+            if const_expr(self.pad_qk):
+                tQKp = column_predicate(tKcK, self.spec.head_dim)
+                zero_masked_cols(tQsQ, column_predicate(tQcQ, self.spec.head_dim))
+                for j in cutlass.range_constexpr(stages):
+                    zero_masked_cols(tKsK[None, None, None, j], tQKp)
+            if const_expr(self.pad_v):
+                tVp = column_predicate(tVcV, self.spec.head_dim_v)
+            ctx.tQKp, ctx.tVp = tQKp, tVp
 
-        # Column predicates for padded head dims; the padded Q/K columns are zeroed once and never loaded.
-        tQKp = None
-        tVp = None
-        if const_expr(self.pad_qk):
-            tQKp = column_predicate(tKcK, self.spec.head_dim)
-            zero_masked_cols(tQsQ, column_predicate(tQcQ, self.spec.head_dim))
-            for j in cutlass.range_constexpr(stages):
-                zero_masked_cols(tKsK[None, None, None, j], tQKp)
-        if const_expr(self.pad_v):
-            tVp = column_predicate(tVcV, self.spec.head_dim_v)
-        ctx.tQKp, ctx.tVp = tQKp, tVp
+            # 1. Prologue: Q and the first stages - 1 tiles (tile 0 = block n_end - 1 may be partial).
+            copy_rows(self.g2s_qk, tQgQ, tQsQ, t0QcQ, seqlen_q - m_block * self.tile_m - tQcQ[0][0], False,
+                      column_predicate(tQcQ, self.spec.head_dim) if const_expr(self.pad_qk) else None)
+            for j in cutlass.range_constexpr(stages - 1):
+                n_block = n_end - 1 - j
+                if n_block >= n_start:
+                    rows_left = seqlen_k - n_block * self.tile_n
+                    copy_rows(self.g2s_qk, tKgK[None, None, None, n_block], tKsK[None, None, None, j], t0KcK,
+                              rows_left - tKcK[0][0], False, tQKp)
+                    # Rows past seqlen_k are zeroed in V: P is 0 there, but 0 * garbage could be NaN.
+                    copy_rows(self.g2s_v, tVgV[None, None, None, n_block], tVsV[None, None, None, j], t0VcV,
+                              rows_left - tVcV[0][0], True, tVp)
+                cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(stages - 2)
+            cute.arch.sync_threads()
+            if const_expr(self.config.q_in_regs):
+                cute.copy(s2r_q, ctx.tSsQ, ctx.tSrQ_v)
 
-        # 1. Prologue: Q and the first stages - 1 tiles (tile 0 = block n_end - 1 may be partial).
-        copy_rows(self.g2s_qk, tQgQ, tQsQ, t0QcQ, seqlen_q - m_block * self.tile_m - tQcQ[0][0], False,
-                  column_predicate(tQcQ, self.spec.head_dim) if const_expr(self.pad_qk) else None)
-        for j in cutlass.range_constexpr(stages - 1):
-            n_block = n_end - 1 - j
-            if n_block >= n_start:
-                rows_left = seqlen_k - n_block * self.tile_n
-                copy_rows(self.g2s_qk, tKgK[None, None, None, n_block], tKsK[None, None, None, j], t0KcK,
-                          rows_left - tKcK[0][0], False, tQKp)
-                # Rows past seqlen_k are zeroed in V: P is 0 there, but 0 * garbage could be NaN.
-                copy_rows(self.g2s_v, tVgV[None, None, None, n_block], tVsV[None, None, None, j], t0VcV,
-                          rows_left - tVcV[0][0], True, tVp)
-            cute.arch.cp_async_commit_group()
-        cute.arch.cp_async_wait_group(stages - 2)
-        cute.arch.sync_threads()
-        if const_expr(self.config.q_in_regs):
-            cute.copy(s2r_q, ctx.tSsQ, ctx.tSrQ_v)
+            # 2. Mainloop, last block first: right-edge blocks (masked), full blocks, left-edge blocks of
+            #    a window (masked). The stage index continues across the three loops.
+            num_right = n_end - n_unmasked_end
+            num_full = n_unmasked_end - n_unmasked_start
+            for i in cutlass.range(num_right, unroll=1):
+                self.mainloop_step(ctx, n_end - 1 - i, i % stages, masked=True)
+            for i in cutlass.range(num_full, unroll=1):
+                self.mainloop_step(ctx, n_unmasked_end - 1 - i, (num_right + i) % stages, masked=False)
+            if const_expr(self.spec.local):
+                for i in cutlass.range(n_unmasked_start - n_start, unroll=1):
+                    self.mainloop_step(ctx, n_unmasked_start - 1 - i, (num_right + num_full + i) % stages, masked=True)
 
-        # 2. Mainloop, last block first: right-edge blocks (masked), full blocks, left-edge blocks of
-        #    a window (masked). The stage index continues across the three loops.
-        num_right = n_end - n_unmasked_end
-        num_full = n_unmasked_end - n_unmasked_start
-        for i in cutlass.range(num_right, unroll=1):
-            self.mainloop_step(ctx, n_end - 1 - i, i % stages, masked=True)
-        for i in cutlass.range(num_full, unroll=1):
-            self.mainloop_step(ctx, n_unmasked_end - 1 - i, (num_right + i) % stages, masked=False)
-        if const_expr(self.spec.local):
-            for i in cutlass.range(n_unmasked_start - n_start, unroll=1):
-                self.mainloop_step(ctx, n_unmasked_start - 1 - i, (num_right + num_full + i) % stages, masked=True)
-
-        # 3. Epilogue
-        lse = cute.make_rmem_tensor(cute.size(acc_O_rc, mode=[0]), Float32)
-        sink_log2 = None
-        if const_expr(self.spec.has_sink):
-            sink_log2 = Float32(mSink[head]) * Float32(LOG2_E)
-        softmax.finalize(acc_O_rc, lse, sink_log2)
-        self.epilogue(acc_O, lse, sO, mO, mLSE, tidx, m_block, head, batch, seqlen_q)
+            # 3. Epilogue
+            lse = cute.make_rmem_tensor(cute.size(acc_O_rc, mode=[0]), Float32)
+            sink_log2 = None
+            if const_expr(self.spec.has_sink):
+                sink_log2 = Float32(mSink[head]) * Float32(LOG2_E)
+            softmax.finalize(acc_O_rc, lse, sink_log2)
+            self.epilogue(acc_O, lse, sO, mO_s, gLSE, tidx, m_block, seqlen_q)
 
     @cute.jit
     def mainloop_step(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool]):
@@ -397,7 +418,7 @@ class FlashFwdMultistage:
             cute.gemm(self.tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
     @cute.jit
-    def epilogue(self, acc_O, lse, sO, mO, mLSE, tidx, m_block, head, batch, seqlen_q):
+    def epilogue(self, acc_O, lse, sO, mO_s, gLSE, tidx, m_block, seqlen_q):
         """Normalized O -> smem (reusing Q's buffer) -> 16-byte global stores; LSE per row."""
         # Every cp.async (Q when no key block ran) has landed and every warp is done reading sQ.
         cute.arch.cp_async_wait_group(0)
@@ -411,7 +432,6 @@ class FlashFwdMultistage:
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
         thr_mma = self.tiled_mma.get_slice(tidx)
         tOcO_rc = acc_rows_cols(thr_mma.partition_C(cO))
-        gLSE = mLSE[batch, head, None]
         if tOcO_rc[0, 0][1] == 0:
             for r in cutlass.range_constexpr(cute.size(lse)):
                 row = m_block * self.tile_m + tOcO_rc[r, 0][0]
@@ -419,7 +439,7 @@ class FlashFwdMultistage:
                     gLSE[row] = lse[r]
 
         cute.arch.sync_threads()
-        gO = cute.local_tile(mO[batch, None, head, None], (self.tile_m, self.head_dim_v), (m_block, 0))
+        gO = cute.local_tile(mO_s, (self.tile_m, self.head_dim_v), (m_block, 0))
         thr_s2g = self.s2g_o.get_slice(tidx)
         tOsO = thr_s2g.partition_S(sO)
         tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
