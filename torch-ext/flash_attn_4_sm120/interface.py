@@ -125,8 +125,8 @@ class _FlashAttnFunc(torch.autograd.Function):
     dispatch costs hundreds (measured ~600 us per call on CPU, 2026-11-22)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, shape, params):
-        return _launch_fwd(q, k, v, spec, shape, params)
+    def forward(ctx, q, k, v, spec, shape, params, varlen=None):
+        return _launch_fwd(q, k, v, spec, shape, params, varlen=varlen)
 
     @staticmethod
     def backward(ctx, dout, dlse):
@@ -212,16 +212,6 @@ def flash_attn_func(
     return out, (lse if (return_lse or needs_grad) else None)
 
 
-class _FlashAttnVarlenFunc(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, q, k, v, spec, shape, params, varlen):
-        return _launch_fwd(q, k, v, spec, shape, params, varlen=varlen)
-
-    @staticmethod
-    def backward(ctx, dout, dlse):
-        return _fwd_backward(ctx, dout, dlse)
-
-
 def flash_attn_varlen_func(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -265,7 +255,7 @@ def flash_attn_varlen_func(
     varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:
-        out, lse = _FlashAttnVarlenFunc.apply(q, k, v, spec, shape, params, varlen)
+        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, varlen)
     else:
         out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen)
     return out, (lse if (return_lse or needs_grad) else None)
