@@ -116,16 +116,18 @@ class Case:
 
 def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
     """Every config the dispatcher can choose under ``model`` (``config.dispatchable_fwd``). The CI
-    subset: bf16 at each head-dim class's largest head dim, full and causal plain, and the local
-    window with softcap and sink together (the largest mainloop)."""
+    subset: bf16 at each head-dim class's largest head dim, full and causal plain, the local window
+    with softcap and sink together (the largest mainloop), and causal over packed Q/K with seqused."""
     from .config import REPRESENTATIVE_HEAD_DIMS
 
     largest = {dims[0] for dims in REPRESENTATIVE_HEAD_DIMS.values()}
     cases = []
     for spec, cfg in dispatchable_fwd(model):
-        plain = not (spec.softcap or spec.has_sink or spec.local)
+        layout = (spec.varlen_q, spec.varlen_k, spec.seqused_q, spec.seqused_k)
+        plain = not (spec.softcap or spec.has_sink or spec.local) and not any(layout)
         everything = spec.local and spec.softcap and spec.has_sink
-        ci = spec.dtype == "bf16" and (spec.head_dim, spec.head_dim_v) in largest and (plain or everything)
+        packed = spec.causal and all(layout)
+        ci = spec.dtype == "bf16" and (spec.head_dim, spec.head_dim_v) in largest and (plain or everything or packed)
         cases.append(Case(spec, cfg, model.name, subset_ci=ci))
     return cases
 
