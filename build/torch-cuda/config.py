@@ -10,14 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .execution_model import ExecutionModel
-from .problem import FwdSpec
+from .problem import MAX_HEAD_DIM, FwdSpec
 
 import json
 from functools import lru_cache
 from pathlib import Path
 
 BYTES_PER_ELEM = 2  # bf16 / fp16 operands
-MAX_HEAD_DIM = 256
 #: Head-dim classes of the tile table: a spec uses the smallest class >= max(head_dim, head_dim_v).
 HEAD_DIM_CLASSES = (64, 128, 192, 256)
 #: A DSL kernel with dynamic smem also carries a 1024-byte static section (the dynamic block is

@@ -51,7 +51,7 @@ import time
 from typing import Iterable, Optional, Sequence, Union
 
 from . import compiler, manifest
-from .config import MAX_HEAD_DIM, select_fwd_config
+from .config import select_fwd_config
 from .execution_model import (
     COMPILE_TARGET_ENV,
     ExecutionModel,
@@ -59,7 +59,7 @@ from .execution_model import (
     model_for_arch_string,
     resolve_compile_target,
 )
-from .problem import FwdSpec
+from .problem import FwdSpec, check_head_dim
 
 #: Spellings accepted for the dtypes, mapped to ``FwdSpec.dtype``.
 DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
@@ -107,9 +107,7 @@ def check_fwd_spec(spec: FwdSpec) -> None:
     """Raise what ``flash_attn_func`` raises for a call with this spec: ``ValueError`` for head dims it
     never accepts, the manifest's ``NotImplementedError`` for a feature this version does not have."""
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
-        if d % 8 != 0 or not 8 <= d <= MAX_HEAD_DIM:
-            raise ValueError(f"{name} {d}: head dims must be multiples of 8 between 8 and {MAX_HEAD_DIM} "
-                             "(16-byte rows); pad the head dim with zeros to the next multiple of 8")
+        check_head_dim(name, d)
     manifest.require("forward")
     if spec.causal:
         manifest.require("causal")

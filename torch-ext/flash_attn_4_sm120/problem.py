@@ -47,6 +47,16 @@ class FwdShape:
     num_heads_kv: int
 
 
+MAX_HEAD_DIM = 256
+
+
+def check_head_dim(name: str, d: int) -> None:
+    """The one head-dim rule: multiples of 8 (16-byte rows) from 8 to 256."""
+    if d % 8 != 0 or not 8 <= d <= MAX_HEAD_DIM:
+        raise ValueError(f"{name} {d}: head dims must be multiples of 8 between 8 and {MAX_HEAD_DIM} "
+                         "(16-byte rows); pad the head dim with zeros to the next multiple of 8")
+
+
 def _check_tensor(name: str, t, expected_rank: int = 4) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -55,10 +65,7 @@ def _check_tensor(name: str, t, expected_rank: int = 4) -> None:
         raise ValueError(f"{name} must have rank {expected_rank} {layout}, got shape {tuple(t.shape)}")
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}; flash_attn_4_sm120 supports torch.bfloat16 and torch.float16")
-    d = t.shape[-1]
-    if d % 8 != 0 or not 8 <= d <= 256:
-        raise ValueError(f"{name} head dim {d}: head dims must be multiples of 8 between 8 and 256 "
-                         "(16-byte rows); pad the head dim with zeros to the next multiple of 8")
+    check_head_dim(f"{name} head dim", t.shape[-1])
     if t.stride(-1) != 1:
         raise ValueError(
             f"{name} must be contiguous in its last dimension (stride {t.stride(-1)}); call .contiguous() first"
