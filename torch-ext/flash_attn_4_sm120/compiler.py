@@ -82,7 +82,7 @@ def get_fwd_kernel(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, targ
     from .compile_cache import default_cache
 
     return default_cache().get(
-        ("fwd", spec, config, model.cache_token(), target),
+        ("fwd", spec, config, model, target),
         lambda: compile_fwd(spec, config, model, target),
     )
 

@@ -84,10 +84,6 @@ class ExecutionModel:
     def supports(self, copy: CopyKind) -> bool:
         return copy in self.g2s_copies
 
-    def cache_token(self) -> str:
-        """A stable string naming everything about this model that changes generated code."""
-        return repr(self)
-
 
 _SM120_COMMON = dict(
     smem_per_cta=SM120_SMEM_PER_CTA,
