@@ -65,6 +65,9 @@ def main():
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--select", metavar="TUNE_JSON")
     ap.add_argument("--conformance", metavar="GATE_JSON")
+    ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP]",
+                    help="time these configs instead of the candidates (exploration; the predicate is not applied)")
+    ap.add_argument("--causal", choices=("both", "full", "causal"), default="both")
     args = ap.parse_args()
     if args.select:
         print(json.dumps(select(args.select, args.conformance), indent=1))
@@ -72,10 +75,13 @@ def main():
     model = dispatch_model(torch.device("cuda"))
     target = model.compile_target
     records, table = [], {}
-    for d, causal in itertools.product(args.head_dims, (False, True)):
+    masks = {"both": (False, True), "full": (False,), "causal": (True,)}[args.causal]
+    explicit = [FwdConfig(*[int(x) for x in c.split(",")[:4]], q_in_regs=c.split(",")[4:5] == ["1"],
+                          mainloop=(c.split(",")[5:] or ["cp_async"])[0]) for c in args.config]
+    for d, causal in itertools.product(args.head_dims, masks):
         spec = FwdSpec("bf16", d, d, causal)
         best = None
-        for cfg in candidate_fwd_configs(spec, model):
+        for cfg in explicit or candidate_fwd_configs(spec, model):
             try:
                 fn = compile_fwd(spec, cfg, model, target)
             except Exception as e:  # record and move on: a config that does not build never wins
@@ -89,7 +95,8 @@ def main():
                 o = torch.empty_like(q)
                 lse = torch.empty(b, hq, s, dtype=torch.float32, device="cuda")
                 scale = d ** -0.5
-                run = lambda: fn(q, k, v, o, lse, scale / math.log(2.0))  # noqa: E731
+                run = lambda: fn(q, k, v, o, lse, scale / math.log(2.0), 1.0, 0, 0,  # noqa: E731
+                                 None, None, None, None, None, s)
                 run()
                 ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                      is_causal=causal, enable_gqa=hq != hkv).transpose(1, 2)

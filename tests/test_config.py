@@ -28,14 +28,18 @@ def test_table_records_device_and_date():
     assert data["device"] and data["date"]
     base = {f"d{c}_{m}" for c in config.HEAD_DIM_CLASSES for m in ("full", "causal")}
     assert base <= set(data["table"])
-    assert all(k in base or k.rsplit("_", 1)[0] in base and k.rsplit("_", 1)[1] in ("bf16", "fp16") for k in data["table"])
+    suffixes = ("bf16", "fp16", "local", "cp_async")
+    assert all(k in base or any(k == f"{b}_{s}" for b in base for s in suffixes) for k in data["table"])
+    for key, knobs in data["table"].items():
+        if key.endswith("_cp_async"):
+            assert knobs.get("mainloop", "cp_async") == "cp_async", key
 
 
 @pytest.mark.parametrize(
     "cfg, fragment",
     [
         pytest.param(config.FwdConfig(128, 128, 8, 2), "exceeds 101376", id="smem"),
-        pytest.param(config.FwdConfig(128, 64, 4, 2), "accumulator registers", id="registers"),
+        pytest.param(config.FwdConfig(128, 128, 4, 2), "accumulator registers", id="registers"),
         pytest.param(config.FwdConfig(96, 64, 4, 2), "multiple of 64", id="rows-per-warp"),
         pytest.param(config.FwdConfig(64, 40, 4, 2), "tile_n=40", id="tile-n"),
         pytest.param(config.FwdConfig(64, 64, 4, 5), "num_stages=5", id="stages"),
@@ -68,3 +72,39 @@ def test_smem_width_keeps_copy_passes_inside_the_tile(d, tile_n, width):
     cfg = config.FwdConfig(64, tile_n, 4, 2)
     assert config.padded_head_dim(d, cfg) == width
     assert config.rows_per_copy_pass(width, cfg.num_threads) <= tile_n
+
+
+def test_table_keys_most_specific_first():
+    spec = FwdSpec("fp16", 128, 128, False, local=True, seqused_k=True)
+    assert config.table_keys(spec) == ["d128_causal_fp16", "d128_causal_local", "d128_causal", "d128_causal_cp_async"]
+
+
+def test_every_table_entry_is_a_known_mainloop():
+    for key, cfg in config.fwd_table().items():
+        assert cfg.mainloop in config.MAINLOOPS, key
+
+
+@pytest.mark.parametrize("layout", [dict(varlen_k=True), dict(seqused_k=True)])
+def test_tma_mainloops_refuse_varlen_k_and_the_table_routes_around_them(layout):
+    from dataclasses import replace
+
+    spec = replace(FwdSpec("bf16", 128, 128, True), **layout)
+    for ml in ("tma", "tma_ws"):
+        problems = config.fwd_config_problems(spec, config.FwdConfig(128, 64, 4, 2, mainloop=ml), SM120)
+        assert any("dense K/V" in p for p in problems)
+    assert config.select_fwd_config(spec, SM120).mainloop == "cp_async"
+
+
+def test_tma_mainloops_need_tma_in_the_model():
+    from flash_attn_4_sm120.execution_model import SM80
+
+    problems = config.fwd_config_problems(FwdSpec("bf16", 64, 64, False), config.FwdConfig(64, 64, 4, 2, mainloop="tma"), SM80)
+    assert any("needs TMA" in p for p in problems)
+
+
+def test_mbarriers_are_counted_in_smem():
+    spec = FwdSpec("bf16", 128, 128, False)
+    cp = config.fwd_smem_bytes(spec, config.FwdConfig(128, 64, 4, 2))
+    tma = config.fwd_smem_bytes(spec, config.FwdConfig(128, 64, 4, 2, mainloop="tma"))
+    assert tma == cp + config.MBARRIER_BYTES
+    assert tma + config.STATIC_SMEM_BYTES <= SM120.smem_per_cta

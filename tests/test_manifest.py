@@ -41,7 +41,7 @@ IMPLICIT = {c["id"] for c in DATA["conditions"] if c["implicit"]}
 #: What is implemented today. Change it in the same commit that flips a status in manifest.json.
 IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", "conformance_gate",
                      "sliding_window", "softcap", "learnable_sink", "varlen",
-                     "head_dim_any", "head_dim_256", "head_dim_v_differs"}
+                     "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward"}
 
 
 def _involved(conflict: dict) -> list[str]:

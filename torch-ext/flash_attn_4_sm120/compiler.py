@@ -60,6 +60,17 @@ def _fake_fwd_args(spec: FwdSpec):
             cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
+def fwd_kernel_class(config: FwdConfig):
+    """The kernel class of a config's mainloop variant."""
+    if config.mainloop == "cp_async":
+        from ._kernels.fwd_multistage import FlashFwdMultistage
+
+        return FlashFwdMultistage
+    from ._kernels.fwd_tma import FlashFwdTma
+
+    return FlashFwdTma
+
+
 def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target: str, extra_options: str = ""):
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
     ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink, cu_seqlens_q,
@@ -67,12 +78,11 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
     the optional tensors are None unless the spec's matching flag is set."""
     import cutlass.cute as cute
 
-    from ._kernels.fwd_multistage import FlashFwdMultistage
-
-    problems = FlashFwdMultistage.can_implement(spec, config, model)
+    cls = fwd_kernel_class(config)
+    problems = cls.can_implement(spec, config, model)
     if problems:
         raise ValueError(f"forward kernel cannot implement {spec} with {config} on {model.name}: {'; '.join(problems)}")
-    kernel = FlashFwdMultistage(spec, config, model)
+    kernel = cls(spec, config, model)
     options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
     return cute.compile(kernel, *_fake_fwd_args(spec), options=options)
 
@@ -108,10 +118,11 @@ class Case:
         if s.seqused_q or s.seqused_k:
             mask += "_used" + ("q" if s.seqused_q else "") + ("k" if s.seqused_k else "")
         qr = "_qreg" if c.q_in_regs else ""
-        return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}"
+        ml = "" if c.mainloop == "cp_async" else "_" + c.mainloop
+        return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
-        return {"kernel": "fwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}
+        return {"kernel": "fwd_tma" if self.config.mainloop != "cp_async" else "fwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}
 
 
 def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
@@ -148,6 +159,7 @@ def make_case(
     num_warps: int = 8,
     num_stages: int = 2,
     q_in_regs: bool = False,
+    mainloop: str = "cp_async",
     causal: bool = True,
     local: bool = False,
     softcap: bool = False,
@@ -160,7 +172,8 @@ def make_case(
     spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal and not local,
                    local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen,
                    seqused_q=seqused, seqused_k=seqused)
-    cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs)
+    cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
+                    mainloop=mainloop)
     return Case(spec, cfg, model)
 
 
@@ -176,14 +189,13 @@ def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bo
 
     import cutlass.cute as cute
 
-    from ._kernels.fwd_multistage import FlashFwdMultistage
-
     model = model_for_arch_string(case.model_name.removeprefix("sm"))
+    cls = fwd_kernel_class(case.config)
     if check_valid:
-        problems = FlashFwdMultistage.can_implement(case.spec, case.config, model)
+        problems = cls.can_implement(case.spec, case.config, model)
         if problems:
             raise ValueError(f"{case.name} is not a valid config: {'; '.join(problems)}")
-    kernel = FlashFwdMultistage(case.spec, case.config, model)
+    kernel = cls(case.spec, case.config, model)
     dump_dir = dump_dir or tempfile.mkdtemp(prefix="fa4sm120-conformance-")
     options = f"{_TVM_FFI} --gpu-arch {target} {_KEEP_ARTIFACTS} --dump-dir {dump_dir}"
     compiled = cute.compile(kernel, *_fake_fwd_args(case.spec), options=options)

@@ -24,6 +24,14 @@ HEAD_DIM_CLASSES = (64, 128, 192, 256)
 STATIC_SMEM_BYTES = 1024
 
 
+#: Mainloop variants: "cp_async" (every MMA thread copies, CTA barrier per step), "tma" (one thread
+#: issues TMA, full mbarriers, CTA barrier per step), "tma_ws" (a producer warp issues TMA; full and
+#: empty mbarriers; no CTA barrier in the loop).
+MAINLOOPS = ("cp_async", "tma", "tma_ws")
+#: Bytes the TMA mainloops add for their mbarriers (one 1024-aligned slot ahead of the tiles).
+MBARRIER_BYTES = 1024
+
+
 @dataclass(frozen=True)
 class FwdConfig:
     tile_m: int
@@ -33,6 +41,8 @@ class FwdConfig:
     num_stages: int = 2
     #: Keep Q's MMA fragments in registers for the whole mainloop instead of re-reading smem.
     q_in_regs: bool = False
+    #: How K/V tiles reach shared memory (see ``MAINLOOPS``).
+    mainloop: str = "cp_async"
 
     @property
     def num_threads(self) -> int:
@@ -71,7 +81,7 @@ def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
 
     q_or_o = max(cfg.tile_m * d, cfg.tile_m * dv) * BYTES_PER_ELEM
     stages = cfg.num_stages
-    return (aligned(q_or_o) + aligned(stages * cfg.tile_n * d * BYTES_PER_ELEM)
+    return ((MBARRIER_BYTES if cfg.mainloop != "cp_async" else 0) + aligned(q_or_o) + aligned(stages * cfg.tile_n * d * BYTES_PER_ELEM)
             + aligned(stages * cfg.tile_n * dv * BYTES_PER_ELEM))
 
 
@@ -83,6 +93,13 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if cfg.tile_m % rows_per_pass:
         out.append(f"tile_m={cfg.tile_m} is not a multiple of {rows_per_pass} (16 rows per warp)")
+    if cfg.mainloop not in MAINLOOPS:
+        out.append(f"mainloop={cfg.mainloop!r} (one of {', '.join(MAINLOOPS)})")
+    elif cfg.mainloop != "cp_async":
+        if not model.has_tma:
+            out.append(f"mainloop={cfg.mainloop} needs TMA, which the {model.name} model lacks (use cp_async)")
+        if spec.varlen_k or spec.seqused_k:
+            out.append(f"mainloop={cfg.mainloop} needs dense K/V: varlen / seqused K run the cp_async mainloop")
     if cfg.num_stages not in (2, 3):
         out.append(f"num_stages={cfg.num_stages} (2 or 3 supported)")
     if cfg.tile_n % 16:
@@ -99,11 +116,12 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     if smem > model.smem_per_cta:
         out.append(f"shared memory {smem} B (incl. {STATIC_SMEM_BYTES} B static) exceeds "
                    f"{model.smem_per_cta} B per CTA of the {model.name} model")
-    # fp32 accumulators per thread: O (tile_m x dv) and S (tile_m x tile_n). At 192 the sm_120a
-    # build spills (d=128 128x64 and d=64 128x128 on 4 warps: 255 regs + 72/56 B stack); at 144
-    # (d=256, 64x32 on 4 warps) it does not (conformance gate, 2026-11-22).
+    # fp32 accumulators per thread: O (tile_m x dv) and S (tile_m x tile_n). Up to 192 (d=128 at 32 rows
+    # per warp, 128x64 on 4 warps) ptxas fits them in 255 registers with or without a few spills,
+    # depending on the mask and loader: the conformance gate judges each build; above 192 every
+    # sm_120a build spilled (2026-11-22).
     acc_regs = cfg.tile_m * (padded_head_dim(spec.head_dim_v, cfg) + cfg.tile_n) // cfg.num_threads
-    if acc_regs > 144:
+    if acc_regs > 192:
         out.append(f"{acc_regs} accumulator registers per thread (O + S) leave too few for operands")
     return tuple(out)
 
@@ -138,12 +156,23 @@ def table_key(spec: FwdSpec) -> str:
     return f"d{head_dim_class(spec)}_{'causal' if spec.causal or spec.local else 'full'}"
 
 
-def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
-    table = fwd_table()
+def table_keys(spec: FwdSpec) -> list[str]:
+    """The table keys a spec may use, most specific first: a dtype entry (ptxas allocates registers
+    differently for fp16 and bf16), a local-window entry (the two-sided mask adds registers), the
+    class entry, then the class's cp.async entry (for specs or models the class entry's mainloop
+    cannot serve: varlen / seqused K, parts without TMA)."""
     key = table_key(spec)
-    # A dtype-specific entry wins: ptxas allocates registers differently for fp16 and bf16 operands,
-    # and the gate judges each build (e.g. d128 full: fp16 spills 1 STL without q_in_regs, bf16 with it).
-    cfg = table.get(f"{key}_{spec.dtype}", table[key])
+    keys = [f"{key}_{spec.dtype}"]
+    if spec.local:
+        keys.append(f"{key}_local")
+    return keys + [key, f"{key}_cp_async"]
+
+
+def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
+    """The first table entry of ``table_keys(spec)`` that is valid for (spec, model)."""
+    table = fwd_table()
+    present = [table[k] for k in table_keys(spec) if k in table]
+    cfg = next((c for c in present if not fwd_config_problems(spec, c, model)), present[-1])
     problems = fwd_config_problems(spec, cfg, model)
     if problems:  # a table entry that fails the predicate is a bug in this file, not a user error
         raise RuntimeError(f"forward table entry {cfg} is invalid for {spec} on {model.name}: {'; '.join(problems)}")
@@ -151,17 +180,19 @@ def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
 
 
 def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfig]:
-    """Configs the tuner may pick from: 16 rows per warp (128 rows on 8 warps, 64 on 4), 2-3 stages,
-    Q in smem or registers, filtered by the validity predicate. The conformance gate screens them
-    (``--subset candidates``) before ``benchmarks/tune_fwd.py`` times them on the device."""
+    """Configs the tuner may pick from: 16 rows per warp (128 rows on 8 warps, 64 on 4) or 32 (128 on
+    4), 2-3 stages, Q in smem or registers, each mainloop variant the model supports, filtered by the
+    validity predicate. The conformance gate screens them (``--subset candidates``) before
+    ``benchmarks/tune_fwd.py`` times them on the device."""
     out = []
-    for tm, w in ((128, 8), (64, 4)):
-        for tn in (32, 64, 128):
+    for tm, w in ((128, 8), (64, 4), (128, 4)):
+        for tn in (32, 48, 64, 128):
             for st in (2, 3):
                 for qr in (False, True):
-                    cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr)
-                    if is_valid(spec, cfg, model):
-                        out.append(cfg)
+                    for ml in MAINLOOPS:
+                        cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr, mainloop=ml)
+                        if is_valid(spec, cfg, model):
+                            out.append(cfg)
     return out
 
 

@@ -57,9 +57,10 @@ def flash_attn_fwd(
     return _launch_fwd(q, k, v, spec, shape, params, out, lse)
 
 
-def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None):
+def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, config=None):
     """Allocate (or check) outputs and launch; inputs are already validated. ``varlen`` is
-    (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) for packed/varlen calls."""
+    (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) for packed/varlen calls. ``config`` overrides
+    the table's choice (tests and tuning only)."""
     from .compiler import get_fwd_kernel
 
     model, target = _model_and_target(q.device.index, os.environ.get(DISPATCH_ENV),
@@ -83,7 +84,7 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None):
             sink = params.sink[:, None] if spec.varlen_q else params.sink[None, :, None]
             return out, lse.copy_(sink.expand(lse_shape))
         return out, lse.fill_(-math.inf)
-    kernel = get_fwd_kernel(spec, select_fwd_config(spec, model), model, target)
+    kernel = get_fwd_kernel(spec, config or select_fwd_config(spec, model), model, target)
     cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
     args = (q, k, v, out, lse, params.scale_log2, params.softcap_scale, params.window_left, params.window_right,
             params.sink, cu_q, cu_k, used_q, used_k, shape.seqlen_q)

@@ -9,6 +9,8 @@ Step for one key block S (scores for this block, masked entries = -inf):
      exp2 never sees -inf - (-inf)
   3. P = exp2(S * scale_log2 - base); corr = exp2(row_max * scale_log2 - base)  (corr = 0 at start)
   4. row_sum = row_sum * corr + rowsum(P); O *= corr; row_max = m_new
+The reference max only moves when the block max exceeds it by more than ``RESCALE_LOG2`` (log2
+units); otherwise corr = 1 and, when no row of the warp moved, O is not touched at all.
 Finalize: O /= rowsum, LSE = ln(rowsum) + row_max * scale; rows that saw no key give O = 0 and
 LSE = -inf (the log-sum-exp of an empty set). A learnable sink (gpt-oss) adds exp(sink) to the
 denominator and to the LSE.
@@ -23,6 +25,9 @@ from cutlass import Float32
 from .fragments import quad_allreduce_max, quad_allreduce_sum
 
 LN2 = math.log(2.0)
+#: A row's reference max moves only when a block's max exceeds it by more than this (log2 units):
+#: P <= 2^8 is exact enough in 16 bits and far from fp32 overflow, and O is rescaled far less often.
+RESCALE_LOG2 = 8.0
 
 
 class OnlineSoftmax:
@@ -38,19 +43,28 @@ class OnlineSoftmax:
 
     @cute.jit
     def step(self, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor):
-        """Turn scores into unnormalized probabilities in place and rescale O."""
+        """Turn scores into unnormalized probabilities in place and rescale O (only when some row of
+        the warp raised its reference max: most key blocks after the first change nothing)."""
+        corr = cute.make_rmem_tensor(self.num_rows, Float32)
+        changed = False
         for r in cutlass.range_constexpr(self.num_rows):
             s_row = acc_S_rc[r, None].load()
             m_blk = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
             m_old = self.row_max[r]
-            m_new = cute.arch.fmax(m_old, m_blk)
+            m_cand = cute.arch.fmax(m_old, m_blk)
+            # Keep the old reference unless the new max exceeds it by more than RESCALE_LOG2 (then P
+            # stays below 2^RESCALE_LOG2). NaN (-inf - -inf: nothing seen yet) and +inf take the new max.
+            m_new = m_old if (m_cand - m_old) * self.scale_log2 <= Float32(RESCALE_LOG2) else m_cand
+            changed = changed | (m_new != m_old)
             base = Float32(0.0) if m_new == -Float32.inf else m_new * self.scale_log2
             p_row = cute.math.exp2(s_row * self.scale_log2 - base, fastmath=True)
-            corr = cute.math.exp2(m_old * self.scale_log2 - base, fastmath=True)
-            self.row_sum[r] = self.row_sum[r] * corr + p_row.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+            corr[r] = cute.math.exp2(m_old * self.scale_log2 - base, fastmath=True)
+            self.row_sum[r] = self.row_sum[r] * corr[r] + p_row.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
             self.row_max[r] = m_new
             acc_S_rc[r, None].store(p_row)
-            acc_O_rc[r, None].store(acc_O_rc[r, None].load() * corr)
+        if cute.arch.vote_any_sync(changed):
+            for r in cutlass.range_constexpr(self.num_rows):
+                acc_O_rc[r, None].store(acc_O_rc[r, None].load() * corr[r])
 
     @cute.jit
     def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor, sink_log2: Float32 = None):

@@ -92,6 +92,10 @@ class FlashFwdMultistage:
         self.tile_n = config.tile_n
         self.num_threads = config.num_threads
         self.causal = spec.causal
+        #: K/V arrive by TMA (a loader variant) instead of per-thread cp.async
+        self.tma_kv = False
+        #: a producer warp loads, the MMA warps consume (a loader variant)
+        self.warp_specialized = False
 
     @staticmethod
     def can_implement(spec: FwdSpec, config: FwdConfig, model: ExecutionModel) -> tuple[str, ...]:
@@ -107,6 +111,32 @@ class FlashFwdMultistage:
     @staticmethod
     def smem_bytes(spec: FwdSpec, config: FwdConfig) -> int:
         return fwd_smem_bytes(spec, config)
+
+    # ------------------------------------------------------------------------------------------
+    # Hooks a loader variant overrides (this class: cp.async by every thread, CTA barriers)
+    # ------------------------------------------------------------------------------------------
+    @property
+    def launch_threads(self) -> int:
+        return self.num_threads
+
+    def num_mbarriers(self) -> int:
+        return 0
+
+    def make_tma_atoms(self, mK: cute.Tensor, mV: cute.Tensor):
+        """(atom_K, tma_K, atom_V, tma_V) for TMA loaders; None here."""
+        return None, None, None, None
+
+    def kv_smem_tensor(self, mem_range, layout: cute.ComposedLayout) -> cute.Tensor:
+        """The K or V stage buffer as a tensor (a TMA loader puts the swizzle on the pointer)."""
+        return mem_range.get_tensor(layout)
+
+    def init_mbarriers(self, storage):
+        return None
+
+    @cute.jit
+    def mma_barrier(self):
+        """Barrier over the MMA warps (the whole CTA here)."""
+        cute.arch.sync_threads()
 
     # ------------------------------------------------------------------------------------------
     # Host-side (trace-time) setup
@@ -131,11 +161,25 @@ class FlashFwdMultistage:
         )
         q_o_elems = max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout))
 
+        num_bars = self.num_mbarriers()
+
         @cute.struct
-        class SharedStorage:
+        class Tiles:
             sQ: cute.struct.Align[cute.struct.MemRange[dt, q_o_elems], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
+
+        if num_bars:  # TMA mainloops: full/empty mbarriers per stage, ahead of the tiles
+
+            @cute.struct
+            class SharedStorage:
+                bars: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, num_bars], 8]
+                tiles: cute.struct.Align[Tiles, 1024]
+        else:
+
+            @cute.struct
+            class SharedStorage:
+                tiles: cute.struct.Align[Tiles, 1024]
 
         # Trace-time invariant: the host formula (used by the predicate and the gate) is exact.
         if SharedStorage.size_in_bytes() != fwd_smem_bytes(self.spec, self.config):
@@ -174,14 +218,16 @@ class FlashFwdMultistage:
         # Packed Q: the grid covers the longest sequence; CTAs past a shorter one exit at once.
         rows = max_seqlen_q if const_expr(packed_q) else mQ.shape[1]
         grid = scheduler.grid(cute.ceil_div(rows, self.tile_m), num_heads(mQ, packed_q), num_batches(mQ, mCuSeqlensQ))
+        tma_atom_K, mK_tma, tma_atom_V, mV_tma = self.make_tma_atoms(mK, mV)
         self.kernel(
             mQ, mK, mV, mO, mLSE, softmax_scale_log2, softcap_scale, window_left, window_right, mSink,
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
+            tma_atom_K, mK_tma, tma_atom_V, mV_tma,
         ).launch(
             grid=grid,
-            block=[self.num_threads, 1, 1],
+            block=[self.launch_threads, 1, 1],
             smem=self.SharedStorage.size_in_bytes(),
             # One CTA per SM is all the model promises (99 KB of smem per SM): let ptxas spend registers
             # instead of aiming at 3 CTAs/SM (it capped some 128-thread builds at 168 and spilled).
@@ -218,6 +264,10 @@ class FlashFwdMultistage:
         s2g_o: cute.TiledCopy,
         tiled_mma: cute.TiledMma,
         scheduler: cutlass.Constexpr,
+        tma_atom_K: Optional[cute.CopyAtom],
+        mK_tma: Optional[cute.Tensor],
+        tma_atom_V: Optional[cute.CopyAtom],
+        mV_tma: Optional[cute.Tensor],
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
@@ -244,9 +294,10 @@ class FlashFwdMultistage:
             gV = cute.local_tile(mV_s, (self.tile_n, self.head_dim_v), (None, 0))
 
             storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
-            sQ = storage.sQ.get_tensor(sQ_layout)  # (tile_m, d)
-            sK = storage.sK.get_tensor(sK_layout)  # (tile_n, d, stages)
-            sV = storage.sV.get_tensor(sV_layout)  # (tile_n, dv, stages)
+            bars = self.init_mbarriers(storage)
+            sQ = storage.tiles.sQ.get_tensor(sQ_layout)  # (tile_m, d)
+            sK = self.kv_smem_tensor(storage.tiles.sK, sK_layout)  # (tile_n, d, stages)
+            sV = self.kv_smem_tensor(storage.tiles.sV, sV_layout)  # (tile_n, dv, stages)
             sO = cute.make_tensor(sQ.iterator, sO_layout)
             # V^T view (dv, tile_n, stages) for the B operand of P @ V.
             sVt = cute.composition(
@@ -295,7 +346,9 @@ class FlashFwdMultistage:
             t0ScS_rc = acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS))
 
             ctx = SimpleNamespace(
-                m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start,
+                m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start, n_end=n_end, bars=bars,
+                n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end,
+                tidx=tidx, tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, t0KcK=t0KcK, tKcK=tKcK, t0VcV=t0VcV, tVcV=tVcV,
                 window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
                 tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
                 tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
@@ -306,60 +359,86 @@ class FlashFwdMultistage:
                 thr_mma=thr_mma, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc, softmax=softmax,
             )
 
-            # Column predicates for padded head dims; the padded Q/K columns are zeroed once and never loaded.
-            tQKp = None
-            tVp = None
-            if const_expr(self.pad_qk):
-                tQKp = column_predicate(tKcK, self.spec.head_dim)
-                zero_masked_cols(tQsQ, column_predicate(tQcQ, self.spec.head_dim))
-                for j in cutlass.range_constexpr(stages):
-                    zero_masked_cols(tKsK[None, None, None, j], tQKp)
-            if const_expr(self.pad_v):
-                tVp = column_predicate(tVcV, self.spec.head_dim_v)
-            ctx.tQKp, ctx.tVp = tQKp, tVp
-
-            # 1. Prologue: Q and the first stages - 1 tiles (tile 0 = block n_end - 1 may be partial).
-            copy_rows(self.g2s_qk, tQgQ, tQsQ, t0QcQ, seqlen_q - m_block * self.tile_m - tQcQ[0][0], False,
-                      column_predicate(tQcQ, self.spec.head_dim) if const_expr(self.pad_qk) else None)
-            for j in cutlass.range_constexpr(stages - 1):
-                n_block = n_end - 1 - j
-                if n_block >= n_start:
-                    rows_left = seqlen_k - n_block * self.tile_n
-                    copy_rows(self.g2s_qk, tKgK[None, None, None, n_block], tKsK[None, None, None, j], t0KcK,
-                              rows_left - tKcK[0][0], False, tQKp)
-                    # Rows past seqlen_k are zeroed in V: P is 0 there, but 0 * garbage could be NaN.
-                    copy_rows(self.g2s_v, tVgV[None, None, None, n_block], tVsV[None, None, None, j], t0VcV,
-                              rows_left - tVcV[0][0], True, tVp)
-                cute.arch.cp_async_commit_group()
-            cute.arch.cp_async_wait_group(stages - 2)
-            cute.arch.sync_threads()
-            if const_expr(self.config.q_in_regs):
-                cute.copy(s2r_q, ctx.tSsQ, ctx.tSrQ_v)
-
-            # 2. Mainloop, last block first: right-edge blocks (masked), full blocks, left-edge blocks of
-            #    a window (masked). The stage index continues across the three loops.
-            num_right = n_end - n_unmasked_end
-            num_full = n_unmasked_end - n_unmasked_start
-            for i in cutlass.range(num_right, unroll=1):
-                self.mainloop_step(ctx, n_end - 1 - i, i % stages, masked=True)
-            for i in cutlass.range(num_full, unroll=1):
-                self.mainloop_step(ctx, n_unmasked_end - 1 - i, (num_right + i) % stages, masked=False)
-            if const_expr(self.spec.local):
-                for i in cutlass.range(n_unmasked_start - n_start, unroll=1):
-                    self.mainloop_step(ctx, n_unmasked_start - 1 - i, (num_right + num_full + i) % stages, masked=True)
-
-            # 3. Epilogue
-            lse = cute.make_rmem_tensor(cute.size(acc_O_rc, mode=[0]), Float32)
-            sink_log2 = None
-            if const_expr(self.spec.has_sink):
-                sink_log2 = Float32(mSink[head]) * Float32(LOG2_E)
-            softmax.finalize(acc_O_rc, lse, sink_log2)
-            self.epilogue(acc_O, lse, sO, mO_s, gLSE, tidx, m_block, seqlen_q)
+            if const_expr(self.warp_specialized):
+                # A producer warp feeds the stages; the MMA warps only consume them.
+                if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == self.num_threads // 32:
+                    self.producer(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+                else:
+                    self.consume(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
+                                 mSink, head, sO, mO_s, gLSE)
+            else:
+                self.consume(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
+                             mSink, head, sO, mO_s, gLSE)
 
     @cute.jit
-    def mainloop_step(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool]):
-        """One key block whose K/V tile sits complete in smem ``stage``."""
+    def consume(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
+                mSink, head, sO, mO_s, gLSE):
+        """Prologue, the key-block loop and the epilogue of the MMA warps."""
+        # Column predicates for padded head dims; the padded Q/K columns are zeroed once and never loaded.
+        tQKp = None
+        tVp = None
+        if const_expr(self.pad_qk):
+            tQKp = column_predicate(ctx.tKcK, self.spec.head_dim)
+            zero_masked_cols(ctx.tQsQ, column_predicate(ctx.tQcQ, self.spec.head_dim))
+            if const_expr(not self.tma_kv):  # TMA fills columns past the tensor's head dim with zeros
+                for j in cutlass.range_constexpr(self.config.num_stages):
+                    zero_masked_cols(ctx.tKsK[None, None, None, j], tQKp)
+        if const_expr(self.pad_v):
+            tVp = column_predicate(ctx.tVcV, self.spec.head_dim_v)
+        ctx.tQKp, ctx.tVp = tQKp, tVp
+        self.prologue(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+        if const_expr(self.config.q_in_regs):
+            cute.copy(ctx.s2r_q, ctx.tSsQ, ctx.tSrQ_v)
+        # Mainloop, last block first: right-edge blocks (masked), full blocks, left-edge blocks of a window
+        # (masked). Step ``it`` handles block n_end - 1 - it in stage it % stages.
+        num_right = ctx.n_end - ctx.n_unmasked_end
+        num_full = ctx.n_unmasked_end - ctx.n_unmasked_start
+        for i in cutlass.range(num_right, unroll=1):
+            self.mainloop_step(ctx, i, ctx.n_end - 1 - i, masked=True)
+        for i in cutlass.range(num_full, unroll=1):
+            self.mainloop_step(ctx, num_right + i, ctx.n_unmasked_end - 1 - i, masked=False)
+        if const_expr(self.spec.local):
+            for i in cutlass.range(ctx.n_unmasked_start - ctx.n_start, unroll=1):
+                self.mainloop_step(ctx, num_right + num_full + i, ctx.n_unmasked_start - 1 - i, masked=True)
+
+        # Epilogue
+        lse = cute.make_rmem_tensor(cute.size(ctx.acc_O_rc, mode=[0]), Float32)
+        sink_log2 = None
+        if const_expr(self.spec.has_sink):
+            sink_log2 = Float32(mSink[head]) * Float32(LOG2_E)
+        ctx.softmax.finalize(ctx.acc_O_rc, lse, sink_log2)
+        self.epilogue(ctx.acc_O, lse, sO, mO_s, gLSE, ctx.tidx, ctx.m_block, ctx.seqlen_q)
+
+    @cute.jit
+    def prologue(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+        """cp.async Q and the first stages - 1 K/V tiles (tile 0 = block n_end - 1 may be partial);
+        wait for Q and tile 0."""
         stages = self.config.num_stages
+        self.load_q(ctx)
+        for j in cutlass.range_constexpr(stages - 1):
+            n_block = ctx.n_end - 1 - j
+            if n_block >= ctx.n_start:
+                rows_left = ctx.seqlen_k - n_block * self.tile_n
+                copy_rows(self.g2s_qk, ctx.tKgK[None, None, None, n_block], ctx.tKsK[None, None, None, j], ctx.t0KcK,
+                          rows_left - ctx.tKcK[0][0], False, ctx.tQKp)
+                # Rows past seqlen_k are zeroed in V: P is 0 there, but 0 * garbage could be NaN.
+                copy_rows(self.g2s_v, ctx.tVgV[None, None, None, n_block], ctx.tVsV[None, None, None, j], ctx.t0VcV,
+                          rows_left - ctx.tVcV[0][0], True, ctx.tVp)
+            cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(stages - 2)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def load_q(self, ctx: SimpleNamespace):
+        """cp.async this CTA's Q tile (rows past seqlen_q skipped), one commit group."""
+        copy_rows(self.g2s_qk, ctx.tQgQ, ctx.tQsQ, ctx.t0QcQ, ctx.seqlen_q - ctx.m_block * self.tile_m - ctx.tQcQ[0][0],
+                  False, column_predicate(ctx.tQcQ, self.spec.head_dim) if const_expr(self.pad_qk) else None)
+
+    @cute.jit
+    def mainloop_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
+        """Step ``it``: key block ``n_block``, whose K/V tile sits complete in stage it % stages."""
+        stages = self.config.num_stages
+        stage = it % stages
         # a. Refill the stage consumed last step (every warp passed the barrier after it).
         n_ahead = n_block - (stages - 1)
         if n_ahead >= ctx.n_start:
@@ -369,6 +448,14 @@ class FlashFwdMultistage:
             cute.copy(self.g2s_v, ctx.tVgV[None, None, None, n_ahead], ctx.tVsV[None, None, None, stage_ahead],
                       pred=ctx.tVp)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
+        self.compute_block(ctx, n_block, stage, masked)
+        # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
+        cute.arch.cp_async_wait_group(stages - 2)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def compute_block(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool]):
+        """S = Q K^T, mask, online softmax, O += P V for one key block in smem ``stage``."""
         # b. S = Q K^T
         acc_S = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         acc_S.fill(0.0)
@@ -391,9 +478,6 @@ class FlashFwdMultistage:
         # e. O += P V, P reinterpreted as the A operand in 16-bit
         tOrP = acc_as_operand_a(convert(acc_S, self.dtype))
         self.gemm_rA_smemB(ctx.acc_O, tOrP, ctx.tOrVt, ctx.tOsVt[None, None, None, stage], ctx.tOrVt_v, ctx.s2r_v)
-        # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
-        cute.arch.cp_async_wait_group(stages - 2)
-        cute.arch.sync_threads()
 
     @cute.jit
     def gemm_smem(self, acc, tCrA, tCrB, tCsA, tCrA_v, tCsB, tCrB_v, s2r_a, s2r_b):
@@ -422,7 +506,7 @@ class FlashFwdMultistage:
         """Normalized O -> smem (reusing Q's buffer) -> 16-byte global stores; LSE per row."""
         # Every cp.async (Q when no key block ran) has landed and every warp is done reading sQ.
         cute.arch.cp_async_wait_group(0)
-        cute.arch.sync_threads()
+        self.mma_barrier()
         rO = convert(acc_O, self.dtype)
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), self.tiled_mma)
         thr_r2s = r2s.get_slice(tidx)
@@ -438,7 +522,7 @@ class FlashFwdMultistage:
                 if row < seqlen_q:
                     gLSE[row] = lse[r]
 
-        cute.arch.sync_threads()
+        self.mma_barrier()
         gO = cute.local_tile(mO_s, (self.tile_m, self.head_dim_v), (m_block, 0))
         thr_s2g = self.s2g_o.get_slice(tidx)
         tOsO = thr_s2g.partition_S(sO)

@@ -1,0 +1,178 @@
+"""Forward attention with TMA-fed K/V stages and mbarrier pipelines (SM120 execution model).
+
+Same tiles, fragments and per-block math as ``fwd_multistage`` (``compute_block``); what changes is
+how a K/V tile reaches shared memory and how a stage is handed back:
+
+* ``mainloop="tma"``: warp 0 issues the TMA copies of a stage (no per-thread gmem addresses in
+  the MMA warps: registers go to the accumulators); a "full" mbarrier per stage counts the bytes in;
+  the stage is handed back by the CTA barrier that ends each step, as in the cp.async mainloop.
+* ``mainloop="tma_ws"``: warp specialized. A producer warp (one warp past the MMA warps) walks the
+  key blocks, waits on each stage's "empty" mbarrier and issues its TMA; the MMA warps wait on
+  "full", compute, and each arrives on "empty" (one arrival per warp). No CTA barrier in the loop.
+  setmaxnreg is not used: it works per warpgroup, and one producer warp beside the MMA warps is a
+  fraction of one; at one CTA per SM (what 99 KB of smem allows) the register file is not the limit.
+
+Q is loaded by cp.async (once per CTA). TMA zero-fills rows past seqlen_k and columns past the
+head dim, which is why this loader needs dense K/V (varlen or seqused K use the cp.async mainloop:
+rows past a sequence's length would be another sequence's data, and the kernel must not rely on
+them being finite). Single-CTA TMA only: no multicast, no clusters.
+"""
+
+from types import SimpleNamespace
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, const_expr
+from cutlass.cute.nvgpu import cpasync
+
+from ..config import atom_cols, fwd_config_problems
+from ..execution_model import CopyKind, ExecutionModel
+from ..problem import FwdSpec
+from .fwd_multistage import FlashFwdMultistage
+
+_BAR_MMA = 1  # named barrier id of the MMA warps (0 is the CTA barrier)
+
+
+def byte_swizzled_atom(dtype, width: int) -> cute.ComposedLayout:
+    """An 8-row atom ``atom_cols(width)`` elements wide whose swizzle acts on byte addresses:
+    128/64/32-byte rows use the TMA's SW128/SW64/SW32 patterns (16-byte chunks XOR row % 8)."""
+    cols = atom_cols(width)
+    row_bytes = cols * dtype.width // 8
+    bits = {128: 3, 64: 2, 32: 1}[row_bytes]
+    return cute.make_composed_layout(cute.make_swizzle(bits, 4, 3), 0, cute.make_layout((8, cols), stride=(cols, 1)))
+
+
+class FlashFwdTma(FlashFwdMultistage):
+    """TMA loader variants of the forward kernel (``config.mainloop`` "tma" or "tma_ws")."""
+
+    def __init__(self, spec: FwdSpec, config, model: ExecutionModel):
+        super().__init__(spec, config, model)
+        self.tma_kv = True
+        self.warp_specialized = config.mainloop == "tma_ws"
+        self.stage_bytes = self.tile_n * (self.head_dim + self.head_dim_v) * self.dtype.width // 8
+
+    @staticmethod
+    def can_implement(spec: FwdSpec, config, model: ExecutionModel) -> tuple[str, ...]:
+        problems = list(fwd_config_problems(spec, config, model))
+        if not model.supports(CopyKind.CP_ASYNC):  # Q
+            problems.append(f"the {model.name} model has no cp.async")
+        if model.s2r_copy is not CopyKind.LDMATRIX:
+            problems.append(f"the {model.name} model has no ldmatrix")
+        return tuple(problems)
+
+    # -- hooks --------------------------------------------------------------------------------
+    def _setup(self):
+        super()._setup()
+        # K/V stages with the swizzle expressed on byte addresses (how a swizzled smem pointer and the
+        # TMA unit read it): the same bank pattern as the element-wise atoms of the cp.async mainloop.
+        stages = self.config.num_stages
+        self.sK_layout = cute.tile_to_shape(byte_swizzled_atom(self.dtype, self.head_dim),
+                                            (self.tile_n, self.head_dim, stages), (0, 1, 2))
+        self.sV_layout = cute.tile_to_shape(byte_swizzled_atom(self.dtype, self.head_dim_v),
+                                            (self.tile_n, self.head_dim_v, stages), (0, 1, 2))
+
+    @property
+    def launch_threads(self) -> int:
+        return self.num_threads + (32 if self.warp_specialized else 0)
+
+    def num_mbarriers(self) -> int:
+        return 2 * self.config.num_stages  # full[stages], empty[stages]
+
+    def make_tma_atoms(self, mK: cute.Tensor, mV: cute.Tensor):
+        op = cpasync.CopyBulkTensorTileG2SOp()
+        out = []
+        for m, layout, width in ((mK, self.sK_layout, self.head_dim), (mV, self.sV_layout, self.head_dim_v)):
+            # (batch, seqlen, heads, d) -> (seqlen, d, heads, batch): the tile covers modes 0 and 1.
+            view = cute.make_tensor(m.iterator, cute.select(m.layout, mode=[1, 3, 2, 0]))
+            atom, tensor = cpasync.make_tiled_tma_atom(op, view, cute.select(layout, mode=[0, 1]), (self.tile_n, width))
+            out += [atom, tensor]
+        return tuple(out)
+
+    def kv_smem_tensor(self, mem_range, layout: cute.ComposedLayout) -> cute.Tensor:
+        # The swizzle rides on the pointer, the layout stays plain: TMA partitioning then sees whole
+        # swizzle atoms (one bulk copy per 8-row x atom-width box group, not per element).
+        return mem_range.get_tensor(layout.outer, swizzle=layout.inner)
+
+    @cute.jit
+    def init_mbarriers(self, storage):
+        stages = self.config.num_stages
+        bars = storage.bars.data_ptr()
+        if cute.arch.thread_idx()[0] == 0:
+            for s in cutlass.range_constexpr(stages):
+                cute.arch.mbarrier_init(bars + s, 1)  # full: the producer's arrive + the TMA bytes
+                cute.arch.mbarrier_init(bars + stages + s, self.num_threads // 32)  # empty: one per MMA warp
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        return bars
+
+    @cute.jit
+    def mma_barrier(self):
+        if const_expr(self.warp_specialized):
+            cute.arch.barrier(barrier_id=_BAR_MMA, number_of_threads=self.num_threads)
+        else:
+            cute.arch.sync_threads()
+
+    # -- loads --------------------------------------------------------------------------------
+    @cute.jit
+    def tma_views(self, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+        """((TMA, n_blocks), (TMA, stages)) for K and V of this (batch, kv head)."""
+        gK = cute.local_tile(mK_tma[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
+        gV = cute.local_tile(mV_tma[None, None, head_kv, batch], (self.tile_n, self.head_dim_v), (None, 0))
+        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1),
+                                           cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1),
+                                           cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
+        return SimpleNamespace(atom_K=tma_atom_K, atom_V=tma_atom_V, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV)
+
+    @cute.jit
+    def issue_tile(self, ctx: SimpleNamespace, tma: SimpleNamespace, it: Int32, n_block: Int32):
+        """One whole warp (the DSL's TMA copy elects its issuing lane with elect.sync, which needs the
+        warp converged): TMA key block ``n_block`` into stage it % stages, counted on its full barrier."""
+        stage = it % self.config.num_stages
+        full = ctx.bars + stage
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(full, self.stage_bytes)
+        cute.copy(tma.atom_K, tma.tKgK[None, n_block], tma.tKsK[None, stage], tma_bar_ptr=full)
+        cute.copy(tma.atom_V, tma.tVgV[None, n_block], tma.tVsV[None, stage], tma_bar_ptr=full)
+
+    @cute.jit
+    def prologue(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+        self.load_q(ctx)
+        cute.arch.cp_async_commit_group()
+        if const_expr(not self.warp_specialized):
+            ctx.tma = self.tma_views(sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+            if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+                for j in cutlass.range_constexpr(self.config.num_stages - 1):
+                    if ctx.n_end - 1 - j >= ctx.n_start:
+                        self.issue_tile(ctx, ctx.tma, j, ctx.n_end - 1 - j)
+        cute.arch.cp_async_wait_group(0)
+        self.mma_barrier()
+
+    @cute.jit
+    def producer(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+        """The producer warp: every key block, last first, into the stage its consumers freed."""
+        stages = self.config.num_stages
+        tma = self.tma_views(sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+        for it in cutlass.range(ctx.n_end - ctx.n_start, unroll=1):
+            stage = it % stages
+            if it >= stages:  # wait until every MMA warp released the stage's previous tile
+                cute.arch.mbarrier_wait(ctx.bars + stages + stage, (it // stages - 1) % 2)
+            self.issue_tile(ctx, tma, it, ctx.n_end - 1 - it)
+
+    @cute.jit
+    def mainloop_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
+        stages = self.config.num_stages
+        stage = it % stages
+        if const_expr(not self.warp_specialized):
+            # Refill the stage consumed last step (every warp passed the CTA barrier after it).
+            n_ahead = n_block - (stages - 1)
+            if n_ahead >= ctx.n_start and cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+                self.issue_tile(ctx, ctx.tma, it + stages - 1, n_ahead)
+        cute.arch.mbarrier_wait(ctx.bars + stage, (it // stages) % 2)
+        self.compute_block(ctx, n_block, stage, masked)
+        if const_expr(self.warp_specialized):
+            cute.arch.sync_warp()  # every lane's ldmatrix of this stage has completed
+            if cute.arch.lane_idx() == 0:
+                cute.arch.mbarrier_arrive(ctx.bars + stages + stage)
+        else:
+            cute.arch.sync_threads()
