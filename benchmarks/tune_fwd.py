@@ -76,8 +76,10 @@ def main():
     target = model.compile_target
     records, table = [], {}
     masks = {"both": (False, True), "full": (False,), "causal": (True,)}[args.causal]
-    explicit = [FwdConfig(*[int(x) for x in c.split(",")[:4]], q_in_regs=c.split(",")[4:5] == ["1"],
-                          mainloop=(c.split(",")[5:] or ["cp_async"])[0]) for c in args.config]
+    explicit = []
+    for text in args.config:
+        knobs = text.split(",")
+        explicit.append(FwdConfig(*map(int, knobs[:4]), q_in_regs=knobs[4:5] == ["1"], mainloop=(knobs[5:] or ["cp_async"])[0]))
     for d, causal in itertools.product(args.head_dims, masks):
         spec = FwdSpec("bf16", d, d, causal)
         best = None

@@ -62,7 +62,7 @@ def _fake_fwd_args(spec: FwdSpec):
 
 def fwd_kernel_class(config: FwdConfig):
     """The kernel class of a config's mainloop variant."""
-    if config.mainloop == "cp_async":
+    if not config.uses_tma:
         from ._kernels.fwd_multistage import FlashFwdMultistage
 
         return FlashFwdMultistage
@@ -118,11 +118,11 @@ class Case:
         if s.seqused_q or s.seqused_k:
             mask += "_used" + ("q" if s.seqused_q else "") + ("k" if s.seqused_k else "")
         qr = "_qreg" if c.q_in_regs else ""
-        ml = "" if c.mainloop == "cp_async" else "_" + c.mainloop
+        ml = "_" + c.mainloop if c.uses_tma else ""
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
-        return {"kernel": "fwd_tma" if self.config.mainloop != "cp_async" else "fwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}
+        return {"kernel": "fwd_tma" if self.config.uses_tma else "fwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}
 
 
 def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:

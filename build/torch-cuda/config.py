@@ -45,6 +45,11 @@ class FwdConfig:
     mainloop: str = "cp_async"
 
     @property
+    def uses_tma(self) -> bool:
+        """K/V stages arrive by TMA (and the CTA carries mbarriers)."""
+        return self.mainloop != "cp_async"
+
+    @property
     def num_threads(self) -> int:
         return self.num_warps * 32
 
@@ -81,7 +86,7 @@ def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
 
     q_or_o = max(cfg.tile_m * d, cfg.tile_m * dv) * BYTES_PER_ELEM
     stages = cfg.num_stages
-    return ((MBARRIER_BYTES if cfg.mainloop != "cp_async" else 0) + aligned(q_or_o) + aligned(stages * cfg.tile_n * d * BYTES_PER_ELEM)
+    return ((MBARRIER_BYTES if cfg.uses_tma else 0) + aligned(q_or_o) + aligned(stages * cfg.tile_n * d * BYTES_PER_ELEM)
             + aligned(stages * cfg.tile_n * dv * BYTES_PER_ELEM))
 
 
@@ -95,7 +100,7 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         out.append(f"tile_m={cfg.tile_m} is not a multiple of {rows_per_pass} (16 rows per warp)")
     if cfg.mainloop not in MAINLOOPS:
         out.append(f"mainloop={cfg.mainloop!r} (one of {', '.join(MAINLOOPS)})")
-    elif cfg.mainloop != "cp_async":
+    elif cfg.uses_tma:
         if not model.has_tma:
             out.append(f"mainloop={cfg.mainloop} needs TMA, which the {model.name} model lacks (use cp_async)")
         if spec.varlen_k or spec.seqused_k:
@@ -168,15 +173,18 @@ def table_keys(spec: FwdSpec) -> list[str]:
     return keys + [key, f"{key}_cp_async"]
 
 
+@lru_cache(maxsize=None)
 def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
-    """The first table entry of ``table_keys(spec)`` that is valid for (spec, model)."""
+    """The first table entry of ``table_keys(spec)`` that is valid for (spec, model). Memoized: it
+    runs on every forward call, and the spec, the model and the table are all immutable."""
     table = fwd_table()
-    present = [table[k] for k in table_keys(spec) if k in table]
-    cfg = next((c for c in present if not fwd_config_problems(spec, c, model)), present[-1])
-    problems = fwd_config_problems(spec, cfg, model)
-    if problems:  # a table entry that fails the predicate is a bug in this file, not a user error
-        raise RuntimeError(f"forward table entry {cfg} is invalid for {spec} on {model.name}: {'; '.join(problems)}")
-    return cfg
+    problems = ()
+    for cfg in (table[k] for k in table_keys(spec) if k in table):
+        problems = fwd_config_problems(spec, cfg, model)
+        if not problems:
+            return cfg
+    # a table without a valid entry for a spec is a bug in this file, not a user error
+    raise RuntimeError(f"forward table entry {cfg} is invalid for {spec} on {model.name}: {'; '.join(problems)}")
 
 
 def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfig]:

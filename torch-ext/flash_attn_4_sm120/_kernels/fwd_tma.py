@@ -25,8 +25,8 @@ import cutlass.cute as cute
 from cutlass import Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
-from ..config import atom_cols, fwd_config_problems
-from ..execution_model import CopyKind, ExecutionModel
+from ..config import atom_cols
+from ..execution_model import ExecutionModel
 from ..problem import FwdSpec
 from .fwd_multistage import FlashFwdMultistage
 
@@ -50,15 +50,6 @@ class FlashFwdTma(FlashFwdMultistage):
         self.tma_kv = True
         self.warp_specialized = config.mainloop == "tma_ws"
         self.stage_bytes = self.tile_n * (self.head_dim + self.head_dim_v) * self.dtype.width // 8
-
-    @staticmethod
-    def can_implement(spec: FwdSpec, config, model: ExecutionModel) -> tuple[str, ...]:
-        problems = list(fwd_config_problems(spec, config, model))
-        if not model.supports(CopyKind.CP_ASYNC):  # Q
-            problems.append(f"the {model.name} model has no cp.async")
-        if model.s2r_copy is not CopyKind.LDMATRIX:
-            problems.append(f"the {model.name} model has no ldmatrix")
-        return tuple(problems)
 
     # -- hooks --------------------------------------------------------------------------------
     def _setup(self):
