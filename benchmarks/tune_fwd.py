@@ -65,7 +65,7 @@ def main():
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--select", metavar="TUNE_JSON")
     ap.add_argument("--conformance", metavar="GATE_JSON")
-    ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP]",
+    ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH]]",
                     help="time these configs instead of the candidates (exploration; the predicate is not applied)")
     ap.add_argument("--causal", choices=("both", "full", "causal"), default="both")
     args = ap.parse_args()
@@ -79,7 +79,8 @@ def main():
     explicit = []
     for text in args.config:
         knobs = text.split(",")
-        explicit.append(FwdConfig(*map(int, knobs[:4]), q_in_regs=knobs[4:5] == ["1"], mainloop=(knobs[5:] or ["cp_async"])[0]))
+        explicit.append(FwdConfig(*map(int, knobs[:4]), q_in_regs=knobs[4:5] == ["1"], mainloop=(knobs[5:] or ["cp_async"])[0],
+                                  frag_prefetch=knobs[6:7] != ["0"]))
     for d, causal in itertools.product(args.head_dims, masks):
         spec = FwdSpec("bf16", d, d, causal)
         best = None

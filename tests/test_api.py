@@ -51,7 +51,6 @@ def test_any_head_dim_in_the_envelope_passes_validation(head_dim, head_dim_v):
     "kwargs",
     [
         pytest.param({"num_splits": 4}, id="split-kv"),
-        pytest.param({"pack_gqa": True}, id="pack-gqa"),
         pytest.param({"deterministic": True}, id="deterministic"),
         pytest.param({"score_mod": lambda s, *a: s}, id="score-mod"),
     ],
@@ -147,3 +146,16 @@ def test_varlen_packed_q_needs_rank_3():
     q = _t(1, 8, 4, 64)
     with pytest.raises(ValueError, match="total_tokens"):
         fa.flash_attn_varlen_func(q, q, q, cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32))
+
+
+@pytest.mark.parametrize("pack_gqa", [True, False, None])
+def test_pack_gqa_is_accepted(pack_gqa):
+    q, kv = _t(1, 8, 8, 64), _t(1, 8, 2, 64)
+    with pytest.raises(ValueError, match="CUDA tensors"):  # validation passed; only the device is wrong
+        fa.flash_attn_func(q, kv, kv, pack_gqa=pack_gqa)
+
+
+def test_pack_gqa_rejects_non_bool():
+    q = _t(1, 8, 4, 64)
+    with pytest.raises(TypeError, match="pack_gqa"):
+        fa.flash_attn_func(q, q, q, pack_gqa="yes")

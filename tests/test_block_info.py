@@ -51,3 +51,31 @@ def test_window_cost_scales_with_width():
     causal = sum(end - start for m in range(8192 // 64)
                  for start, _, _, end in [block_range(m, 8192, 8192, 64, 64, True, False)])
     assert visited * 3.5 < causal
+
+
+@pytest.mark.parametrize("group", [1, 3, 4, 7])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1, 8192), (5, 300), (37, 37), (50, 20)])
+@pytest.mark.parametrize("causal, local, left, right", [(False, False, 0, 0), (True, False, 0, 0), (False, True, 40, 3)])
+def test_packed_rows_cover_exactly_the_visible_blocks(group, seqlen_q, seqlen_k, causal, local, left, right):
+    """A tile of packed GQA rows visits the union of its query rows' blocks, and masks every block
+    some of its rows see only partly."""
+    from flash_attn_4_sm120._kernels.block_info import block_range_rows, packed_rows
+
+    tile_m, tile_n = 64, 32
+    off = seqlen_k - seqlen_q
+    for m in range((seqlen_q * group + tile_m - 1) // tile_m):
+        lo, hi = packed_rows(m, tile_m, group)
+        rows = range(lo, min(hi, seqlen_q))
+        start, u_start, u_end, end = block_range_rows(lo, hi, seqlen_q, seqlen_k, tile_n, causal, local, left, right)
+
+        def visible(i, j):
+            if j >= seqlen_k:
+                return False
+            if local:
+                return i + off - left <= j <= i + off + right
+            return j <= i + off if causal else True
+
+        needed = {j // tile_n for i in rows for j in range(seqlen_k) if visible(i, j)}
+        assert needed <= set(range(start, end))
+        for n in range(u_start, u_end):  # unmasked blocks: every row sees every key
+            assert all(visible(i, j) for i in rows for j in range(n * tile_n, (n + 1) * tile_n))

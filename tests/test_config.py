@@ -13,8 +13,10 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     dims = sum(len(d) for d in config.REPRESENTATIVE_HEAD_DIMS.values())
     classes = len(config.REPRESENTATIVE_HEAD_DIMS)
     masks = len(config.MASKS)
-    # dtypes x masks x representative head dims, plus 3 softcap/sink combos x masks per class (bf16)
-    assert len(pairs) == 2 * masks * dims + 3 * masks * classes + 3 * masks * classes
+    # dtypes x masks x representative head dims, plus 3 softcap/sink combos x masks per class (bf16),
+    # 3 varlen layouts x masks per class, and per class packed GQA: 2 x masks (plain, softcap + sink),
+    # fp16 causal and causal over packed Q/K
+    assert len(pairs) == 2 * masks * dims + 3 * masks * classes + 3 * masks * classes + (2 * masks + 2) * classes
     assert {(s.local, s.causal, s.softcap, s.has_sink) for s, _ in pairs} >= {
         (True, False, True, True), (False, True, False, False), (False, False, True, False)}
     for spec, cfg in pairs:
@@ -29,7 +31,8 @@ def test_table_records_device_and_date():
     base = {f"d{c}_{m}" for c in config.HEAD_DIM_CLASSES for m in ("full", "causal")}
     assert base <= set(data["table"])
     suffixes = ("bf16", "fp16", "local", "cp_async")
-    assert all(k in base or any(k == f"{b}_{s}" for b in base for s in suffixes) for k in data["table"])
+    packed = {f"d{c}_packgqa" for c in config.HEAD_DIM_CLASSES}
+    assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) for k in data["table"])
     for key, knobs in data["table"].items():
         if key.endswith("_cp_async"):
             assert knobs.get("mainloop", "cp_async") == "cp_async", key
@@ -108,3 +111,26 @@ def test_mbarriers_are_counted_in_smem():
     tma = config.fwd_smem_bytes(spec, config.FwdConfig(128, 64, 4, 2, mainloop="tma"))
     assert tma == cp + config.MBARRIER_BYTES
     assert tma + config.STATIC_SMEM_BYTES <= SM120.smem_per_cta
+
+
+def test_pack_gqa_selection_rule():
+    from flash_attn_4_sm120.config import PACK_GQA_MAX_SEQLEN_Q, use_pack_gqa
+
+    assert use_pack_gqa(None, 32, 8, 1)  # decode, GQA: packed
+    assert use_pack_gqa(None, 32, 1, PACK_GQA_MAX_SEQLEN_Q - 1)  # MQA short query: packed
+    assert not use_pack_gqa(None, 32, 8, PACK_GQA_MAX_SEQLEN_Q)  # full tiles already
+    assert not use_pack_gqa(None, 16, 16, 1) and not use_pack_gqa(True, 16, 16, 1)  # MHA: nothing to pack
+    assert use_pack_gqa(True, 28, 4, 4096) and not use_pack_gqa(False, 32, 8, 1)  # the caller decides
+
+
+def test_packed_specs_take_the_packgqa_entry():
+    from dataclasses import replace
+
+    for d in (64, 128):
+        spec = replace(FwdSpec("bf16", d, d, True), pack_gqa=True)
+        assert config.table_keys(spec)[0] == f"d{d}_packgqa"
+        cfg = config.select_fwd_config(spec, SM120)
+        assert cfg == config.fwd_table()[f"d{d}_packgqa"] and cfg.tile_m == 64
+    packed = [s for s, _ in config.dispatchable_fwd(SM120) if s.pack_gqa]
+    assert {s.causal for s in packed} == {True, False} and any(s.local for s in packed)
+    assert any(s.varlen_q and s.seqused_k for s in packed) and any(s.has_sink and s.softcap for s in packed)

@@ -197,9 +197,10 @@ def test_one_compile_serves_all_shapes():
         k = torch.randn(b, sk, hkv, 64, dtype=torch.bfloat16, device="cuda")
         fa.flash_attn_fwd(q, k, k, causal=True)
 
-    call(1, 17, 33, 2, 1)
+    call(1, 17, 33, 2, 1)  # short GQA query: the packed-GQA kernel
+    call(1, 200, 33, 2, 2)  # the unpacked kernel
     before = default_cache().stats.compiles
-    for shape in [(3, 100, 700, 4, 2), (1, 1, 4096, 8, 8), (2, 999, 13, 6, 3)]:
+    for shape in [(3, 100, 700, 4, 2), (1, 1, 4096, 8, 8), (2, 999, 13, 6, 3), (5, 1, 3000, 32, 8), (1, 127, 9, 7, 1)]:
         call(*shape)
     assert default_cache().stats.compiles == before
 

@@ -41,7 +41,7 @@ IMPLICIT = {c["id"] for c in DATA["conditions"] if c["implicit"]}
 #: What is implemented today. Change it in the same commit that flips a status in manifest.json.
 IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", "conformance_gate",
                      "sliding_window", "softcap", "learnable_sink", "varlen",
-                     "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward"}
+                     "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward", "pack_gqa"}
 
 
 def _involved(conflict: dict) -> list[str]:
@@ -355,9 +355,9 @@ def _mutate_planned_message_without_version(d):
     f["message"] = f["message"].replace(VERSION, "this version")
 
 
-def _mutate_pack_gqa_lands_without_message_update(d):
-    f = _first(d["features"], lambda f: f["id"] == "pack_gqa")
-    f.update(status="implemented", since=VERSION, envelope={"heads": "any ratio"})
+def _mutate_paged_kv_lands_without_message_update(d):
+    f = _first(d["features"], lambda f: f["id"] == "paged_kv")
+    f.update(status="implemented", since=VERSION, envelope={"page_size": "any"})
     del f["message"], f["alternative"]
 
 
@@ -377,8 +377,8 @@ MUTATIONS = {
     "upstream-url-mismatch": (_mutate_upstream_url, "does not match"),
     "planned-message-without-version": (_mutate_planned_message_without_version, "which version"),
     "feature-lands-but-conflict-message-not-updated": (
-        _mutate_pack_gqa_lands_without_message_update,
-        "conflict varlen+pack_gqa: message says a feature is not available",
+        _mutate_paged_kv_lands_without_message_update,
+        "conflict paged_kv+head_dim_256: message says a feature is not available",
     ),
 }
 

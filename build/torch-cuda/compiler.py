@@ -117,8 +117,11 @@ class Case:
             mask += "_varlen" + ("q" if s.varlen_q else "") + ("k" if s.varlen_k else "")
         if s.seqused_q or s.seqused_k:
             mask += "_used" + ("q" if s.seqused_q else "") + ("k" if s.seqused_k else "")
+        if s.pack_gqa:
+            mask += "_packgqa"
         qr = "_qreg" if c.q_in_regs else ""
         ml = "_" + c.mainloop if c.uses_tma else ""
+        ml += "" if c.frag_prefetch else "_nopf"
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
@@ -160,20 +163,22 @@ def make_case(
     num_stages: int = 2,
     q_in_regs: bool = False,
     mainloop: str = "cp_async",
+    frag_prefetch: bool = True,
     causal: bool = True,
     local: bool = False,
     softcap: bool = False,
     has_sink: bool = False,
     varlen: bool = False,
     seqused: bool = False,
+    pack_gqa: bool = False,
     dtype: str = "bf16",
     model: str = SM120.name,
 ) -> Case:
     spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal and not local,
                    local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen,
-                   seqused_q=seqused, seqused_k=seqused)
+                   seqused_q=seqused, seqused_k=seqused, pack_gqa=pack_gqa)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
-                    mainloop=mainloop)
+                    mainloop=mainloop, frag_prefetch=frag_prefetch)
     return Case(spec, cfg, model)
 
 

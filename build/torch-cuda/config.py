@@ -43,6 +43,10 @@ class FwdConfig:
     q_in_regs: bool = False
     #: How K/V tiles reach shared memory (see ``MAINLOOPS``).
     mainloop: str = "cp_async"
+    #: Issue the ldmatrix loads of k-step k+1 before the MMAs of step k (hides their latency at the
+    #: cost of one k-step of operand registers; at 32 rows per warp and d=128 that decides whether
+    #: ptxas fits 255 registers, differently per mask and loader, so the gate judges each entry).
+    frag_prefetch: bool = True
 
     @property
     def uses_tma(self) -> bool:
@@ -131,6 +135,22 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     return tuple(out)
 
 
+#: Automatic GQA packing: when seqlen_q is below this (the largest tile_m), an unpacked M tile is
+#: mostly empty and every query head re-reads its KV head; packed, the group fills the tile and K/V
+#: are read once per group. At or above it the tiles are already full.
+PACK_GQA_MAX_SEQLEN_Q = 128
+
+
+def use_pack_gqa(requested, num_heads: int, num_heads_kv: int, seqlen_q: int) -> bool:
+    """Whether a call packs GQA rows: ``requested`` (the caller's pack_gqa: True, False or None for
+    automatic), honoured only when query heads share a KV head (packing a group of 1 changes nothing)."""
+    if num_heads == num_heads_kv:
+        return False
+    if requested is None:
+        return seqlen_q < PACK_GQA_MAX_SEQLEN_Q
+    return bool(requested)
+
+
 def is_valid(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) -> bool:
     return not fwd_config_problems(spec, cfg, model)
 
@@ -162,12 +182,14 @@ def table_key(spec: FwdSpec) -> str:
 
 
 def table_keys(spec: FwdSpec) -> list[str]:
-    """The table keys a spec may use, most specific first: a dtype entry (ptxas allocates registers
+    """The table keys a spec may use, most specific first: a packed-GQA entry (short queries: the
+    row gather adds registers and a 64-row tile wastes less), a dtype entry (ptxas allocates registers
     differently for fp16 and bf16), a local-window entry (the two-sided mask adds registers), the
     class entry, then the class's cp.async entry (for specs or models the class entry's mainloop
     cannot serve: varlen / seqused K, parts without TMA)."""
     key = table_key(spec)
-    keys = [f"{key}_{spec.dtype}"]
+    keys = [f"d{head_dim_class(spec)}_packgqa"] if spec.pack_gqa else []
+    keys.append(f"{key}_{spec.dtype}")
     if spec.local:
         keys.append(f"{key}_local")
     return keys + [key, f"{key}_cp_async"]
@@ -189,7 +211,8 @@ def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
 
 def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfig]:
     """Configs the tuner may pick from: 16 rows per warp (128 rows on 8 warps, 64 on 4) or 32 (128 on
-    4), 2-3 stages, Q in smem or registers, each mainloop variant the model supports, filtered by the
+    4), 2-3 stages, Q in smem or registers, each mainloop variant the model supports, with and without
+    the fragment prefetch at 32 rows per warp, filtered by the
     validity predicate. The conformance gate screens them (``--subset candidates``) before
     ``benchmarks/tune_fwd.py`` times them on the device."""
     out = []
@@ -198,9 +221,12 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
             for st in (2, 3):
                 for qr in (False, True):
                     for ml in MAINLOOPS:
-                        cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr, mainloop=ml)
-                        if is_valid(spec, cfg, model):
-                            out.append(cfg)
+                        # without the fragment prefetch only where registers are the limit (32 rows/warp)
+                        for pf in (True, False) if tm // w == 32 else (True,):
+                            cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr,
+                                            mainloop=ml, frag_prefetch=pf)
+                            if is_valid(spec, cfg, model):
+                                out.append(cfg)
     return out
 
 
@@ -223,7 +249,7 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
     mask x dtype) at its representative head dims, and at each class's largest head dim every
     softcap / sink combination (they add code to the same mainloop). Any other head dim of a class
     runs the same config with a subset of these code paths (exact or padded columns). Varlen layouts
-    (packed Q and/or K, seqused) are compiled at each class's largest head dim."""
+    (packed Q and/or K, seqused) and packed GQA are compiled at each class's largest head dim."""
     specs = []
     for dtype in ("bf16", "fp16"):
         for dims in REPRESENTATIVE_HEAD_DIMS.values():
@@ -234,6 +260,13 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
         for softcap, sink in ((True, False), (False, True), (True, True)):
             specs += [_spec("bf16", d, dv, mask, softcap, sink) for mask in MASKS]
         # varlen: packed Q and K (+ seqused), and dense Q over a packed/paged-style K with seqused_k
+        # packed GQA: every mask, with softcap + sink, and over packed Q/K with seqused
+        for mask in MASKS:
+            specs.append(replace(_spec("bf16", d, dv, mask), pack_gqa=True))
+            specs.append(replace(_spec("bf16", d, dv, mask, True, True), pack_gqa=True))
+        specs.append(replace(_spec("fp16", d, dv, "causal"), pack_gqa=True))
+        specs.append(replace(_spec("bf16", d, dv, "causal"), varlen_q=True, varlen_k=True, seqused_q=True,
+                             seqused_k=True, pack_gqa=True))
         for mask in MASKS:
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True))
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_k=True, seqused_k=True))

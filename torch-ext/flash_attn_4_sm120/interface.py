@@ -8,6 +8,7 @@ with the manifest's message (see CONFLICTS_LOG.md).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
@@ -17,7 +18,7 @@ import torch
 
 from . import manifest
 from ._ops import add_op_namespace_prefix
-from .config import select_fwd_config
+from .config import select_fwd_config, use_pack_gqa
 from .execution_model import (
     COMPILE_TARGET_ENV,
     DISPATCH_ENV,
@@ -51,10 +52,19 @@ def flash_attn_fwd(
     learnable_sink: Optional[torch.Tensor] = None,
     out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None,
+    pack_gqa: Optional[bool] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Low-level forward without autograd: writes into ``out``/``lse`` when given, returns both."""
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
-    return _launch_fwd(q, k, v, spec, shape, params, out, lse)
+    return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, out, lse)
+
+
+def _with_packing(spec, shape, pack_gqa: Optional[bool]):
+    """The spec with GQA packing decided for this call (``config.use_pack_gqa``: the caller's
+    choice, or automatic for short queries)."""
+    if use_pack_gqa(pack_gqa, shape.num_heads, shape.num_heads_kv, shape.seqlen_q):
+        return dataclasses.replace(spec, pack_gqa=True)
+    return spec
 
 
 def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, config=None):
@@ -150,15 +160,13 @@ def _register_fwd_op():
 _fwd_op = _register_fwd_op()
 
 
-def _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, extra) -> None:
+def _refuse_unimplemented(num_splits, deterministic, score_mod, mask_mod, extra) -> None:
     """Raise the manifest's message for each requested feature this version does not implement."""
     if extra:
         raise TypeError(f"flash_attn_func got unexpected arguments: {sorted(extra)}")
     requested = []
     if num_splits not in (None, 1, 0):
         requested.append("split_kv")
-    if pack_gqa:
-        requested.append("pack_gqa")
     if deterministic:
         requested.append("deterministic_backward")
     if score_mod is not None or mask_mod is not None:
@@ -195,7 +203,9 @@ def flash_attn_func(
     logits as softcap * tanh(logit / softcap). ``learnable_sink`` (num_heads,) adds exp(sink_h) to
     every row's softmax denominator (gpt-oss) and to the LSE.
     """
-    _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, kwargs)
+    _refuse_unimplemented(num_splits, deterministic, score_mod, mask_mod, kwargs)
+    if pack_gqa not in (None, True, False):
+        raise TypeError(f"pack_gqa must be True, False or None (automatic), got {pack_gqa!r}")
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
@@ -205,6 +215,7 @@ def flash_attn_func(
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return out, (lse if (return_lse or needs_grad) else None)
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
+    spec = _with_packing(spec, shape, pack_gqa)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:
         out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params)
@@ -249,10 +260,13 @@ def flash_attn_varlen_func(
     """
     if page_table is not None:
         manifest.require("paged_kv")
-    _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, kwargs)
+    _refuse_unimplemented(num_splits, deterministic, score_mod, mask_mod, kwargs)
+    if pack_gqa not in (None, True, False):
+        raise TypeError(f"pack_gqa must be True, False or None (automatic), got {pack_gqa!r}")
     spec, shape, params = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           seqused_q, seqused_k, softmax_scale, causal, window_size, softcap,
                                           learnable_sink)
+    spec = _with_packing(spec, shape, pack_gqa)
     varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:

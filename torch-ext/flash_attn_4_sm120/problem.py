@@ -34,6 +34,9 @@ class FwdSpec:
     #: per-sequence used lengths (seqused_q / seqused_k)
     seqused_q: bool = False
     seqused_k: bool = False
+    #: GQA packing: the query heads of a KV group share one M tile (row p = query p // group, head
+    #: p % group); chosen per call by ``config.use_pack_gqa`` (short queries) or the caller
+    pack_gqa: bool = False
 
 
 @dataclass(frozen=True)

@@ -48,7 +48,7 @@ from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .mask import mask_scores
 from .softmax import OnlineSoftmax
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
-from .seqlen_info import lse_row, num_batches, num_heads, sequence
+from .seqlen_info import lse_row, num_batches, num_heads, row_tile, sequence, sequence_heads
 from .tile_scheduler import SingleTileScheduler
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
@@ -125,10 +125,6 @@ class FlashFwdMultistage:
     def make_tma_atoms(self, mK: cute.Tensor, mV: cute.Tensor):
         """(atom_K, tma_K, atom_V, tma_V) for TMA loaders; None here."""
         return None, None, None, None
-
-    def kv_smem_tensor(self, mem_range, layout: cute.ComposedLayout) -> cute.Tensor:
-        """The K or V stage buffer as a tensor (a TMA loader puts the swizzle on the pointer)."""
-        return mem_range.get_tensor(layout)
 
     def init_mbarriers(self, storage):
         return None
@@ -217,7 +213,13 @@ class FlashFwdMultistage:
         packed_q = mCuSeqlensQ is not None
         # Packed Q: the grid covers the longest sequence; CTAs past a shorter one exit at once.
         rows = max_seqlen_q if const_expr(packed_q) else mQ.shape[1]
-        grid = scheduler.grid(cute.ceil_div(rows, self.tile_m), num_heads(mQ, packed_q), num_batches(mQ, mCuSeqlensQ))
+        heads = num_heads(mQ, packed_q)
+        if const_expr(self.spec.pack_gqa):
+            # Packed GQA: one CTA row of tiles per KV head; its M extent holds every query head of the group.
+            group = heads // num_heads(mK, mCuSeqlensK is not None)
+            rows = rows * group
+            heads = heads // group
+        grid = scheduler.grid(cute.ceil_div(rows, self.tile_m), heads, num_batches(mQ, mCuSeqlensQ))
         tma_atom_K, mK_tma, tma_atom_V, mV_tma = self.make_tma_atoms(mK, mV)
         self.kernel(
             mQ, mK, mV, mO, mLSE, softmax_scale_log2, softcap_scale, window_left, window_right, mSink,
@@ -274,30 +276,38 @@ class FlashFwdMultistage:
         stages = self.config.num_stages
         tidx, _, _ = cute.arch.thread_idx()
         m_block, head, batch = scheduler.tile()
-        head_kv = head // (num_heads(mQ, mCuSeqlensQ is not None) // num_heads(mK, mCuSeqlensK is not None))
-        # (rows, d) views of this sequence and head, and the runtime lengths (dense or packed).
-        mQ_s, seqlen_q = sequence(mQ, batch, head, mCuSeqlensQ, mSeqUsedQ)
-        mO_s, _ = sequence(mO, batch, head, mCuSeqlensQ, mSeqUsedQ)
+        pack = self.spec.pack_gqa
+        group = num_heads(mQ, mCuSeqlensQ is not None) // num_heads(mK, mCuSeqlensK is not None)
+        # Packed GQA: ``head`` is the KV head and tile row p is (query row p // group, query head
+        # head * group + p % group). Unpacked: ``head`` is the query head.
+        head_kv = head if const_expr(pack) else head // group
+        # (rows, heads, d) / (rows, d) views of this sequence, and the runtime lengths (dense or packed).
+        mQ_h, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
         mK_s, seqlen_k = sequence(mK, batch, head_kv, mCuSeqlensK, mSeqUsedK)
         mV_s, _ = sequence(mV, batch, head_kv, mCuSeqlensK, mSeqUsedK)
-        gLSE = lse_row(mLSE, batch, head, mCuSeqlensQ)
-        if m_block * self.tile_m < seqlen_q:  # packed batches: tiles past a short sequence do nothing
+        tile_rows = seqlen_q * group if const_expr(pack) else seqlen_q  # M extent of this (batch, head)
+        if m_block * self.tile_m < tile_rows:  # packed batches: tiles past a short sequence do nothing
             # Key blocks [n_start, n_end); [n_unmasked_start, n_unmasked_end) need no element mask.
-            n_start, n_unmasked_start, n_unmasked_end, n_end = block_info.block_range(
-                m_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n, self.causal, self.spec.local,
+            if const_expr(pack):
+                row_lo, row_hi = block_info.packed_rows(m_block, self.tile_m, group)
+            else:
+                row_lo, row_hi = m_block * self.tile_m, (m_block + 1) * self.tile_m
+            n_start, n_unmasked_start, n_unmasked_end, n_end = block_info.block_range_rows(
+                row_lo, row_hi, seqlen_q, seqlen_k, self.tile_n, self.causal, self.spec.local,
                 window_left, window_right,
             )
 
-            # (tile_m, d), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
-            gQ = cute.local_tile(mQ_s, (self.tile_m, self.head_dim), (m_block, 0))
+            # (tile_m, d) (unpacked; packed rows are gathered one by one), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
+            gQ = cute.local_tile(mQ_h[None, 0 if const_expr(pack) else head, None], (self.tile_m, self.head_dim),
+                                 (m_block, 0))
             gK = cute.local_tile(mK_s, (self.tile_n, self.head_dim), (None, 0))
             gV = cute.local_tile(mV_s, (self.tile_n, self.head_dim_v), (None, 0))
 
             storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
             bars = self.init_mbarriers(storage)
             sQ = storage.tiles.sQ.get_tensor(sQ_layout)  # (tile_m, d)
-            sK = self.kv_smem_tensor(storage.tiles.sK, sK_layout)  # (tile_n, d, stages)
-            sV = self.kv_smem_tensor(storage.tiles.sV, sV_layout)  # (tile_n, dv, stages)
+            sK = storage.tiles.sK.get_tensor(sK_layout)  # (tile_n, d, stages)
+            sV = storage.tiles.sV.get_tensor(sV_layout)  # (tile_n, dv, stages)
             sO = cute.make_tensor(sQ.iterator, sO_layout)
             # V^T view (dv, tile_n, stages) for the B operand of P @ V.
             sVt = cute.composition(
@@ -347,6 +357,8 @@ class FlashFwdMultistage:
 
             ctx = SimpleNamespace(
                 m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start, n_end=n_end, bars=bars,
+                group=group if const_expr(pack) else None, tile_rows=tile_rows, head_kv=head_kv, mQ_h=mQ_h,
+                thr_qk=thr_qk,
                 n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end,
                 tidx=tidx, tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, t0KcK=t0KcK, tKcK=tKcK, t0VcV=t0VcV, tVcV=tVcV,
                 window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
@@ -359,20 +371,21 @@ class FlashFwdMultistage:
                 thr_mma=thr_mma, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc, softmax=softmax,
             )
 
+            out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head)
             if const_expr(self.warp_specialized):
                 # A producer warp feeds the stages; the MMA warps only consume them.
                 if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == self.num_threads // 32:
                     self.producer(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
                 else:
                     self.consume(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
-                                 mSink, head, sO, mO_s, gLSE)
+                                 mSink, head, sO, out)
             else:
                 self.consume(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
-                             mSink, head, sO, mO_s, gLSE)
+                             mSink, head, sO, out)
 
     @cute.jit
     def consume(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
-                mSink, head, sO, mO_s, gLSE):
+                mSink, head, sO, out: SimpleNamespace):
         """Prologue, the key-block loop and the epilogue of the MMA warps."""
         # Column predicates for padded head dims; the padded Q/K columns are zeroed once and never loaded.
         tQKp = None
@@ -402,12 +415,16 @@ class FlashFwdMultistage:
                 self.mainloop_step(ctx, num_right + num_full + i, ctx.n_unmasked_start - 1 - i, masked=True)
 
         # Epilogue
-        lse = cute.make_rmem_tensor(cute.size(ctx.acc_O_rc, mode=[0]), Float32)
+        num_rows = cute.size(ctx.acc_O_rc, mode=[0])
+        lse = cute.make_rmem_tensor(num_rows, Float32)
         sink_log2 = None
         if const_expr(self.spec.has_sink):
-            sink_log2 = Float32(mSink[head]) * Float32(LOG2_E)
+            # per accumulator row: packed GQA rows belong to different query heads
+            sink_log2 = cute.make_rmem_tensor(num_rows, Float32)
+            for r in cutlass.range_constexpr(num_rows):
+                sink_log2[r] = Float32(mSink[self.row_head(ctx, head, ctx.tScS_rc[r, 0][0])]) * Float32(LOG2_E)
         ctx.softmax.finalize(ctx.acc_O_rc, lse, sink_log2)
-        self.epilogue(ctx.acc_O, lse, sO, mO_s, gLSE, ctx.tidx, ctx.m_block, ctx.seqlen_q)
+        self.epilogue(ctx, lse, sO, out)
 
     @cute.jit
     def prologue(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
@@ -429,10 +446,30 @@ class FlashFwdMultistage:
         cute.arch.sync_threads()
 
     @cute.jit
+    def row_head(self, ctx: SimpleNamespace, head, tile_row):
+        """The query head of tile row ``tile_row`` (``head`` itself unless GQA rows are packed)."""
+        if const_expr(self.spec.pack_gqa):
+            return ctx.head_kv * ctx.group + (ctx.m_block * self.tile_m + tile_row) % ctx.group
+        return head
+
+    @cute.jit
     def load_q(self, ctx: SimpleNamespace):
-        """cp.async this CTA's Q tile (rows past seqlen_q skipped), one commit group."""
-        copy_rows(self.g2s_qk, ctx.tQgQ, ctx.tQsQ, ctx.t0QcQ, ctx.seqlen_q - ctx.m_block * self.tile_m - ctx.tQcQ[0][0],
-                  False, column_predicate(ctx.tQcQ, self.spec.head_dim) if const_expr(self.pad_qk) else None)
+        """cp.async this CTA's Q tile (rows past seqlen_q skipped), one commit group. Packed GQA
+        rows are gathered one copy row at a time (row p: query p // group, head p % group)."""
+        col_pred = column_predicate(ctx.tQcQ, self.spec.head_dim) if const_expr(self.pad_qk) else None
+        if const_expr(self.spec.pack_gqa):
+            tQsQ, tile_rows, group = ctx.tQsQ, ctx.tile_rows, ctx.group
+            for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
+                p = ctx.m_block * self.tile_m + ctx.tQcQ[0, m, 0][0]
+                # (addresses only: rows past the end are formed but not read)
+                src = ctx.thr_qk.partition_S(row_tile(ctx.mQ_h, p // group, ctx.head_kv * group + p % group,
+                                                      self.tile_m, self.head_dim))[None, m, None]
+                if p < tile_rows:
+                    cute.copy(self.g2s_qk, src, tQsQ[None, m, None],
+                              pred=col_pred[None, m, None] if const_expr(self.pad_qk) else None)
+        else:
+            copy_rows(self.g2s_qk, ctx.tQgQ, ctx.tQsQ, ctx.t0QcQ, ctx.seqlen_q - ctx.m_block * self.tile_m - ctx.tQcQ[0][0],
+                      False, col_pred)
 
     @cute.jit
     def mainloop_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
@@ -473,6 +510,7 @@ class FlashFwdMultistage:
             mask_scores(
                 acc_S_rc, ctx.tScS_rc, ctx.t0ScS_rc, ctx.m_block, n_block, ctx.seqlen_q, ctx.seqlen_k,
                 ctx.window_left, ctx.window_right, self.tile_m, self.tile_n, self.causal, self.spec.local,
+                ctx.group,
             )
         ctx.softmax.step(acc_S_rc, ctx.acc_O_rc)
         # e. O += P V, P reinterpreted as the A operand in 16-bit
@@ -481,33 +519,43 @@ class FlashFwdMultistage:
 
     @cute.jit
     def gemm_smem(self, acc, tCrA, tCrB, tCsA, tCrA_v, tCsB, tCrB_v, s2r_a, s2r_b):
-        """acc += A B^T with both operands read from smem by ldmatrix, one k16 step ahead."""
+        """acc += A B^T with both operands read from smem by ldmatrix, one k16 step ahead
+        (``frag_prefetch``) or at the step that uses them."""
         num_k = cute.size(tCsA, mode=[2])
-        cute.copy(s2r_a, tCsA[None, None, 0], tCrA_v[None, None, 0])
-        cute.copy(s2r_b, tCsB[None, None, 0], tCrB_v[None, None, 0])
+        ahead = 1 if const_expr(self.config.frag_prefetch) else 0
+        for k in cutlass.range_constexpr(ahead):
+            cute.copy(s2r_a, tCsA[None, None, k], tCrA_v[None, None, k])
+            cute.copy(s2r_b, tCsB[None, None, k], tCrB_v[None, None, k])
         for k in cutlass.range_constexpr(num_k):
-            if const_expr(k + 1 < num_k):
-                cute.copy(s2r_a, tCsA[None, None, k + 1], tCrA_v[None, None, k + 1])
-                cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
+            if const_expr(k + ahead < num_k):
+                cute.copy(s2r_a, tCsA[None, None, k + ahead], tCrA_v[None, None, k + ahead])
+                cute.copy(s2r_b, tCsB[None, None, k + ahead], tCrB_v[None, None, k + ahead])
             cute.gemm(self.tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
     @cute.jit
     def gemm_rA_smemB(self, acc, tCrA, tCrB, tCsB, tCrB_v, s2r_b):
         """acc += A B^T with A already in registers and B read from smem by ldmatrix."""
         num_k = cute.size(tCrA, mode=[2])
-        cute.copy(s2r_b, tCsB[None, None, 0], tCrB_v[None, None, 0])
+        ahead = 1 if const_expr(self.config.frag_prefetch) else 0
+        for k in cutlass.range_constexpr(ahead):
+            cute.copy(s2r_b, tCsB[None, None, k], tCrB_v[None, None, k])
         for k in cutlass.range_constexpr(num_k):
-            if const_expr(k + 1 < num_k):
-                cute.copy(s2r_b, tCsB[None, None, k + 1], tCrB_v[None, None, k + 1])
+            if const_expr(k + ahead < num_k):
+                cute.copy(s2r_b, tCsB[None, None, k + ahead], tCrB_v[None, None, k + ahead])
             cute.gemm(self.tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
     @cute.jit
-    def epilogue(self, acc_O, lse, sO, mO_s, gLSE, tidx, m_block, seqlen_q):
-        """Normalized O -> smem (reusing Q's buffer) -> 16-byte global stores; LSE per row."""
+    def epilogue(self, ctx: SimpleNamespace, lse, sO, out: SimpleNamespace):
+        """Normalized O -> smem (reusing Q's buffer) -> 16-byte global stores; LSE per row. The O and
+        LSE views are formed here, not at kernel start: no gmem pointer stays live across the mainloop.
+        Packed GQA rows scatter to (query p // group, head p % group) one row at a time."""
+        tidx, m_block = ctx.tidx, ctx.m_block
+        pack = self.spec.pack_gqa
+        mO_h, _ = sequence_heads(out.mO, out.batch, out.mCuSeqlensQ, out.mSeqUsedQ)
         # Every cp.async (Q when no key block ran) has landed and every warp is done reading sQ.
         cute.arch.cp_async_wait_group(0)
         self.mma_barrier()
-        rO = convert(acc_O, self.dtype)
+        rO = convert(ctx.acc_O, self.dtype)
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), self.tiled_mma)
         thr_r2s = r2s.get_slice(tidx)
         cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
@@ -516,24 +564,37 @@ class FlashFwdMultistage:
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
         thr_mma = self.tiled_mma.get_slice(tidx)
         tOcO_rc = acc_rows_cols(thr_mma.partition_C(cO))
-        if tOcO_rc[0, 0][1] == 0:
-            for r in cutlass.range_constexpr(cute.size(lse)):
-                row = m_block * self.tile_m + tOcO_rc[r, 0][0]
-                if row < seqlen_q:
-                    gLSE[row] = lse[r]
+        lse_col0 = tOcO_rc[0, 0][1] == 0
+        tile_rows = ctx.tile_rows
+        for r in cutlass.range_constexpr(cute.size(lse)):
+            p = m_block * self.tile_m + tOcO_rc[r, 0][0]
+            q_row = p // ctx.group if const_expr(pack) else p
+            gLSE = lse_row(out.mLSE, out.batch, self.row_head(ctx, out.head, tOcO_rc[r, 0][0]), out.mCuSeqlensQ)
+            if lse_col0 and p < tile_rows:
+                gLSE[q_row] = lse[r]
 
         self.mma_barrier()
-        gO = cute.local_tile(mO_s, (self.tile_m, self.head_dim_v), (m_block, 0))
         thr_s2g = self.s2g_o.get_slice(tidx)
         tOsO = thr_s2g.partition_S(sO)
         tOrO = cute.make_rmem_tensor_like(tOsO, self.dtype)
         cute.autovec_copy(tOsO, tOrO)
-        tOgO = thr_s2g.partition_D(gO)
         tOcO = thr_s2g.partition_S(cO)
         t0OcO = self.s2g_o.get_slice(0).partition_S(cO)
-        row_limit = seqlen_q - m_block * self.tile_m - tOcO[0][0]
         tOp = column_predicate(tOcO, self.spec.head_dim_v) if const_expr(self.pad_v) else None
-        for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
-            if t0OcO[0, m, 0][0] < row_limit:
-                cute.copy(self.s2g_o, tOrO[None, m, None], tOgO[None, m, None],
-                          pred=tOp[None, m, None] if const_expr(self.pad_v) else None)
+        if const_expr(pack):
+            tile_rows, group, head_kv = ctx.tile_rows, ctx.group, ctx.head_kv
+            for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
+                p = m_block * self.tile_m + tOcO[0, m, 0][0]
+                dst = thr_s2g.partition_D(row_tile(mO_h, p // group, head_kv * group + p % group,
+                                                   self.tile_m, self.head_dim_v))[None, m, None]
+                if p < tile_rows:
+                    cute.copy(self.s2g_o, tOrO[None, m, None], dst,
+                              pred=tOp[None, m, None] if const_expr(self.pad_v) else None)
+        else:
+            gO = cute.local_tile(mO_h[None, out.head, None], (self.tile_m, self.head_dim_v), (m_block, 0))
+            tOgO = thr_s2g.partition_D(gO)
+            row_limit = ctx.tile_rows - m_block * self.tile_m - tOcO[0][0]
+            for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
+                if t0OcO[0, m, 0][0] < row_limit:
+                    cute.copy(self.s2g_o, tOrO[None, m, None], tOgO[None, m, None],
+                              pred=tOp[None, m, None] if const_expr(self.pad_v) else None)

@@ -52,15 +52,17 @@ class FlashFwdTma(FlashFwdMultistage):
         self.stage_bytes = self.tile_n * (self.head_dim + self.head_dim_v) * self.dtype.width // 8
 
     # -- hooks --------------------------------------------------------------------------------
-    def _setup(self):
-        super()._setup()
-        # K/V stages with the swizzle expressed on byte addresses (how a swizzled smem pointer and the
-        # TMA unit read it): the same bank pattern as the element-wise atoms of the cp.async mainloop.
+    def tma_smem_layouts(self):
+        """(K, V) stage layouts as the TMA unit sees them: the swizzle acts on byte addresses
+        (SW128/64/32) and rides on the pointer, so TMA partitioning sees whole swizzle atoms. The
+        same bytes as the element-swizzled layouts the MMA warps read through (``smem_layout_atom``:
+        Swizzle<b,3,3> on 16-bit elements is Swizzle<b,4,3> on bytes, both from a 1024-aligned base).
+        Built where they are used (host for the TMA atoms, device for the partitions)."""
         stages = self.config.num_stages
-        self.sK_layout = cute.tile_to_shape(byte_swizzled_atom(self.dtype, self.head_dim),
-                                            (self.tile_n, self.head_dim, stages), (0, 1, 2))
-        self.sV_layout = cute.tile_to_shape(byte_swizzled_atom(self.dtype, self.head_dim_v),
-                                            (self.tile_n, self.head_dim_v, stages), (0, 1, 2))
+        return (cute.tile_to_shape(byte_swizzled_atom(self.dtype, self.head_dim),
+                                   (self.tile_n, self.head_dim, stages), (0, 1, 2)),
+                cute.tile_to_shape(byte_swizzled_atom(self.dtype, self.head_dim_v),
+                                   (self.tile_n, self.head_dim_v, stages), (0, 1, 2)))
 
     @property
     def launch_threads(self) -> int:
@@ -72,17 +74,13 @@ class FlashFwdTma(FlashFwdMultistage):
     def make_tma_atoms(self, mK: cute.Tensor, mV: cute.Tensor):
         op = cpasync.CopyBulkTensorTileG2SOp()
         out = []
-        for m, layout, width in ((mK, self.sK_layout, self.head_dim), (mV, self.sV_layout, self.head_dim_v)):
+        sK_tma, sV_tma = self.tma_smem_layouts()
+        for m, layout, width in ((mK, sK_tma, self.head_dim), (mV, sV_tma, self.head_dim_v)):
             # (batch, seqlen, heads, d) -> (seqlen, d, heads, batch): the tile covers modes 0 and 1.
             view = cute.make_tensor(m.iterator, cute.select(m.layout, mode=[1, 3, 2, 0]))
             atom, tensor = cpasync.make_tiled_tma_atom(op, view, cute.select(layout, mode=[0, 1]), (self.tile_n, width))
             out += [atom, tensor]
         return tuple(out)
-
-    def kv_smem_tensor(self, mem_range, layout: cute.ComposedLayout) -> cute.Tensor:
-        # The swizzle rides on the pointer, the layout stays plain: TMA partitioning then sees whole
-        # swizzle atoms (one bulk copy per 8-row x atom-width box group, not per element).
-        return mem_range.get_tensor(layout.outer, swizzle=layout.inner)
 
     @cute.jit
     def init_mbarriers(self, storage):
@@ -106,7 +104,11 @@ class FlashFwdTma(FlashFwdMultistage):
     # -- loads --------------------------------------------------------------------------------
     @cute.jit
     def tma_views(self, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
-        """((TMA, n_blocks), (TMA, stages)) for K and V of this (batch, kv head)."""
+        """((TMA, n_blocks), (TMA, stages)) for K and V of this (batch, kv head). The stage buffers
+        are re-viewed with the pointer-swizzled layouts of ``tma_smem_layouts`` (same bytes)."""
+        sK_tma, sV_tma = self.tma_smem_layouts()
+        sK = cute.make_tensor(cute.recast_ptr(sK.iterator, swizzle_=sK_tma.inner), sK_tma.outer)
+        sV = cute.make_tensor(cute.recast_ptr(sV.iterator, swizzle_=sV_tma.inner), sV_tma.outer)
         gK = cute.local_tile(mK_tma[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
         gV = cute.local_tile(mV_tma[None, None, head_kv, batch], (self.tile_n, self.head_dim_v), (None, 0))
         tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1),

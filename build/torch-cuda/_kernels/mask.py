@@ -5,6 +5,9 @@ window become -inf. The visibility rules and the bottom-right alignment are thos
 ``block_info``: query ``i`` sees key ``j`` iff ``j < seqlen_k`` and ``i + off - left <= j <= i + off + right``
 (``off = seqlen_k - seqlen_q``; causal is ``right = 0`` with no left bound).
 
+With packed GQA (query heads of a KV group folded into the M tile) tile row ``p`` is query row
+``p // group``: the diagonal and window edges are per query row, the same for every head.
+
 Coordinates come from an identity tensor partitioned like the accumulator. Thread 0's partition
 (``t0ScS``) has compile-time coordinates; the thread's own offset is folded into the limits once,
 so the per-element test is a compare against a constant.
@@ -30,8 +33,10 @@ def mask_scores(
     tile_n: cutlass.Constexpr[int],
     causal: cutlass.Constexpr[bool],
     local: cutlass.Constexpr[bool],
+    group: Int32 = None,
 ):
-    """Set masked entries of this thread's (rows, cols) score view to -inf."""
+    """Set masked entries of this thread's (rows, cols) score view to -inf. With ``group`` (packed
+    GQA) tile row p is query row p // group."""
     thr_row0 = tScS_rc[0, 0][0]
     thr_col0 = tScS_rc[0, 0][1]
     # Limits relative to this thread's first column of this block.
@@ -41,7 +46,10 @@ def mask_scores(
         col_hi = col_limit_seq  # exclusive
         col_lo = 0  # inclusive, used when local
         if cutlass.const_expr(causal or local):
-            diag = m_block * tile_m + thr_row0 + t0ScS_rc[r, 0][0] + seqlen_k - seqlen_q - col_base
+            row = m_block * tile_m + thr_row0 + t0ScS_rc[r, 0][0]
+            if cutlass.const_expr(group is not None):
+                row = row // group
+            diag = row + seqlen_k - seqlen_q - col_base
             right = window_right if cutlass.const_expr(local) else 0
             col_hi = cutlass.min(col_hi, diag + 1 + right)
             if cutlass.const_expr(local):

@@ -32,24 +32,39 @@ def ceil_div(a, b):
 
 def block_range(m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool, local: bool,
                 window_left=0, window_right=0):
-    """(start, unmasked_start, unmasked_end, end) with start <= unmasked_start <= unmasked_end <= end.
+    """(start, unmasked_start, unmasked_end, end) with start <= unmasked_start <= unmasked_end <= end,
+    for the query rows ``[m_block * tile_m, (m_block + 1) * tile_m)``.
 
     ``window_left``/``window_right`` are used when ``local`` (non-negative; the host clamps
     "unbounded" to seqlen_q + seqlen_k)."""
+    return block_range_rows(m_block * tile_m, (m_block + 1) * tile_m, seqlen_q, seqlen_k, tile_n, causal, local,
+                            window_left, window_right)
+
+
+def packed_rows(m_block, tile_m: int, group):
+    """Query rows ``[lo, hi)`` an M tile of packed GQA rows covers: packed row p is query row
+    ``p // group`` of head ``p % group`` of the KV group."""
+    return (m_block * tile_m) // group, ((m_block + 1) * tile_m - 1) // group + 1
+
+
+def block_range_rows(row_lo, row_hi, seqlen_q, seqlen_k, tile_n: int, causal: bool, local: bool,
+                     window_left=0, window_right=0):
+    """``block_range`` for the query rows ``[row_lo, row_hi)`` (an M tile, or the rows a tile of
+    packed GQA rows covers)."""
     off = seqlen_k - seqlen_q
     end = ceil_div(seqlen_k, tile_n)
     unmasked_end = seqlen_k // tile_n  # blocks with no key past seqlen_k
     if causal or local:
         right = window_right if local else 0
-        # Last row of the tile sees keys < (m+1)*tile_m + off + right; the first row < m*tile_m + 1 + off + right.
-        end = _min(end, ceil_div(_max((m_block + 1) * tile_m + off + right, 0), tile_n))
-        unmasked_end = _min(unmasked_end, _max(m_block * tile_m + 1 + off + right, 0) // tile_n)
+        # Last row sees keys < row_hi + off + right; the first row < row_lo + 1 + off + right.
+        end = _min(end, ceil_div(_max(row_hi + off + right, 0), tile_n))
+        unmasked_end = _min(unmasked_end, _max(row_lo + 1 + off + right, 0) // tile_n)
     start = 0
     unmasked_start = 0
     if local:
-        # First row sees keys >= m*tile_m + off - left; the last row >= (m+1)*tile_m - 1 + off - left.
-        start = _max(m_block * tile_m + off - window_left, 0) // tile_n
-        unmasked_start = ceil_div(_max((m_block + 1) * tile_m - 1 + off - window_left, 0), tile_n)
+        # First row sees keys >= row_lo + off - left; the last row >= row_hi - 1 + off - left.
+        start = _max(row_lo + off - window_left, 0) // tile_n
+        unmasked_start = ceil_div(_max(row_hi - 1 + off - window_left, 0), tile_n)
     end = _max(end, start)
     unmasked_end = _min(_max(unmasked_end, start), end)
     unmasked_start = _min(_max(unmasked_start, start), unmasked_end)

@@ -11,18 +11,34 @@ import cutlass.cute as cute
 
 
 @cute.jit
-def sequence(mX: cute.Tensor, batch, head, mCuSeqlens, mSeqUsed):
-    """(view (rows, d), length) of sequence ``batch`` for head ``head``."""
+def sequence_heads(mX: cute.Tensor, batch, mCuSeqlens, mSeqUsed):
+    """(view (rows, heads, d), length) of sequence ``batch``."""
     if cutlass.const_expr(mCuSeqlens is None):
-        view = mX[batch, None, head, None]
+        view = mX[batch, None, None, None]
         length = mX.shape[1]
     else:
         start = mCuSeqlens[batch]
-        view = cute.domain_offset((start, 0), mX[None, head, None])
+        view = cute.domain_offset((start, 0, 0), mX)
         length = mCuSeqlens[batch + 1] - start
     if cutlass.const_expr(mSeqUsed is not None):
         length = mSeqUsed[batch]
     return view, length
+
+
+@cute.jit
+def sequence(mX: cute.Tensor, batch, head, mCuSeqlens, mSeqUsed):
+    """(view (rows, d), length) of sequence ``batch`` for head ``head``."""
+    view, length = sequence_heads(mX, batch, mCuSeqlens, mSeqUsed)
+    return view[None, head, None], length
+
+
+@cute.jit
+def row_tile(view: cute.Tensor, row, head, tile_rows: cutlass.Constexpr[int], cols: cutlass.Constexpr[int]):
+    """A (tile_rows, cols) tensor whose every row is row ``row`` of head ``head`` of a
+    (rows, heads, d) view (row stride 0). Partitioned like a whole tile, its mode-1 slice at a
+    thread's copy row gives that row's addresses: how packed-GQA tiles gather rows that are not
+    evenly spaced in memory."""
+    return cute.make_tensor(view[row, head, None].iterator, cute.make_layout((tile_rows, cols), stride=(0, 1)))
 
 
 @cute.jit

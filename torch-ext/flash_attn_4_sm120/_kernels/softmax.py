@@ -67,10 +67,11 @@ class OnlineSoftmax:
                 acc_O_rc[r, None].store(acc_O_rc[r, None].load() * corr[r])
 
     @cute.jit
-    def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor, sink_log2: Float32 = None):
+    def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor, sink_log2: cute.Tensor = None):
         """Normalize O in place and write each row's natural-log LSE into ``lse`` (num_rows,).
 
-        ``sink_log2`` (a learnable sink logit times log2(e)) adds exp(sink) to every row's denominator
+        ``sink_log2`` (num_rows,): per row, a learnable sink logit times log2(e) (rows of one tile may
+        belong to different heads when GQA is packed); it adds exp(sink) to the row's denominator
         and to its LSE. Exponents are taken against max(row max, sink) so nothing overflows; a row that
         saw no key then gets O = 0 and LSE = sink."""
         for r in cutlass.range_constexpr(self.num_rows):
@@ -86,8 +87,8 @@ class OnlineSoftmax:
                 )
             else:
                 m_log2 = self.row_max[r] * self.scale_log2  # -inf when the row saw no key
-                top = cute.arch.fmax(m_log2, sink_log2)
+                top = cute.arch.fmax(m_log2, sink_log2[r])
                 keep = cute.math.exp2(m_log2 - top, fastmath=True)
-                denom = total * keep + cute.math.exp2(sink_log2 - top, fastmath=True)
+                denom = total * keep + cute.math.exp2(sink_log2[r] - top, fastmath=True)
                 acc_O_rc[r, None].store(acc_O_rc[r, None].load() * (keep * cute.arch.rcp_approx(denom)))
                 lse[r] = (top + cute.math.log2(denom, fastmath=True)) * LN2

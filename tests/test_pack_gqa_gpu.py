@@ -1,0 +1,113 @@
+"""Packed GQA on a GPU: query heads of a KV group folded into the M tile, forced on and off, against
+the fp32 reference (NaN-poisoned outputs): decode and short queries, ratios that do not divide the
+tile (7-way, 3-way), MQA, causal with seqlen_q != seqlen_k, windows, softcap, sinks, fp16, and varlen."""
+
+import pytest
+import torch
+
+from reference import attention_ref
+
+pytestmark = pytest.mark.gpu
+
+
+def _check(q, k, v, pack_gqa, causal=False, **features):
+    import flash_attn_4_sm120 as fa
+
+    b, sq, hq, _ = q.shape
+    out = torch.full((b, sq, hq, v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
+    fa.flash_attn_fwd(q, k, v, causal=causal, out=out, lse=lse, pack_gqa=pack_gqa, **features)
+    torch.cuda.synchronize()
+    ref, lse_ref = attention_ref(q, k, v, None, causal, **features)
+    pt, _ = attention_ref(q, k, v, None, causal, upcast=False, **features)
+    assert not out.isnan().any() and not lse.isnan().any(), "unwritten output rows"
+    err = (out.float() - ref.float()).abs().max().item()
+    pt_err = (pt.float() - ref.float()).abs().max().item()
+    assert err <= 2 * pt_err + 1e-5, f"max|out-ref|={err:.3e} > 2*{pt_err:.3e}"
+    neg = torch.isneginf(lse_ref)
+    assert torch.equal(torch.isneginf(lse), neg)
+    if (~neg).any():
+        assert (lse[~neg] - lse_ref[~neg]).abs().max().item() <= 1e-3
+
+
+HEADS = [(32, 8), (28, 4), (6, 2), (32, 1)]  # 4-way, 7-way, 3-way, MQA
+SHAPES = [(2, 1, 1000), (3, 5, 300), (1, 37, 37), (2, 113, 239), (1, 130, 64)]  # (b, sq, sk)
+
+
+@pytest.mark.parametrize("pack_gqa", [True, False], ids=["packed", "unpacked"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+@pytest.mark.parametrize("heads", HEADS, ids=lambda h: f"{h[0]}-{h[1]}")
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_pack_gqa_matches_reference(head_dim, heads, shape, causal, pack_gqa):
+    torch.manual_seed(hash((head_dim, heads, shape, causal)) % 2**31)
+    (b, sq, sk), (hq, hkv) = shape, heads
+    q = torch.randn(b, sq, hq, head_dim, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(b, sk, hkv, head_dim, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(b, sk, hkv, head_dim, dtype=torch.bfloat16, device="cuda")
+    _check(q, k, v, pack_gqa, causal)
+
+
+@pytest.mark.parametrize("features", [
+    pytest.param({"window_size": (50, 7)}, id="window"),
+    pytest.param({"window_size": (20, 0), "softcap": 15.0, "learnable_sink": "sink"}, id="window-softcap-sink"),
+    pytest.param({"softcap": 30.0, "causal": True}, id="causal-softcap"),
+    pytest.param({"learnable_sink": "sink", "causal": True}, id="causal-sink"),
+])
+@pytest.mark.parametrize("head_dim, dtype", [(128, torch.bfloat16), (96, torch.float16), (256, torch.bfloat16),
+                                             (192, torch.bfloat16)])
+def test_pack_gqa_with_masks_and_features(head_dim, dtype, features):
+    torch.manual_seed(head_dim)
+    features = dict(features)
+    hq, hkv = 14, 2
+    if features.get("learnable_sink") == "sink":
+        features["learnable_sink"] = torch.randn(hq, device="cuda")
+    causal = features.pop("causal", False)
+    q = torch.randn(2, 9, hq, head_dim, dtype=dtype, device="cuda")
+    k = torch.randn(2, 333, hkv, head_dim, dtype=dtype, device="cuda")
+    v = torch.randn(2, 333, hkv, head_dim, dtype=dtype, device="cuda")
+    _check(q, k, v, True, causal, **features)
+
+
+def test_pack_gqa_varlen_decode_batch():
+    """Packed GQA over packed Q/K with a zero-length and one-token sequences (serving decode)."""
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(7)
+    lens_q, lens_k = [1, 0, 3, 1], [700, 5, 0, 64]
+    hq, hkv, d = 16, 2, 128
+    cu = lambda ls: torch.tensor([0] + list(torch.tensor(ls).cumsum(0)), dtype=torch.int32, device="cuda")  # noqa: E731
+    q = torch.randn(sum(lens_q), hq, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(sum(lens_k), hkv, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(sum(lens_k), hkv, d, dtype=torch.bfloat16, device="cuda")
+    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+                                         pack_gqa=True, return_lse=True)
+    torch.cuda.synchronize()
+    for i in range(len(lens_q)):
+        qs, ks = slice(cu_q[i].item(), cu_q[i + 1].item()), slice(cu_k[i].item(), cu_k[i + 1].item())
+        if lens_q[i] == 0:
+            continue
+        ref, ref_lse = attention_ref(q[qs][None], k[ks][None], v[ks][None], causal=True)
+        pt, _ = attention_ref(q[qs][None], k[ks][None], v[ks][None], causal=True, upcast=False)
+        o = out[qs].float()
+        assert not o.isnan().any()
+        assert (o - ref[0].float()).abs().max().item() <= 2 * (pt[0].float() - ref[0].float()).abs().max().item() + 1e-5
+        neg = torch.isneginf(ref_lse[0])
+        assert torch.equal(torch.isneginf(lse[:, qs]), neg)
+
+
+def test_pack_gqa_decode_is_one_compile_for_all_batch_sizes():
+    import flash_attn_4_sm120 as fa
+    from flash_attn_4_sm120.compile_cache import default_cache
+
+    def call(b, sq, sk, hq, hkv):
+        q = torch.randn(b, sq, hq, 128, dtype=torch.bfloat16, device="cuda")
+        kv = torch.randn(b, sk, hkv, 128, dtype=torch.bfloat16, device="cuda")
+        fa.flash_attn_func(q, kv, kv)
+
+    call(1, 1, 100, 32, 8)
+    before = default_cache().stats.compiles
+    for shape in ((7, 1, 4097, 32, 8), (16, 1, 8192, 28, 4), (2, 3, 50, 32, 1), (1, 100, 900, 12, 4)):
+        call(*shape)
+    assert default_cache().stats.compiles == before
