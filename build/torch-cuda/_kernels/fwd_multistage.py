@@ -446,10 +446,17 @@ class FlashFwdMultistage:
         cute.arch.sync_threads()
 
     @cute.jit
+    def packed_row(self, ctx: SimpleNamespace, tile_row):
+        """(query row, query head) of tile row ``tile_row`` when GQA rows are packed: packed row p is
+        query row p // group of head head_kv * group + p % group."""
+        p = ctx.m_block * self.tile_m + tile_row
+        return p // ctx.group, ctx.head_kv * ctx.group + p % ctx.group
+
+    @cute.jit
     def row_head(self, ctx: SimpleNamespace, head, tile_row):
         """The query head of tile row ``tile_row`` (``head`` itself unless GQA rows are packed)."""
         if const_expr(self.spec.pack_gqa):
-            return ctx.head_kv * ctx.group + (ctx.m_block * self.tile_m + tile_row) % ctx.group
+            return self.packed_row(ctx, tile_row)[1]
         return head
 
     @cute.jit
@@ -458,12 +465,12 @@ class FlashFwdMultistage:
         rows are gathered one copy row at a time (row p: query p // group, head p % group)."""
         col_pred = column_predicate(ctx.tQcQ, self.spec.head_dim) if const_expr(self.pad_qk) else None
         if const_expr(self.spec.pack_gqa):
-            tQsQ, tile_rows, group = ctx.tQsQ, ctx.tile_rows, ctx.group
+            tQsQ, tile_rows = ctx.tQsQ, ctx.tile_rows
             for m in cutlass.range_constexpr(cute.size(tQsQ, mode=[1])):
                 p = ctx.m_block * self.tile_m + ctx.tQcQ[0, m, 0][0]
+                q_row, q_head = self.packed_row(ctx, ctx.tQcQ[0, m, 0][0])
                 # (addresses only: rows past the end are formed but not read)
-                src = ctx.thr_qk.partition_S(row_tile(ctx.mQ_h, p // group, ctx.head_kv * group + p % group,
-                                                      self.tile_m, self.head_dim))[None, m, None]
+                src = ctx.thr_qk.partition_S(row_tile(ctx.mQ_h, q_row, q_head, self.tile_m, self.head_dim))[None, m, None]
                 if p < tile_rows:
                     cute.copy(self.g2s_qk, src, tQsQ[None, m, None],
                               pred=col_pred[None, m, None] if const_expr(self.pad_qk) else None)
@@ -568,8 +575,8 @@ class FlashFwdMultistage:
         tile_rows = ctx.tile_rows
         for r in cutlass.range_constexpr(cute.size(lse)):
             p = m_block * self.tile_m + tOcO_rc[r, 0][0]
-            q_row = p // ctx.group if const_expr(pack) else p
-            gLSE = lse_row(out.mLSE, out.batch, self.row_head(ctx, out.head, tOcO_rc[r, 0][0]), out.mCuSeqlensQ)
+            q_row, q_head = self.packed_row(ctx, tOcO_rc[r, 0][0]) if const_expr(pack) else (p, out.head)
+            gLSE = lse_row(out.mLSE, out.batch, q_head, out.mCuSeqlensQ)
             if lse_col0 and p < tile_rows:
                 gLSE[q_row] = lse[r]
 
@@ -582,11 +589,10 @@ class FlashFwdMultistage:
         t0OcO = self.s2g_o.get_slice(0).partition_S(cO)
         tOp = column_predicate(tOcO, self.spec.head_dim_v) if const_expr(self.pad_v) else None
         if const_expr(pack):
-            tile_rows, group, head_kv = ctx.tile_rows, ctx.group, ctx.head_kv
             for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
                 p = m_block * self.tile_m + tOcO[0, m, 0][0]
-                dst = thr_s2g.partition_D(row_tile(mO_h, p // group, head_kv * group + p % group,
-                                                   self.tile_m, self.head_dim_v))[None, m, None]
+                q_row, q_head = self.packed_row(ctx, tOcO[0, m, 0][0])
+                dst = thr_s2g.partition_D(row_tile(mO_h, q_row, q_head, self.tile_m, self.head_dim_v))[None, m, None]
                 if p < tile_rows:
                     cute.copy(self.s2g_o, tOrO[None, m, None], dst,
                               pred=tOp[None, m, None] if const_expr(self.pad_v) else None)
