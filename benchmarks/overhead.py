@@ -1,56 +1,98 @@
-"""Per-call host overhead of the forward at a tiny shape (GPU work ~microseconds), by layer.
+"""Per-call host overhead of the forward, by layer (a script, not a test): host microseconds per call
+of back-to-back launches at a decode shape (GPU work ~50-100 us, queued, never waited on inside
+the loop), unsplit and split-KV, and a cProfile of the split path.
 
-    python benchmarks/overhead.py
+    python benchmarks/overhead.py [--out overhead.json]
 """
 
-import math
+import argparse
+import cProfile
+import dataclasses
+import io
+import json
+import pstats
 import sys
 import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 import flash_attn_4_sm120 as fa  # noqa: E402
 from flash_attn_4_sm120 import interface  # noqa: E402
-from flash_attn_4_sm120.compiler import get_fwd_kernel  # noqa: E402
+from flash_attn_4_sm120.compiler import get_combine_kernel, get_fwd_kernel  # noqa: E402
 from flash_attn_4_sm120.config import select_fwd_config  # noqa: E402
-from flash_attn_4_sm120.problem import validate_fwd  # noqa: E402
+from flash_attn_4_sm120.problem import CombineSpec, validate_fwd  # noqa: E402
 
 
-def host_us(fn, n=300):
+def host_us(fn, n=200):
     fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
     for _ in range(n):
         fn()
+    elapsed = time.perf_counter() - t
     torch.cuda.synchronize()
-    return (time.perf_counter() - t) / n * 1e6
+    return elapsed / n * 1e6
 
 
-q = torch.randn(1, 128, 2, 64, dtype=torch.bfloat16, device="cuda")
-o = torch.empty_like(q)
-lse = torch.empty(1, 2, 128, dtype=torch.float32, device="cuda")
-spec, shape, scale = validate_fwd(q, q, q, None, True)
-model = fa.dispatch_model(q.device)
-kern = get_fwd_kernel(spec, select_fwd_config(spec, model), model, model.compile_target)
-rows = {
-    "compiled kernel call (tvm-ffi)": lambda: kern(q, q, q, o, lse, scale / math.log(2.0)),
-    "validate_fwd": lambda: validate_fwd(q, q, q, None, True),
-    "flash_attn_fwd(out=, lse=)": lambda: fa.flash_attn_fwd(q, q, q, causal=True, out=o, lse=lse),
-    "flash_attn_func": lambda: fa.flash_attn_func(q, q, q, causal=True),
-    "custom op": lambda: interface._fwd_op(q, q, q, scale, True),
-    "torch SDPA": lambda: F.scaled_dot_product_attention(q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2), is_causal=True),
-    "torch.empty x2": lambda: (torch.empty_like(q), torch.empty_like(lse)),
-}
-for name, fn in rows.items():
-    print(f"{name:34s} {host_us(fn):8.1f} us/call")
-import cProfile, pstats  # noqa: E402
-pr = cProfile.Profile()
-pr.enable()
-for _ in range(200):
-    fa.flash_attn_func(q, q, q, causal=True)
-torch.cuda.synchronize()
-pr.disable()
-pstats.Stats(pr).sort_stats("tottime").print_stats(12)
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out")
+    args = p.parse_args()
+    b, sk, hq, hkv, d, splits = 4, 2048, 32, 8, 128, 4
+    q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+    o = torch.empty_like(q)
+    lse = torch.empty(b, hq, 1, dtype=torch.float32, device="cuda")
+    spec, shape, prm = validate_fwd(q, k, k, None, False)
+    spec = interface._with_packing(spec, shape, None)
+    model = fa.dispatch_model(q.device)
+    cfg = select_fwd_config(spec, model)
+    kern = get_fwd_kernel(spec, cfg, model, model.compile_target)
+    split_kern = get_fwd_kernel(dataclasses.replace(spec, split_kv=True), cfg, model, model.compile_target)
+    comb = get_combine_kernel(CombineSpec.of(spec, False), model, model.compile_target)
+    o_part = torch.empty((splits, *o.shape), dtype=torch.float32, device="cuda")
+    lse_part = torch.empty((splits, *lse.shape), dtype=torch.float32, device="cuda")
+    scalars = (prm.scale_log2, prm.softcap_scale, prm.window_left, prm.window_right)
+    rows = {
+        "kernel call (tvm-ffi), unsplit": lambda: kern(q, k, k, o, lse, *scalars, None, None, None, None, None, 1, 1),
+        "kernel call, split": lambda: split_kern(q, k, k, o_part, lse_part, *scalars, None, None, None, None, None,
+                                                 1, splits),
+        "combine call": lambda: comb(o_part, lse_part, o, lse, None, None, None, 1),
+        "validate_fwd": lambda: validate_fwd(q, k, k, None, False),
+        "torch.empty x2": lambda: (torch.empty_like(o), torch.empty_like(lse)),
+        "flash_attn_fwd(out=, lse=), unsplit": lambda: fa.flash_attn_fwd(q, k, k, out=o, lse=lse, num_splits=1),
+        "flash_attn_fwd(out=, lse=), split": lambda: fa.flash_attn_fwd(q, k, k, out=o, lse=lse, num_splits=splits),
+        "flash_attn_func, unsplit": lambda: fa.flash_attn_func(q, k, k, num_splits=1),
+        "flash_attn_func, split": lambda: fa.flash_attn_func(q, k, k, num_splits=splits),
+    }
+    qt, kt = q.transpose(1, 2), k.transpose(1, 2)
+
+    def sdpa():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, kt, enable_gqa=True)
+
+    rows["torch SDPA flash"] = sdpa
+    result = {}
+    for name, fn in rows.items():
+        result[name] = host_us(fn)
+        print(f"{name:40s} {result[name]:8.1f} us/call", flush=True)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(200):
+        fa.flash_attn_func(q, k, k, num_splits=splits)
+    pr.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(18)
+    print(text.getvalue())
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "host_us": result,
+                                              "profile": text.getvalue()}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

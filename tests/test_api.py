@@ -50,7 +50,6 @@ def test_any_head_dim_in_the_envelope_passes_validation(head_dim, head_dim_v):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        pytest.param({"num_splits": 4}, id="split-kv"),
         pytest.param({"deterministic": True}, id="deterministic"),
         pytest.param({"score_mod": lambda s, *a: s}, id="score-mod"),
     ],
@@ -159,3 +158,19 @@ def test_pack_gqa_rejects_non_bool():
     q = _t(1, 8, 4, 64)
     with pytest.raises(TypeError, match="pack_gqa"):
         fa.flash_attn_func(q, q, q, pack_gqa="yes")
+
+
+@pytest.mark.parametrize("num_splits", [None, 0, 1, 4, 1000])
+def test_num_splits_is_accepted(num_splits):
+    q = _t(1, 8, 4, 64)
+    with pytest.raises(ValueError, match="CUDA tensors"):  # validation passed; only the device is wrong
+        fa.flash_attn_func(q, q, q, num_splits=num_splits)
+
+
+@pytest.mark.parametrize("num_splits", [-1, 2.0, True, "4"])
+def test_num_splits_rejects_bad_values(num_splits):
+    q = _t(1, 8, 4, 64)
+    with pytest.raises(TypeError, match="num_splits"):
+        fa.flash_attn_func(q, q, q, num_splits=num_splits)
+    with pytest.raises(TypeError, match="num_splits"):
+        fa.flash_attn_fwd(q, q, q, num_splits=num_splits)

@@ -79,3 +79,22 @@ def test_packed_rows_cover_exactly_the_visible_blocks(group, seqlen_q, seqlen_k,
         assert needed <= set(range(start, end))
         for n in range(u_start, u_end):  # unmasked blocks: every row sees every key
             assert all(visible(i, j) for i in rows for j in range(n * tile_n, (n + 1) * tile_n))
+
+
+@pytest.mark.parametrize("num_splits", [1, 2, 3, 7, 64])
+@pytest.mark.parametrize("ranges", [(0, 0, 0, 0), (0, 0, 127, 128), (3, 5, 9, 10), (0, 2, 2, 5), (4, 4, 4, 4)])
+def test_split_ranges_visit_every_block_once_with_its_mask(ranges, num_splits):
+    """Splits partition [start, end) into contiguous pieces, in order, and a block is masked in its
+    split exactly when it is masked unsplit."""
+    from flash_attn_4_sm120._kernels.block_info import split_range
+
+    start, u_start, u_end, end = ranges
+    masked = {n: not (u_start <= n < u_end) for n in range(start, end)}
+    seen = []
+    for s in range(num_splits):
+        lo, us, ue, hi = split_range(ranges, s, num_splits)
+        assert lo <= us <= ue <= hi
+        seen += list(range(lo, hi))
+        for n in range(lo, hi):
+            assert masked[n] == (not (us <= n < ue))
+    assert seen == list(range(start, end))

@@ -15,8 +15,10 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     masks = len(config.MASKS)
     # dtypes x masks x representative head dims, plus 3 softcap/sink combos x masks per class (bf16),
     # 3 varlen layouts x masks per class, and per class packed GQA: 2 x masks (plain, softcap + sink),
-    # fp16 causal and causal over packed Q/K
-    assert len(pairs) == 2 * masks * dims + 3 * masks * classes + 3 * masks * classes + (2 * masks + 2) * classes
+    # fp16 causal and causal over packed Q/K; split-KV: 2 x masks (unpacked, packed GQA), fp16 packed
+    # causal and packed causal over packed Q/K
+    assert len(pairs) == (2 * masks * dims + 3 * masks * classes + 3 * masks * classes + (2 * masks + 2) * classes
+                          + (2 * masks + 2) * classes)
     assert {(s.local, s.causal, s.softcap, s.has_sink) for s, _ in pairs} >= {
         (True, False, True, True), (False, True, False, False), (False, False, True, False)}
     for spec, cfg in pairs:
@@ -134,3 +136,26 @@ def test_packed_specs_take_the_packgqa_entry():
     packed = [s for s, _ in config.dispatchable_fwd(SM120) if s.pack_gqa]
     assert {s.causal for s in packed} == {True, False} and any(s.local for s in packed)
     assert any(s.varlen_q and s.seqused_k for s in packed) and any(s.has_sink and s.softcap for s in packed)
+
+
+def test_split_spec_with_a_sink_is_refused_by_the_predicate():
+    spec = FwdSpec("bf16", 128, 128, causal=False, has_sink=True, split_kv=True)
+    problems = config.fwd_config_problems(spec, config.FwdConfig(64, 64), SM120)
+    assert any("sink enters once" in p for p in problems)
+
+
+@pytest.mark.parametrize("requested, ctas, blocks, sms, batch, want", [
+    (1, 8, 128, 132, 1, 1),          # 1 never splits
+    (None, 128, 128, 132, 16, 2),    # decode 16 x 8 KV heads: to 2 CTAs per SM
+    (0, 128, 128, 132, 16, 2),       # 0 is automatic too
+    (None, 256, 128, 132, 16, 1),    # decode 16 x 16 heads: nearly 2 per SM already
+    (None, 32, 128, 132, 4, 8),      # decode 4 x 8 KV heads
+    (None, 4096, 64, 132, 4, 1),     # prefill fills the GPU: no split
+    (None, 8, 6, 132, 1, 1),         # too few key blocks for 4 per split
+    (None, 8, 40, 132, 1, 10),       # ... at most blocks // 4 splits
+    (None, 1, 4096, 132, 1, 128),    # at most MAX_SPLITS
+    (500, 8, 7, 132, 1, 7),          # an explicit count is clamped to the key blocks
+    (200, 8, 4096, 132, 1000, 65),   # ... and to the grid's z extent (batch * splits <= 65535)
+])
+def test_num_splits_choice(requested, ctas, blocks, sms, batch, want):
+    assert config.num_splits_for(requested, ctas, blocks, sms, batch) == want

@@ -41,7 +41,8 @@ IMPLICIT = {c["id"] for c in DATA["conditions"] if c["implicit"]}
 #: What is implemented today. Change it in the same commit that flips a status in manifest.json.
 IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", "conformance_gate",
                      "sliding_window", "softcap", "learnable_sink", "varlen",
-                     "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward", "pack_gqa"}
+                     "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward", "pack_gqa",
+                     "split_kv"}
 
 
 def _involved(conflict: dict) -> list[str]:
@@ -397,8 +398,9 @@ LOG_MUTATIONS = {
                            "logged as supported"),
     "section-missing": (lambda t: t.replace("### `fp8+softcap`", "### fp8 and softcap"), "fp8+softcap is missing"),
     "stale-section": (lambda t: t + "\n### `old+thing`: gone\n\n- Resolution: **refused**\n", "old+thing is not"),
-    "message-edited": (lambda t: t.replace("use num_splits=1, which returns", "use one split, which returns"),
-                       "split_kv+return_lse message differs"),
+    "message-edited": (lambda t: t.replace("gather the pages into contiguous K/V (split-KV then applies), or",
+                                           "gather the pages, or"),
+                       "paged_kv+split_kv message differs"),
 }
 
 

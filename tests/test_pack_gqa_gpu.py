@@ -107,6 +107,7 @@ def test_pack_gqa_decode_is_one_compile_for_all_batch_sizes():
         fa.flash_attn_func(q, kv, kv)
 
     call(1, 1, 100, 32, 8)
+    call(1, 1, 4096, 32, 8)  # the split-KV variant (a small decode grid over many keys) + the combine
     before = default_cache().stats.compiles
     for shape in ((7, 1, 4097, 32, 8), (16, 1, 8192, 28, 4), (2, 3, 50, 32, 1), (1, 100, 900, 12, 4)):
         call(*shape)

@@ -20,7 +20,8 @@ Rules (the SM120 execution model, ``flash_attn_4_sm120.execution_model``):
   * no spills: ptxas reports 0 bytes of spill stores and spill loads for every kernel, and the shipped
     SASS has no local-memory instructions (``LDL``/``STL``);
   * shared memory per CTA (dynamic + static) <= the model's ``smem_per_cta`` (101376 B on SM120);
-  * warp-level ``mma.sync`` is present (``HMMA``; FP8/FP4 forms are ``QMMA``/``OMMA``);
+  * warp-level ``mma.sync`` is present (``HMMA``; FP8/FP4 forms are ``QMMA``/``OMMA``), unless the
+    case's ``describe()`` says ``uses_mma: False`` (the split-KV combine only adds fp32 partials);
   * nothing from sm_90a/sm_100a: ``HGMMA``/``IGMMA``/``QGMMA``/``BGMMA`` and ``WARPGROUP`` (wgmma),
     ``UTC*`` (tcgen05: UTCHMMA, UTCQMMA, UTCBAR, UTCCP, ...), ``LDTM``/``STTM`` (TMEM), TMA multicast;
     in the PTX: ``wgmma.*``, ``tcgen05.*``, ``.multicast::cluster``, ``.cta_group::2``.
@@ -562,7 +563,7 @@ def analyze(case_name: str, config: dict, target: str, *, ptx: str, sass: str, p
     elif rep.smem_bytes > smem_limit:
         v.append(f"shared memory {rep.smem_bytes} B per CTA (dynamic {smem_dynamic} + static {rep.smem_static}) "
                  f"> {smem_limit} B")
-    if not any(f in rep.families for f in MMA_SYNC_FAMILIES):
+    if config.get("uses_mma", True) and not any(f in rep.families for f in MMA_SYNC_FAMILIES):
         v.append("no HMMA (warp-level mma.sync) in the SASS")
     for what, found in forbidden_sass(ops).items():
         v.append(f"forbidden SASS, {what}: " + ", ".join(f"{op} x{n}" for op, n in found.most_common(4)))

@@ -109,6 +109,9 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
             out.append(f"mainloop={cfg.mainloop} needs TMA, which the {model.name} model lacks (use cp_async)")
         if spec.varlen_k or spec.seqused_k:
             out.append(f"mainloop={cfg.mainloop} needs dense K/V: varlen / seqused K run the cp_async mainloop")
+    if spec.split_kv and spec.has_sink:
+        out.append("split-KV forward with a learnable sink: the sink enters once, in the combine kernel "
+                   "(build the split spec without it)")
     if cfg.num_stages not in (2, 3):
         out.append(f"num_stages={cfg.num_stages} (2 or 3 supported)")
     if cfg.tile_n % 16:
@@ -149,6 +152,35 @@ def use_pack_gqa(requested, num_heads: int, num_heads_kv: int, seqlen_q: int) ->
     if requested is None:
         return seqlen_q < PACK_GQA_MAX_SEQLEN_Q
     return bool(requested)
+
+
+#: Most KV splits a call uses (the automatic choice, and the cap on an explicit num_splits).
+MAX_SPLITS = 128
+#: Fewest key blocks one split gets from the automatic choice: each split pays a prologue (Q load,
+#: pipeline fill) and writes an fp32 partial row that the combine reads back.
+MIN_BLOCKS_PER_SPLIT = 4
+#: The automatic choice splits until the grid has this many CTAs per SM: with one CTA per SM a
+#: split-free decode grid streams K/V from one 4-warp CTA per SM, too little in flight to reach
+#: the memory bandwidth (measured on the device, see notes/perf.md).
+SPLIT_TARGET_CTAS_PER_SM = 2
+
+
+def num_splits_for(requested, num_ctas: int, num_n_blocks: int, num_sms: int, batch: int) -> int:
+    """Key-range splits for a call: ``requested`` (the caller's num_splits; None or 0 = automatic),
+    clamped to the key blocks of the longest tile (a split must have a block to visit), to
+    ``MAX_SPLITS`` and to the grid's z extent (batch * splits <= 65535).
+
+    Automatic: the split count that brings the grid (``num_ctas`` unsplit) nearest to
+    ``SPLIT_TARGET_CTAS_PER_SM`` CTAs per SM (rounded: a grid already at 1.5 CTAs per SM or more
+    stays whole), each split keeping at least ``MIN_BLOCKS_PER_SPLIT`` key blocks (decode: one query
+    tile per KV head and sequence over thousands of keys)."""
+    cap = max(1, min(MAX_SPLITS, num_n_blocks, 65535 // max(batch, 1)))
+    if requested is not None and requested > 0:
+        return min(int(requested), cap)
+    if num_ctas <= 0:
+        return 1
+    want = (2 * SPLIT_TARGET_CTAS_PER_SM * num_sms + num_ctas) // (2 * num_ctas)  # round(target / num_ctas)
+    return max(1, min(want, cap, num_n_blocks // MIN_BLOCKS_PER_SPLIT))
 
 
 def is_valid(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) -> bool:
@@ -249,7 +281,8 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
     mask x dtype) at its representative head dims, and at each class's largest head dim every
     softcap / sink combination (they add code to the same mainloop). Any other head dim of a class
     runs the same config with a subset of these code paths (exact or padded columns). Varlen layouts
-    (packed Q and/or K, seqused) and packed GQA are compiled at each class's largest head dim."""
+    (packed Q and/or K, seqused), packed GQA and split-KV are compiled at each class's largest head
+    dim."""
     specs = []
     for dtype in ("bf16", "fp16"):
         for dims in REPRESENTATIVE_HEAD_DIMS.values():
@@ -267,6 +300,13 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
         specs.append(replace(_spec("fp16", d, dv, "causal"), pack_gqa=True))
         specs.append(replace(_spec("bf16", d, dv, "causal"), varlen_q=True, varlen_k=True, seqused_q=True,
                              seqused_k=True, pack_gqa=True))
+        # split-KV (fp32 partial epilogue): every mask, packed GQA (decode), softcap, fp16, varlen
+        for mask in MASKS:
+            specs.append(replace(_spec("bf16", d, dv, mask, softcap=mask == "local"), split_kv=True))
+            specs.append(replace(_spec("bf16", d, dv, mask), split_kv=True, pack_gqa=True))
+        specs.append(replace(_spec("fp16", d, dv, "causal"), split_kv=True, pack_gqa=True))
+        specs.append(replace(_spec("bf16", d, dv, "causal"), varlen_q=True, varlen_k=True, seqused_q=True,
+                             seqused_k=True, pack_gqa=True, split_kv=True))
         for mask in MASKS:
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True))
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_k=True, seqused_k=True))

@@ -18,7 +18,7 @@ import torch
 
 from . import manifest
 from ._ops import add_op_namespace_prefix
-from .config import select_fwd_config, use_pack_gqa
+from .config import num_splits_for, select_fwd_config, use_pack_gqa
 from .execution_model import (
     COMPILE_TARGET_ENV,
     DISPATCH_ENV,
@@ -26,7 +26,7 @@ from .execution_model import (
     resolve_compile_target,
     resolve_dispatch_model,
 )
-from .problem import validate_fwd, validate_varlen
+from .problem import CombineSpec, validate_fwd, validate_varlen
 
 @functools.lru_cache(maxsize=None)
 def _model_and_target(device_index: Optional[int], dispatch_override: Optional[str],
@@ -34,6 +34,11 @@ def _model_and_target(device_index: Optional[int], dispatch_override: Optional[s
     cap = torch.cuda.get_device_capability(device_index) if torch.cuda.is_available() else None
     model = resolve_dispatch_model(cap, dispatch_override)
     return model, resolve_compile_target(model, target_override)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: Optional[int]) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
 def dispatch_model(device: torch.device) -> ExecutionModel:
@@ -53,10 +58,31 @@ def flash_attn_fwd(
     out: Optional[torch.Tensor] = None,
     lse: Optional[torch.Tensor] = None,
     pack_gqa: Optional[bool] = None,
+    num_splits: Optional[int] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Low-level forward without autograd: writes into ``out``/``lse`` when given, returns both."""
+    """Low-level forward without autograd: writes into ``out``/``lse`` when given, returns both.
+    ``num_splits``: KV splits (None or 0 automatic, 1 off)."""
+    _check_num_splits(num_splits)
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
-    return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, out, lse)
+    return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, out, lse,
+                       num_splits=num_splits)
+
+
+def _check_num_splits(num_splits) -> None:
+    if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0):
+        raise TypeError(f"num_splits must be None or 0 (automatic), 1 (no split) or a positive split count, "
+                        f"got {num_splits!r}")
+
+
+def _splits(requested, spec, shape, cfg, device) -> int:
+    """KV splits for this call (``config.num_splits_for``), from the grid the unsplit launch would have."""
+    if requested == 1:
+        return 1
+    group = shape.num_heads // shape.num_heads_kv
+    rows = shape.seqlen_q * group if spec.pack_gqa else shape.seqlen_q
+    heads = shape.num_heads_kv if spec.pack_gqa else shape.num_heads
+    num_ctas = -(-rows // cfg.tile_m) * heads * shape.batch
+    return num_splits_for(requested, num_ctas, -(-shape.seqlen_k // cfg.tile_n), _num_sms(device.index), shape.batch)
 
 
 def _with_packing(spec, shape, pack_gqa: Optional[bool]):
@@ -67,11 +93,12 @@ def _with_packing(spec, shape, pack_gqa: Optional[bool]):
     return spec
 
 
-def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, config=None):
+def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, config=None, num_splits=None):
     """Allocate (or check) outputs and launch; inputs are already validated. ``varlen`` is
     (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) for packed/varlen calls. ``config`` overrides
-    the table's choice (tests and tuning only)."""
-    from .compiler import get_fwd_kernel
+    the table's choice (tests and tuning only). ``num_splits`` > 1 (or automatic, see ``_splits``)
+    runs the split-KV forward into fp32 workspaces and the combine kernel into out/lse."""
+    from .compiler import get_combine_kernel, get_fwd_kernel
 
     model, target = _model_and_target(q.device.index, os.environ.get(DISPATCH_ENV),
                                       os.environ.get(COMPILE_TARGET_ENV))
@@ -94,15 +121,31 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
             sink = params.sink[:, None] if spec.varlen_q else params.sink[None, :, None]
             return out, lse.copy_(sink.expand(lse_shape))
         return out, lse.fill_(-math.inf)
-    kernel = get_fwd_kernel(spec, config or select_fwd_config(spec, model), model, target)
+    cfg = config or select_fwd_config(spec, model)
+    splits = _splits(num_splits, spec, shape, cfg, q.device)
     cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
-    args = (q, k, v, out, lse, params.scale_log2, params.softcap_scale, params.window_left, params.window_right,
-            params.sink, cu_q, cu_k, used_q, used_k, shape.seqlen_q)
+    scalars = (params.scale_log2, params.softcap_scale, params.window_left, params.window_right)
+    if splits == 1:
+        launches = [(get_fwd_kernel(spec, cfg, model, target),
+                     (q, k, v, out, lse, *scalars, params.sink, cu_q, cu_k, used_q, used_k, shape.seqlen_q, 1))]
+    else:
+        # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
+        o_part = torch.empty((splits, *out_shape), dtype=torch.float32, device=q.device)
+        lse_part = torch.empty((splits, *lse_shape), dtype=torch.float32, device=q.device)
+        split_spec = dataclasses.replace(spec, split_kv=True, has_sink=False)  # the sink enters in the combine
+        launches = [
+            (get_fwd_kernel(split_spec, cfg, model, target),
+             (q, k, v, o_part, lse_part, *scalars, None, cu_q, cu_k, used_q, used_k, shape.seqlen_q, splits)),
+            (get_combine_kernel(CombineSpec.of(spec, params.sink is not None), model, target),
+             (o_part, lse_part, out, lse, params.sink, cu_q, used_q, shape.seqlen_q)),
+        ]
     if q.device.index == torch.cuda.current_device():
-        kernel(*args)
+        for kernel, args in launches:
+            kernel(*args)
     else:
         with torch.cuda.device(q.device):
-            kernel(*args)
+            for kernel, args in launches:
+                kernel(*args)
     return out, lse
 
 
@@ -116,11 +159,12 @@ def _check_output(name, t, shape, dtype, device) -> None:
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
               window_left: int, window_right: int, softcap: float,
-              learnable_sink: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return flash_attn_fwd(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, learnable_sink)
+              learnable_sink: Optional[torch.Tensor], num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return flash_attn_fwd(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, learnable_sink,
+                          num_splits=num_splits)
 
 
-def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits):
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse
@@ -136,8 +180,8 @@ class _FlashAttnFunc(torch.autograd.Function):
     dispatch costs hundreds (measured ~600 us per call on CPU, 2026-11-22)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, shape, params, varlen=None):
-        return _launch_fwd(q, k, v, spec, shape, params, varlen=varlen)
+    def forward(ctx, q, k, v, spec, shape, params, varlen=None, num_splits=None):
+        return _launch_fwd(q, k, v, spec, shape, params, varlen=varlen, num_splits=num_splits)
 
     @staticmethod
     def backward(ctx, dout, dlse):
@@ -164,6 +208,7 @@ def _refuse_unimplemented(num_splits, deterministic, score_mod, mask_mod, extra)
     """Raise the manifest's message for each requested feature this version does not implement."""
     if extra:
         raise TypeError(f"flash_attn_func got unexpected arguments: {sorted(extra)}")
+    _check_num_splits(num_splits)
     requested = []
     if num_splits not in (None, 1, 0):
         requested.append("split_kv")
@@ -184,7 +229,7 @@ def flash_attn_func(
     window_size: tuple = (None, None),
     learnable_sink: Optional[torch.Tensor] = None,
     softcap: float = 0.0,
-    num_splits: int = 1,
+    num_splits: Optional[int] = None,
     pack_gqa: Optional[bool] = None,
     deterministic: bool = False,
     score_mod=None,
@@ -201,7 +246,10 @@ def flash_attn_func(
     unbounded) restricts query i to keys [i + off - left, i + off + right] (off = seqlen_k - seqlen_q;
     with ``causal`` right is 0); key blocks outside the window are skipped. ``softcap > 0`` caps the
     logits as softcap * tanh(logit / softcap). ``learnable_sink`` (num_heads,) adds exp(sink_h) to
-    every row's softmax denominator (gpt-oss) and to the LSE.
+    every row's softmax denominator (gpt-oss) and to the LSE. ``num_splits``: split each query
+    tile's key range over this many CTAs and merge the fp32 partials in a combine kernel (flash
+    decoding); None or 0 chooses automatically (splits only grids too small to fill the GPU, e.g.
+    decode), 1 never splits.
     """
     _refuse_unimplemented(num_splits, deterministic, score_mod, mask_mod, kwargs)
     if pack_gqa not in (None, True, False):
@@ -211,16 +259,17 @@ def flash_attn_func(
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
         scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
         left, right = ((-1 if x is None else x) for x in (window_size or (None, None)))
-        out, lse = _fwd_op(q, k, v, float(scale), bool(causal), left, right, float(softcap or 0.0), learnable_sink)
+        out, lse = _fwd_op(q, k, v, float(scale), bool(causal), left, right, float(softcap or 0.0), learnable_sink,
+                           num_splits or 0)
         needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
         return out, (lse if (return_lse or needs_grad) else None)
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
     spec = _with_packing(spec, shape, pack_gqa)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:
-        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params)
+        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, None, num_splits)
     else:
-        out, lse = _launch_fwd(q, k, v, spec, shape, params)
+        out, lse = _launch_fwd(q, k, v, spec, shape, params, num_splits=num_splits)
     return out, (lse if (return_lse or needs_grad) else None)
 
 
@@ -240,7 +289,7 @@ def flash_attn_varlen_func(
     window_size: tuple = (None, None),
     learnable_sink: Optional[torch.Tensor] = None,
     softcap: float = 0.0,
-    num_splits: int = 1,
+    num_splits: Optional[int] = None,
     pack_gqa: Optional[bool] = None,
     deterministic: bool = False,
     score_mod=None,
@@ -270,9 +319,9 @@ def flash_attn_varlen_func(
     varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     if needs_grad:
-        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, varlen)
+        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, varlen, num_splits)
     else:
-        out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen)
+        out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen, num_splits=num_splits)
     return out, (lse if (return_lse or needs_grad) else None)
 
 

@@ -37,6 +37,27 @@ class FwdSpec:
     #: GQA packing: the query heads of a KV group share one M tile (row p = query p // group, head
     #: p % group); chosen per call by ``config.use_pack_gqa`` (short queries) or the caller
     pack_gqa: bool = False
+    #: split-KV: the grid also splits each tile's key blocks into ``num_splits`` ranges (a runtime
+    #: value); every split writes fp32 partial O and LSE, merged by the combine kernel
+    #: (``CombineSpec``), which also adds the learnable sink: a split spec never has one
+    split_kv: bool = False
+
+
+@dataclass(frozen=True)
+class CombineSpec:
+    """What changes the code of the split-KV combine kernel: the output dtype and head dim, the Q
+    layout (dense or packed with cu_seqlens_q, seqused_q) and the sink. The split count is runtime."""
+
+    dtype: str
+    head_dim_v: int
+    varlen_q: bool = False
+    seqused_q: bool = False
+    has_sink: bool = False
+
+    @staticmethod
+    def of(spec: FwdSpec, has_sink: bool) -> "CombineSpec":
+        return CombineSpec(dtype=spec.dtype, head_dim_v=spec.head_dim_v, varlen_q=spec.varlen_q,
+                           seqused_q=spec.seqused_q, has_sink=has_sink)
 
 
 @dataclass(frozen=True)

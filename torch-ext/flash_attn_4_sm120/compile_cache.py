@@ -278,6 +278,10 @@ class CompileCache:
         where = self._entry_dir if self._disk_resolved else self._disk_dir_arg
         return f"CompileCache({self.namespace!r}, disk={where}, entries_in_memory={len(self._memory)})"
 
+    def keys(self) -> list:
+        """The keys held in memory (what this process has loaded or compiled)."""
+        return list(self._memory)
+
     def get(self, key: tuple, compile_fn: Callable[[], Any]) -> Callable:
         """The compiled function for ``key``; ``compile_fn()`` runs only when neither memory nor disk has it."""
         fn = self._memory.get(key)

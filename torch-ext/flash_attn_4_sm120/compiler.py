@@ -16,7 +16,7 @@ from typing import Optional
 
 from .config import FwdConfig, candidate_fwd_configs, dispatchable_fwd, fwd_smem_bytes
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
-from .problem import FwdSpec
+from .problem import CombineSpec, FwdSpec
 
 _TVM_FFI = "--enable-tvm-ffi"
 _KEEP_ARTIFACTS = "--keep-ptx --keep-cubin --keep-sass"
@@ -31,11 +31,12 @@ def _fake_fwd_args(spec: FwdSpec):
     vec = 128 // dtype.width  # elements per 16-byte vector: row strides are multiples of it
     batch, seqlen_q, seqlen_k, heads_q, heads_kv, total_q, total_k = (cute.sym_int() for _ in range(7))
 
-    def rows(packed, seqlen, total, heads, d):
-        """(batch, seqlen, heads, d) dense or (total, heads, d) packed, unit last stride."""
-        shape = (total, heads, d) if packed else (batch, seqlen, heads, d)
-        stride = tuple(cute.sym_int64(divisibility=vec) for _ in shape[:-1]) + (1,)
-        return cute.runtime.make_fake_tensor(dtype, shape, stride=stride, assumed_align=16)
+    def rows(packed, seqlen, total, heads, d, elem=dtype, splits=()):
+        """(batch, seqlen, heads, d) dense or (total, heads, d) packed, unit last stride; ``splits``
+        prepends the split-KV dimension of a partial-output workspace."""
+        shape = splits + ((total, heads, d) if packed else (batch, seqlen, heads, d))
+        stride = tuple(cute.sym_int64(divisibility=128 // elem.width) for _ in shape[:-1]) + (1,)
+        return cute.runtime.make_fake_tensor(elem, shape, stride=stride, assumed_align=16)
 
     def int_vector(n):
         return cute.runtime.make_fake_tensor(cutlass.Int32, (n,), stride=(1,), assumed_align=4)
@@ -43,8 +44,11 @@ def _fake_fwd_args(spec: FwdSpec):
     q = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim)
     k = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim)
     v = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim_v)
-    o = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim_v)
-    lse_shape = (heads_q, total_q) if spec.varlen_q else (batch, heads_q, seqlen_q)
+    # split-KV: fp32 partial O and LSE with a leading (num_splits,) dimension
+    splits = (cute.sym_int(),) if spec.split_kv else ()
+    o = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim_v,
+             cutlass.Float32 if spec.split_kv else dtype, splits)
+    lse_shape = splits + ((heads_q, total_q) if spec.varlen_q else (batch, heads_q, seqlen_q))
     lse = cute.runtime.make_fake_tensor(cutlass.Float32, lse_shape,
                                         stride=tuple(cute.sym_int64() for _ in lse_shape[:-1]) + (1,), assumed_align=4)
     sink = (cute.runtime.make_fake_tensor(cutlass.Float32, (heads_q,), stride=(1,), assumed_align=4)
@@ -54,9 +58,10 @@ def _fake_fwd_args(spec: FwdSpec):
     cu_k = int_vector(batch_p1) if spec.varlen_k else None
     used_q = int_vector(cute.sym_int()) if spec.seqused_q else None
     used_k = int_vector(cute.sym_int()) if spec.seqused_k else None
-    # scale_log2, softcap_scale, window_left, window_right are runtime scalars; so is max_seqlen_q.
+    # scale_log2, softcap_scale, window_left, window_right are runtime scalars; so are max_seqlen_q
+    # and num_splits.
     scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0))
-    return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, cutlass.Int32(0),
+    return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, cutlass.Int32(0), cutlass.Int32(1),
             cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
@@ -74,8 +79,9 @@ def fwd_kernel_class(config: FwdConfig):
 def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target: str, extra_options: str = ""):
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
     ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink, cu_seqlens_q,
-    cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q)`` taking torch tensors (TVM FFI, current stream);
-    the optional tensors are None unless the spec's matching flag is set."""
+    cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, num_splits)`` taking torch tensors (TVM FFI,
+    current stream); the optional tensors are None unless the spec's matching flag is set. With
+    ``spec.split_kv`` out/lse are the fp32 (num_splits, ...) partial workspaces."""
     import cutlass.cute as cute
 
     cls = fwd_kernel_class(config)
@@ -95,6 +101,57 @@ def get_fwd_kernel(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, targ
         ("fwd", spec, config, model, target),
         lambda: compile_fwd(spec, config, model, target),
     )
+
+
+def _fake_combine_args(spec: CombineSpec):
+    """Fake tensors for the combine kernel: fp32 partials (num_splits, *O) / (num_splits, *LSE), O and
+    LSE in the forward's layouts, symbolic sizes."""
+    import cutlass
+    import cutlass.cute as cute
+
+    dtype = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}[spec.dtype]
+    splits, batch, seqlen, heads, total = (cute.sym_int() for _ in range(5))
+    rows = (total, heads, spec.head_dim_v) if spec.varlen_q else (batch, seqlen, heads, spec.head_dim_v)
+    lse_shape = (heads, total) if spec.varlen_q else (batch, heads, seqlen)
+
+    def tensor(elem, shape, vec):
+        stride = tuple(cute.sym_int64(divisibility=vec) for _ in shape[:-1]) + (1,)
+        return cute.runtime.make_fake_tensor(elem, shape, stride=stride, assumed_align=16 if vec > 1 else 4)
+
+    def int_vector(n):
+        return cute.runtime.make_fake_tensor(cutlass.Int32, (n,), stride=(1,), assumed_align=4)
+
+    o_part = tensor(cutlass.Float32, (splits, *rows), 4)
+    lse_part = tensor(cutlass.Float32, (splits, *lse_shape), 1)
+    o = tensor(dtype, rows, 128 // dtype.width)
+    lse = tensor(cutlass.Float32, lse_shape, 1)
+    sink = (cute.runtime.make_fake_tensor(cutlass.Float32, (heads,), stride=(1,), assumed_align=4)
+            if spec.has_sink else None)
+    cu_q = int_vector(cute.sym_int()) if spec.varlen_q else None
+    used_q = int_vector(cute.sym_int()) if spec.seqused_q else None
+    return (o_part, lse_part, o, lse, sink, cu_q, used_q, cutlass.Int32(0),
+            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+def compile_combine(spec: CombineSpec, model: ExecutionModel, target: str, extra_options: str = ""):
+    """Trace and compile the split-KV combine kernel; returns ``fn(o_partial, lse_partial, out, lse,
+    sink, cu_seqlens_q, seqused_q, max_seqlen_q)`` taking torch tensors (TVM FFI, current stream)."""
+    import cutlass.cute as cute
+
+    from ._kernels.fwd_combine import FlashFwdCombine
+
+    problems = FlashFwdCombine.can_implement(spec, model)
+    if problems:
+        raise ValueError(f"combine kernel cannot implement {spec}: {'; '.join(problems)}")
+    options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
+    return cute.compile(FlashFwdCombine(spec, model), *_fake_combine_args(spec), options=options)
+
+
+def get_combine_kernel(spec: CombineSpec, model: ExecutionModel, target: str):
+    """The compiled combine kernel from the compile cache."""
+    from .compile_cache import default_cache
+
+    return default_cache().get(("combine", spec, model, target), lambda: compile_combine(spec, model, target))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -119,6 +176,8 @@ class Case:
             mask += "_used" + ("q" if s.seqused_q else "") + ("k" if s.seqused_k else "")
         if s.pack_gqa:
             mask += "_packgqa"
+        if s.split_kv:
+            mask += "_splitkv"
         qr = "_qreg" if c.q_in_regs else ""
         ml = "_" + c.mainloop if c.uses_tma else ""
         ml += "" if c.frag_prefetch else "_nopf"
@@ -126,6 +185,31 @@ class Case:
 
     def describe(self) -> dict:
         return {"kernel": "fwd_tma" if self.config.uses_tma else "fwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}
+
+
+@dataclass(frozen=True)
+class CombineCase:
+    """A split-KV combine kernel for the conformance gate (no MMA: it merges fp32 partials)."""
+
+    spec: CombineSpec
+    model_name: str = SM120.name
+    subset_ci: bool = False
+
+    @property
+    def name(self) -> str:
+        s = self.spec
+        flags = ("_varlenq" if s.varlen_q else "") + ("_usedq" if s.seqused_q else "") + ("_sink" if s.has_sink else "")
+        return f"combine_{s.dtype}_dv{s.head_dim_v}{flags}"
+
+    def describe(self) -> dict:
+        return {"kernel": "fwd_combine", **asdict(self.spec), "model": self.model_name, "uses_mma": False}
+
+
+def combine_specs() -> list[CombineSpec]:
+    """Every combine code path: both dtypes, a padded and the largest head dim, dense and packed Q
+    (with seqused), with and without the sink."""
+    return [CombineSpec(dtype, dv, varlen, varlen, sink) for dtype in ("bf16", "fp16") for dv in (72, 128, 256)
+            for varlen in (False, True) for sink in (False, True)]
 
 
 def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
@@ -143,6 +227,9 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
         packed = spec.causal and all(layout)
         ci = spec.dtype == "bf16" and (spec.head_dim, spec.head_dim_v) in largest and (plain or everything or packed)
         cases.append(Case(spec, cfg, model.name, subset_ci=ci))
+    for spec in combine_specs():
+        ci = spec.dtype == "bf16" and spec.head_dim_v == 256 and spec.varlen_q and spec.has_sink
+        cases.append(CombineCase(spec, model.name, subset_ci=ci))
     return cases
 
 
@@ -171,12 +258,13 @@ def make_case(
     varlen: bool = False,
     seqused: bool = False,
     pack_gqa: bool = False,
+    split_kv: bool = False,
     dtype: str = "bf16",
     model: str = SM120.name,
 ) -> Case:
     spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal and not local,
                    local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen,
-                   seqused_q=seqused, seqused_k=seqused, pack_gqa=pack_gqa)
+                   seqused_q=seqused, seqused_k=seqused, pack_gqa=pack_gqa, split_kv=split_kv)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
                     mainloop=mainloop, frag_prefetch=frag_prefetch)
     return Case(spec, cfg, model)
@@ -195,13 +283,15 @@ def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bo
     import cutlass.cute as cute
 
     model = model_for_arch_string(case.model_name.removeprefix("sm"))
+    dump_dir = dump_dir or tempfile.mkdtemp(prefix="fa4sm120-conformance-")
+    options = f"{_TVM_FFI} --gpu-arch {target} {_KEEP_ARTIFACTS} --dump-dir {dump_dir}"
+    if isinstance(case, CombineCase):
+        return compile_combine(case.spec, model, target, f"{_KEEP_ARTIFACTS} --dump-dir {dump_dir}"), 0
     cls = fwd_kernel_class(case.config)
     if check_valid:
         problems = cls.can_implement(case.spec, case.config, model)
         if problems:
             raise ValueError(f"{case.name} is not a valid config: {'; '.join(problems)}")
     kernel = cls(case.spec, case.config, model)
-    dump_dir = dump_dir or tempfile.mkdtemp(prefix="fa4sm120-conformance-")
-    options = f"{_TVM_FFI} --gpu-arch {target} {_KEEP_ARTIFACTS} --dump-dir {dump_dir}"
     compiled = cute.compile(kernel, *_fake_fwd_args(case.spec), options=options)
     return compiled, fwd_smem_bytes(case.spec, case.config)

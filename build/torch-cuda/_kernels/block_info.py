@@ -69,3 +69,18 @@ def block_range_rows(row_lo, row_hi, seqlen_q, seqlen_k, tile_n: int, causal: bo
     unmasked_end = _min(_max(unmasked_end, start), end)
     unmasked_start = _min(_max(unmasked_start, start), unmasked_end)
     return start, unmasked_start, unmasked_end, end
+
+
+def split_range(ranges, split, num_splits):
+    """The part of a tile's key-block ranges that split ``split`` of ``num_splits`` visits.
+
+    ``ranges`` is ``(start, unmasked_start, unmasked_end, end)`` from ``block_range_rows``. The
+    visited blocks ``[start, end)`` are cut into ``num_splits`` contiguous pieces of
+    ``ceil((end - start) / num_splits)`` blocks (the last ones may be short or empty); each bound is
+    clamped into the piece, so the masked / unmasked classification of every block is unchanged
+    and the pieces together visit each block exactly once."""
+    start, unmasked_start, unmasked_end, end = ranges
+    per_split = ceil_div(end - start, num_splits)
+    lo = _min(start + split * per_split, end)
+    hi = _min(lo + per_split, end)
+    return lo, _min(_max(unmasked_start, lo), hi), _min(_max(unmasked_end, lo), hi), hi

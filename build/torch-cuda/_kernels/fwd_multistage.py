@@ -25,6 +25,10 @@ key blocks are visited from the last to the first, so the few that need an eleme
   3. O /= row sum; O goes through shared memory (reusing Q's buffer) for 16-byte global stores;
      LSE is written by the lane that owns column 0 of each row.
 
+Split-KV (``spec.split_kv``): the grid's z dimension also enumerates ``num_splits`` ranges of each
+tile's key blocks (``block_info.split_range``); a split writes its normalized fp32 partial O straight
+from the accumulators and its LSE into (num_splits, ...) workspaces, merged by ``fwd_combine``.
+
 Constraints: tile_m a multiple of 16 * num_warps, tile_n a multiple of 16, 2-3 stages, shared memory
 within the model's per-CTA limit (see ``config.fwd_config_problems``).
 """
@@ -48,7 +52,7 @@ from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .mask import mask_scores
 from .softmax import OnlineSoftmax
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
-from .seqlen_info import lse_row, num_batches, num_heads, row_tile, sequence, sequence_heads
+from .seqlen_info import lse_row, num_batches, num_heads, row_tile, sequence, sequence_heads, split_view
 from .tile_scheduler import SingleTileScheduler
 
 _DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
@@ -203,13 +207,16 @@ class FlashFwdMultistage:
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
         max_seqlen_q: Int32,
+        num_splits: Int32,
         stream: cuda.CUstream,
     ):
-        if const_expr(not (mQ.element_type == mK.element_type == mV.element_type == mO.element_type == self.dtype)):
-            raise TypeError("Q, K, V, O must all have the spec's dtype")
+        out_dtype = Float32 if const_expr(self.spec.split_kv) else self.dtype
+        if const_expr(not (mQ.element_type == mK.element_type == mV.element_type == self.dtype
+                           and mO.element_type == out_dtype)):
+            raise TypeError("Q, K, V must have the spec's dtype, O too (fp32 partials with split-KV)")
         self._setup()
         # Causal rows get longer down the sequence: start the long tiles first.
-        scheduler = SingleTileScheduler(reverse_m=self.causal or self.spec.local)
+        scheduler = SingleTileScheduler(reverse_m=self.causal or self.spec.local, split_kv=self.spec.split_kv)
         packed_q = mCuSeqlensQ is not None
         # Packed Q: the grid covers the longest sequence; CTAs past a shorter one exit at once.
         rows = max_seqlen_q if const_expr(packed_q) else mQ.shape[1]
@@ -219,11 +226,11 @@ class FlashFwdMultistage:
             group = heads // num_heads(mK, mCuSeqlensK is not None)
             rows = rows * group
             heads = heads // group
-        grid = scheduler.grid(cute.ceil_div(rows, self.tile_m), heads, num_batches(mQ, mCuSeqlensQ))
+        grid = scheduler.grid(cute.ceil_div(rows, self.tile_m), heads, num_batches(mQ, mCuSeqlensQ), num_splits)
         tma_atom_K, mK_tma, tma_atom_V, mV_tma = self.make_tma_atoms(mK, mV)
         self.kernel(
             mQ, mK, mV, mO, mLSE, softmax_scale_log2, softcap_scale, window_left, window_right, mSink,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
             tma_atom_K, mK_tma, tma_atom_V, mV_tma,
@@ -257,6 +264,7 @@ class FlashFwdMultistage:
         mCuSeqlensK: Optional[cute.Tensor],
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
+        num_splits: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
         sV_layout: cute.ComposedLayout,
@@ -275,7 +283,7 @@ class FlashFwdMultistage:
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
         stages = self.config.num_stages
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch = scheduler.tile()
+        m_block, head, batch, split = scheduler.tile(num_splits)
         pack = self.spec.pack_gqa
         group = num_heads(mQ, mCuSeqlensQ is not None) // num_heads(mK, mCuSeqlensK is not None)
         # Packed GQA: ``head`` is the KV head and tile row p is (query row p // group, query head
@@ -292,10 +300,13 @@ class FlashFwdMultistage:
                 row_lo, row_hi = block_info.packed_rows(m_block, self.tile_m, group)
             else:
                 row_lo, row_hi = m_block * self.tile_m, (m_block + 1) * self.tile_m
-            n_start, n_unmasked_start, n_unmasked_end, n_end = block_info.block_range_rows(
+            ranges = block_info.block_range_rows(
                 row_lo, row_hi, seqlen_q, seqlen_k, self.tile_n, self.causal, self.spec.local,
                 window_left, window_right,
             )
+            if const_expr(self.spec.split_kv):
+                ranges = block_info.split_range(ranges, split, num_splits)
+            n_start, n_unmasked_start, n_unmasked_end, n_end = ranges
 
             # (tile_m, d) (unpacked; packed rows are gathered one by one), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
             gQ = cute.local_tile(mQ_h[None, 0 if const_expr(pack) else head, None], (self.tile_m, self.head_dim),
@@ -371,7 +382,8 @@ class FlashFwdMultistage:
                 thr_mma=thr_mma, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc, softmax=softmax,
             )
 
-            out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head)
+            out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head,
+                                  split=split)
             if const_expr(self.warp_specialized):
                 # A producer warp feeds the stages; the MMA warps only consume them.
                 if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == self.num_threads // 32:
@@ -424,7 +436,10 @@ class FlashFwdMultistage:
             for r in cutlass.range_constexpr(num_rows):
                 sink_log2[r] = Float32(mSink[self.row_head(ctx, head, ctx.tScS_rc[r, 0][0])]) * Float32(LOG2_E)
         ctx.softmax.finalize(ctx.acc_O_rc, lse, sink_log2)
-        self.epilogue(ctx, lse, sO, out)
+        if const_expr(self.spec.split_kv):
+            self.epilogue_partial(ctx, lse, out)
+        else:
+            self.epilogue(ctx, lse, sO, out)
 
     @cute.jit
     def prologue(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
@@ -552,6 +567,46 @@ class FlashFwdMultistage:
             cute.gemm(self.tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
     @cute.jit
+    def out_row(self, ctx: SimpleNamespace, out: SimpleNamespace, tile_row):
+        """(valid, query row, query head) of tile row ``tile_row``: packed GQA rows scatter to (query
+        p // group, head p % group), unpacked ones are rows of ``out.head``."""
+        p = ctx.m_block * self.tile_m + tile_row
+        q_row, q_head = self.packed_row(ctx, tile_row) if const_expr(self.spec.pack_gqa) else (p, out.head)
+        return p < ctx.tile_rows, q_row, q_head
+
+    @cute.jit
+    def store_lse(self, ctx: SimpleNamespace, out: SimpleNamespace, mLSE: cute.Tensor, lse, tOcO_rc):
+        """LSE per accumulator row, written by the lane that holds column 0 of the row."""
+        lse_col0 = tOcO_rc[0, 0][1] == 0
+        for r in cutlass.range_constexpr(cute.size(lse)):
+            valid, q_row, q_head = self.out_row(ctx, out, tOcO_rc[r, 0][0])
+            gLSE = lse_row(mLSE, out.batch, q_head, out.mCuSeqlensQ)
+            if lse_col0 and valid:
+                gLSE[q_row] = lse[r]
+
+    @cute.jit
+    def epilogue_partial(self, ctx: SimpleNamespace, lse, out: SimpleNamespace):
+        """Split-KV: this split's normalized fp32 O goes from the accumulators straight to its
+        workspace (each row once; the combine reads it once, so no smem round trip), and its LSE
+        (-inf for a split that saw no key of the row: weight 0 in the combine)."""
+        cute.arch.cp_async_wait_group(0)  # nothing in flight at exit
+        mO_h, _ = sequence_heads(split_view(out.mO, out.split), out.batch, out.mCuSeqlensQ, out.mSeqUsedQ)
+        cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
+        tOcO_rc = acc_rows_cols(self.tiled_mma.get_slice(ctx.tidx).partition_C(cO))
+        acc_O_rc = ctx.acc_O_rc
+        for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
+            valid, q_row, q_head = self.out_row(ctx, out, tOcO_rc[r, 0][0])
+            gO_row = mO_h[q_row, q_head, None]
+            if valid:
+                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
+                    if const_expr(self.pad_v):
+                        if tOcO_rc[r, c][1] < self.spec.head_dim_v:
+                            gO_row[tOcO_rc[r, c][1]] = acc_O_rc[r, c]
+                    else:
+                        gO_row[tOcO_rc[r, c][1]] = acc_O_rc[r, c]
+        self.store_lse(ctx, out, split_view(out.mLSE, out.split), lse, tOcO_rc)
+
+    @cute.jit
     def epilogue(self, ctx: SimpleNamespace, lse, sO, out: SimpleNamespace):
         """Normalized O -> smem (reusing Q's buffer) -> 16-byte global stores; LSE per row. The O and
         LSE views are formed here, not at kernel start: no gmem pointer stays live across the mainloop.
@@ -567,18 +622,8 @@ class FlashFwdMultistage:
         thr_r2s = r2s.get_slice(tidx)
         cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
 
-        # LSE: the lane holding column 0 of a row writes it.
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
-        thr_mma = self.tiled_mma.get_slice(tidx)
-        tOcO_rc = acc_rows_cols(thr_mma.partition_C(cO))
-        lse_col0 = tOcO_rc[0, 0][1] == 0
-        tile_rows = ctx.tile_rows
-        for r in cutlass.range_constexpr(cute.size(lse)):
-            p = m_block * self.tile_m + tOcO_rc[r, 0][0]
-            q_row, q_head = self.packed_row(ctx, tOcO_rc[r, 0][0]) if const_expr(pack) else (p, out.head)
-            gLSE = lse_row(out.mLSE, out.batch, q_head, out.mCuSeqlensQ)
-            if lse_col0 and p < tile_rows:
-                gLSE[q_row] = lse[r]
+        self.store_lse(ctx, out, out.mLSE, lse, acc_rows_cols(self.tiled_mma.get_slice(tidx).partition_C(cO)))
 
         self.mma_barrier()
         thr_s2g = self.s2g_o.get_slice(tidx)
@@ -590,10 +635,9 @@ class FlashFwdMultistage:
         tOp = column_predicate(tOcO, self.spec.head_dim_v) if const_expr(self.pad_v) else None
         if const_expr(pack):
             for m in cutlass.range_constexpr(cute.size(tOrO, mode=[1])):
-                p = m_block * self.tile_m + tOcO[0, m, 0][0]
-                q_row, q_head = self.packed_row(ctx, tOcO[0, m, 0][0])
+                valid, q_row, q_head = self.out_row(ctx, out, tOcO[0, m, 0][0])
                 dst = thr_s2g.partition_D(row_tile(mO_h, q_row, q_head, self.tile_m, self.head_dim_v))[None, m, None]
-                if p < tile_rows:
+                if valid:
                     cute.copy(self.s2g_o, tOrO[None, m, None], dst,
                               pred=tOp[None, m, None] if const_expr(self.pad_v) else None)
         else:

@@ -57,3 +57,9 @@ def num_heads(mX: cute.Tensor, packed: bool):
 
 def num_batches(mX: cute.Tensor, mCuSeqlens):
     return mCuSeqlens.shape[0] - 1 if mCuSeqlens is not None else mX.shape[0]
+
+
+def split_view(mX: cute.Tensor, split):
+    """Split ``split`` of a split-KV partial tensor (num_splits, *shape of O or LSE): a tensor shaped
+    like the final O / LSE, so the sequence and row helpers above apply unchanged."""
+    return mX[(split,) + (None,) * (cute.rank(mX) - 1)]

@@ -1,8 +1,10 @@
 """Map a CTA to its work tile (arch-free).
 
-One CTA per (M tile, query head, batch). With causal masking the M tiles run in reverse so the
-longest rows (the most key blocks) start first and the short ones fill the tail of the wave.
-Later schedulers (persistent, varlen, split-KV) implement the same ``tile()`` contract.
+One CTA per (M tile, query head, batch[, KV split]). With causal masking the M tiles run in reverse
+so the longest rows (the most key blocks) start first and the short ones fill the tail of the wave.
+Split-KV folds the split index into the grid's z dimension next to the batch (z = batch * num_splits
++ split), so the splits of one sequence run side by side. Later schedulers (persistent) implement the
+same ``tile()`` contract.
 """
 
 import cutlass
@@ -10,17 +12,21 @@ import cutlass.cute as cute
 
 
 class SingleTileScheduler:
-    def __init__(self, reverse_m: cutlass.Constexpr[bool]):
+    def __init__(self, reverse_m: cutlass.Constexpr[bool], split_kv: cutlass.Constexpr[bool] = False):
         self.reverse_m = reverse_m
+        self.split_kv = split_kv
 
-    @staticmethod
-    def grid(num_m_blocks, num_heads, batch):
-        return (num_m_blocks, num_heads, batch)
+    def grid(self, num_m_blocks, num_heads, batch, num_splits=1):
+        return (num_m_blocks, num_heads, batch * num_splits if self.split_kv else batch)
 
     @cute.jit
-    def tile(self):
-        """(m_block, head, batch) of this CTA."""
+    def tile(self, num_splits=1):
+        """(m_block, head, batch, split) of this CTA (split is 0 without split-KV)."""
         bx, by, bz = cute.arch.block_idx()
         if cutlass.const_expr(self.reverse_m):
             bx = cute.arch.grid_dim()[0] - 1 - bx
-        return bx, by, bz
+        split = 0
+        if cutlass.const_expr(self.split_kv):
+            split = bz % num_splits
+            bz = bz // num_splits
+        return bx, by, bz, split
