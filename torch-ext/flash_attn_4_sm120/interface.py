@@ -132,11 +132,11 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
         # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
         o_part = torch.empty((splits, *out_shape), dtype=torch.float32, device=q.device)
         lse_part = torch.empty((splits, *lse_shape), dtype=torch.float32, device=q.device)
-        split_spec = dataclasses.replace(spec, split_kv=True, has_sink=False)  # the sink enters in the combine
+        split_spec, combine_spec = _split_specs(spec, params.sink is not None)
         launches = [
             (get_fwd_kernel(split_spec, cfg, model, target),
              (q, k, v, o_part, lse_part, *scalars, None, cu_q, cu_k, used_q, used_k, shape.seqlen_q, splits)),
-            (get_combine_kernel(CombineSpec.of(spec, params.sink is not None), model, target),
+            (get_combine_kernel(combine_spec, model, target),
              (o_part, lse_part, out, lse, params.sink, cu_q, used_q, shape.seqlen_q)),
         ]
     if q.device.index == torch.cuda.current_device():
@@ -147,6 +147,13 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
             for kernel, args in launches:
                 kernel(*args)
     return out, lse
+
+
+@functools.lru_cache(maxsize=None)
+def _split_specs(spec, has_sink: bool):
+    """(forward spec of the splits, combine spec): the splits run without the sink, which enters once
+    in the combine. Memoized: it is on every split call."""
+    return dataclasses.replace(spec, split_kv=True, has_sink=False), CombineSpec.of(spec, has_sink)
 
 
 def _check_output(name, t, shape, dtype, device) -> None:
