@@ -84,6 +84,11 @@ class ExecutionModel:
     def supports(self, copy: CopyKind) -> bool:
         return copy in self.g2s_copies
 
+    def __hash__(self) -> int:
+        # The model is in every compile-cache and config-memo key looked up per call; hashing all
+        # fields (enums hash in Python) cost microseconds. Equal models have equal names.
+        return hash(self.name)
+
 
 _SM120_COMMON = dict(
     smem_per_cta=SM120_SMEM_PER_CTA,

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from . import manifest
+from . import compiler, manifest
 from ._ops import add_op_namespace_prefix
 from .config import num_splits_for, select_fwd_config, use_pack_gqa
 from .execution_model import (
@@ -89,8 +89,13 @@ def _with_packing(spec, shape, pack_gqa: Optional[bool]):
     """The spec with GQA packing decided for this call (``config.use_pack_gqa``: the caller's
     choice, or automatic for short queries)."""
     if use_pack_gqa(pack_gqa, shape.num_heads, shape.num_heads_kv, shape.seqlen_q):
-        return dataclasses.replace(spec, pack_gqa=True)
+        return _packed_spec(spec)
     return spec
+
+
+@functools.lru_cache(maxsize=None)
+def _packed_spec(spec):
+    return dataclasses.replace(spec, pack_gqa=True)  # memoized: decode calls pack every time
 
 
 def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, config=None, num_splits=None):
@@ -98,21 +103,22 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
     (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) for packed/varlen calls. ``config`` overrides
     the table's choice (tests and tuning only). ``num_splits`` > 1 (or automatic, see ``_splits``)
     runs the split-KV forward into fp32 workspaces and the combine kernel into out/lse."""
-    from .compiler import get_combine_kernel, get_fwd_kernel
-
-    model, target = _model_and_target(q.device.index, os.environ.get(DISPATCH_ENV),
+    device = q.device
+    model, target = _model_and_target(device.index, os.environ.get(DISPATCH_ENV),
                                       os.environ.get(COMPILE_TARGET_ENV))
     out_shape = (*q.shape[:-1], v.shape[-1])
     lse_shape = (shape.num_heads, q.shape[0]) if spec.varlen_q else (shape.batch, shape.num_heads, shape.seqlen_q)
     if out is None:
         # Packed rows past a sequence's used length are never written: allocate zeros there.
         alloc = torch.zeros if spec.seqused_q else torch.empty
-        out = alloc(out_shape, dtype=q.dtype, device=q.device)
-    _check_output("out", out, out_shape, q.dtype, q.device)
+        out = alloc(out_shape, dtype=q.dtype, device=device)
+    else:
+        _check_output("out", out, out_shape, q.dtype, device)
     if lse is None:
-        lse = (torch.full(lse_shape, -math.inf, dtype=torch.float32, device=q.device) if spec.seqused_q
-               else torch.empty(lse_shape, dtype=torch.float32, device=q.device))
-    _check_output("lse", lse, lse_shape, torch.float32, q.device)
+        lse = (torch.full(lse_shape, -math.inf, dtype=torch.float32, device=device) if spec.seqused_q
+               else torch.empty(lse_shape, dtype=torch.float32, device=device))
+    else:
+        _check_output("lse", lse, lse_shape, torch.float32, device)
     if out.numel() == 0:
         return out, lse
     if shape.seqlen_k == 0 or shape.batch == 0:  # no keys anywhere: zero output, LSE of the empty set (or the sink)
@@ -122,28 +128,28 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
             return out, lse.copy_(sink.expand(lse_shape))
         return out, lse.fill_(-math.inf)
     cfg = config or select_fwd_config(spec, model)
-    splits = _splits(num_splits, spec, shape, cfg, q.device)
+    splits = _splits(num_splits, spec, shape, cfg, device)
     cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
     scalars = (params.scale_log2, params.softcap_scale, params.window_left, params.window_right)
     if splits == 1:
-        launches = [(get_fwd_kernel(spec, cfg, model, target),
+        launches = [(compiler.get_fwd_kernel(spec, cfg, model, target),
                      (q, k, v, out, lse, *scalars, params.sink, cu_q, cu_k, used_q, used_k, shape.seqlen_q, 1))]
     else:
         # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
-        o_part = torch.empty((splits, *out_shape), dtype=torch.float32, device=q.device)
-        lse_part = torch.empty((splits, *lse_shape), dtype=torch.float32, device=q.device)
+        o_part = torch.empty((splits, *out_shape), dtype=torch.float32, device=device)
+        lse_part = torch.empty((splits, *lse_shape), dtype=torch.float32, device=device)
         split_spec, combine_spec = _split_specs(spec, params.sink is not None)
         launches = [
-            (get_fwd_kernel(split_spec, cfg, model, target),
+            (compiler.get_fwd_kernel(split_spec, cfg, model, target),
              (q, k, v, o_part, lse_part, *scalars, None, cu_q, cu_k, used_q, used_k, shape.seqlen_q, splits)),
-            (get_combine_kernel(combine_spec, model, target),
+            (compiler.get_combine_kernel(combine_spec, model, target),
              (o_part, lse_part, out, lse, params.sink, cu_q, used_q, shape.seqlen_q)),
         ]
-    if q.device.index == torch.cuda.current_device():
+    if device.index == torch.cuda.current_device():
         for kernel, args in launches:
             kernel(*args)
     else:
-        with torch.cuda.device(q.device):
+        with torch.cuda.device(device):
             for kernel, args in launches:
                 kernel(*args)
     return out, lse
@@ -224,7 +230,14 @@ def _refuse_unimplemented(num_splits, deterministic, score_mod, mask_mod, extra)
     if score_mod is not None or mask_mod is not None:
         requested.append("score_mod")
     if requested:
-        manifest.check_combination(requested)
+        _check_combination(tuple(requested))
+
+
+@functools.lru_cache(maxsize=None)
+def _check_combination(requested: tuple) -> None:
+    """``manifest.check_combination``, memoized (the manifest does not change at run time; a refusal
+    raises and is not cached)."""
+    manifest.check_combination(list(requested))
 
 
 def flash_attn_func(

@@ -89,22 +89,23 @@ def _check_tensor(name: str, t, expected_rank: int = 4) -> None:
         raise ValueError(f"{name} must have rank {expected_rank} {layout}, got shape {tuple(t.shape)}")
     if t.dtype not in _DTYPES:
         raise TypeError(f"{name} has dtype {t.dtype}; flash_attn_4_sm120 supports torch.bfloat16 and torch.float16")
-    check_head_dim(f"{name} head dim", t.shape[-1])
-    if t.stride(-1) != 1:
+    shape, stride = t.shape, t.stride()
+    check_head_dim(f"{name} head dim", shape[-1])
+    if stride[-1] != 1:
         raise ValueError(
-            f"{name} must be contiguous in its last dimension (stride {t.stride(-1)}); call .contiguous() first"
+            f"{name} must be contiguous in its last dimension (stride {stride[-1]}); call .contiguous() first"
         )
     # 16-byte vector loads: the base address and every row stride must be multiples of 16 bytes.
-    elem = t.element_size()
     if t.data_ptr() % 16 != 0:
         raise ValueError(
             f"{name} data pointer is not 16-byte aligned (address % 16 = {t.data_ptr() % 16}); "
             "pass a tensor that starts on a 16-byte boundary (e.g. .clone())"
         )
-    for d in range(t.dim() - 1):
-        if (t.stride(d) * elem) % 16 != 0 and t.shape[d] > 1:
+    vec = 16 // t.element_size()
+    for d in range(len(shape) - 1):
+        if stride[d] % vec and shape[d] > 1:
             raise ValueError(
-                f"{name} stride {t.stride(d)} of dim {d} is not a multiple of 16 bytes; call .contiguous() first"
+                f"{name} stride {stride[d]} of dim {d} is not a multiple of 16 bytes; call .contiguous() first"
             )
 
 
