@@ -219,3 +219,36 @@ def test_precompiled_kernel_serves_the_api_call_without_compiling():
     torch.cuda.synchronize()
     assert (stats.compiles, stats.disk_hits) == (before.compiles, before.disk_hits)
     assert stats.memory_hits == before.memory_hits + 1
+
+
+def test_decode_adds_packed_split_variants_and_the_combine(monkeypatch):
+    """--decode: each spec's packed-GQA / split-KV variants and one combine kernel per (dtype, dv)."""
+    loaded = []
+    monkeypatch.setattr(compiler, "get_fwd_kernel", lambda spec, *a: loaded.append(spec))
+    monkeypatch.setattr(compiler, "get_combine_kernel", lambda spec, *a: loaded.append(spec))
+    results = precompile(dtypes=("bf16",), head_dims=(128,), causal=(False, True), model=SM120,
+                         target="sm_120a", decode=True)
+    names = [r["name"] for r in results]
+    assert names == ["fwd_bf16_d128x128_full", "fwd_bf16_d128x128_causal",
+                     "fwd_bf16_d128x128_full_packgqa", "fwd_bf16_d128x128_full_splitkv",
+                     "fwd_bf16_d128x128_full_packgqa_splitkv", "fwd_bf16_d128x128_causal_packgqa",
+                     "fwd_bf16_d128x128_causal_splitkv", "fwd_bf16_d128x128_causal_packgqa_splitkv",
+                     "combine_bf16_dv128"]
+    assert len(loaded) == len(names) and results[-1]["config"] == {}
+
+
+@pytest.mark.gpu
+def test_decode_precompile_serves_split_and_packed_decode_without_compiling():
+    import flash_attn_4_sm120 as fa
+    from flash_attn_4_sm120.compile_cache import default_cache
+
+    precompile(dtypes=("bf16",), head_dims=(128,), causal=False, decode=True)
+    before = default_cache().stats.compiles
+    q = torch.randn(2, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+    kv = torch.randn(2, 8192, 8, 128, dtype=torch.bfloat16, device="cuda")
+    fa.flash_attn_func(q, kv, kv)  # packed GQA, split automatically
+    fa.flash_attn_func(q, kv, kv, num_splits=1)  # packed GQA, one split
+    q = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
+    fa.flash_attn_func(q, kv, kv)  # MHA decode: split, not packed
+    torch.cuda.synchronize()
+    assert default_cache().stats.compiles == before
