@@ -144,7 +144,9 @@ def test_without_a_gpu_the_model_must_be_named(monkeypatch, no_compile):
 
 def child_env(tmp_path: Path) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _OVERRIDES}
-    env.update(PYTHONPATH=str(TORCH_EXT), FA4_SM120_CACHE_DIR=str(tmp_path / "cache"),
+    # torch-ext first; keep the rest of the path (a kit that installs cutlass-dsl with --target puts it there)
+    path = os.pathsep.join(p for p in (str(TORCH_EXT), os.environ.get("PYTHONPATH", "")) if p)
+    env.update(PYTHONPATH=path, FA4_SM120_CACHE_DIR=str(tmp_path / "cache"),
                HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"))
     return env
 

@@ -18,16 +18,19 @@ Algorithm:
   3. Build the ``FwdSpec`` of every (dtype, head_dim, causal) combination and check all of them before
      compiling anything: head dims outside what the API accepts raise its ``ValueError``; a feature the
      shipped manifest lists as planned raises its ``NotImplementedError`` message.
-  4. For each spec: ``compiler.get_fwd_kernel(spec, select_fwd_config(spec, model), model, target)``,
-     timed, and classified from the ``compile_cache.default_cache().stats`` deltas as a ``"memory"`` hit,
-     a ``"disk"`` hit or a ``"compile"``; ``on_disk`` says whether the entry is now on disk.
+  4. With ``decode=True`` (``--decode``) add each spec's decode variants (packed GQA, split-KV, both) and
+     the split-KV combine kernel of each (dtype, head_dim_v): what decode steps of a serving stack run.
+  5. For each kernel: ``compiler.get_fwd_kernel(spec, select_fwd_config(spec, model), model, target)``
+     (or ``get_combine_kernel``), timed, and classified from the ``compile_cache.default_cache().stats``
+     deltas as a ``"memory"`` hit, a ``"disk"`` hit or a ``"compile"``; ``on_disk`` says whether the entry
+     is now on disk.
 
 Counters are per process: do not run two precompiles of one process in parallel threads.
 
 Usage, from a checkout (the package imports relatively, so ``torch-ext`` must be on the path)::
 
     PYTHONPATH=torch-ext python -m flash_attn_4_sm120.precompile --dtypes bf16 fp16 --head-dims 64 128 \\
-        --causal both [--head-dim-v 64] [--arch sm_120] [--target sm_120a] [--json out.json]
+        --causal both [--head-dim-v 64] [--decode] [--arch sm_120] [--target sm_120a] [--json out.json]
 
 ``PYTHONPATH=build/torch-cuda`` runs the built variant instead; it fills the same entries as the Hub
 module of that build (checked: one fills, the other loads).
@@ -59,7 +62,7 @@ from .execution_model import (
     model_for_arch_string,
     resolve_compile_target,
 )
-from .problem import FwdSpec, check_head_dim
+from .problem import CombineSpec, FwdSpec, check_head_dim
 
 #: Spellings accepted for the dtypes, mapped to ``FwdSpec.dtype``.
 DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
@@ -141,14 +144,24 @@ def resolve_model(model: Union[None, str, ExecutionModel] = None) -> ExecutionMo
 
 
 def spec_name(spec: FwdSpec) -> str:
-    return f"fwd_{spec.dtype}_d{spec.head_dim}x{spec.head_dim_v}_{'causal' if spec.causal else 'full'}"
+    extra = ("_packgqa" if spec.pack_gqa else "") + ("_splitkv" if spec.split_kv else "")
+    return f"fwd_{spec.dtype}_d{spec.head_dim}x{spec.head_dim_v}_{'causal' if spec.causal else 'full'}{extra}"
+
+
+def decode_specs(spec: FwdSpec) -> list[FwdSpec]:
+    """The variants a decode / short-query call of ``spec``'s shape can dispatch to: packed GQA (short
+    GQA queries), split-KV (grids too small for the GPU), both."""
+    return [dataclasses.replace(spec, pack_gqa=p, split_kv=s) for p, s in ((True, False), (False, True), (True, True))]
 
 
 def precompile(dtypes: Iterable = ("bf16",), head_dims: Iterable[int] = (64, 128),
                causal: Union[bool, Iterable[bool]] = (False, True),
                head_dim_v: Union[None, int, Iterable[int]] = None, target: Optional[str] = None,
-               model: Union[None, str, ExecutionModel] = None) -> list[dict]:
+               model: Union[None, str, ExecutionModel] = None, decode: bool = False) -> list[dict]:
     """Compile (or load) the dispatcher's forward kernel for every spec into the compile cache.
+
+    ``decode``: also the decode variants of every spec (``decode_specs``: packed GQA, split-KV) and the
+    split-KV combine kernel of each (dtype, head_dim_v) -- what a serving stack's decode steps use.
 
     Returns one dict per spec, in order: ``name``, ``spec``, ``config`` (dicts), ``model``, ``target``,
     ``source`` (``"memory"``, ``"disk"`` or ``"compile"``), ``on_disk`` (the entry is in the disk cache
@@ -161,13 +174,24 @@ def precompile(dtypes: Iterable = ("bf16",), head_dims: Iterable[int] = (64, 128
     specs = fwd_specs(dtypes, head_dims, causal, head_dim_v)
     for spec in specs:
         check_fwd_spec(spec)
-    plans = [(spec, select_fwd_config(spec, model)) for spec in specs]
+    if decode:
+        specs += [variant for spec in specs for variant in decode_specs(spec)]
+    # (name, spec dict, config dict, compile-or-load thunk) per kernel
+    plans = []
+    for spec in specs:
+        cfg = select_fwd_config(spec, model)
+        plans.append((spec_name(spec), dataclasses.asdict(spec), dataclasses.asdict(cfg),
+                      lambda spec=spec, cfg=cfg: compiler.get_fwd_kernel(spec, cfg, model, target)))
+    if decode:
+        for cspec in dict.fromkeys(CombineSpec.of(spec, False) for spec in specs):
+            plans.append((f"combine_{cspec.dtype}_dv{cspec.head_dim_v}", dataclasses.asdict(cspec), {},
+                          lambda cspec=cspec: compiler.get_combine_kernel(cspec, model, target)))
     stats = default_cache().stats
     results = []
-    for spec, cfg in plans:
+    for name, spec_dict, cfg_dict, load in plans:
         before = dataclasses.replace(stats)
         t0 = time.perf_counter()
-        compiler.get_fwd_kernel(spec, cfg, model, target)
+        load()
         seconds = time.perf_counter() - t0
         if stats.compiles > before.compiles:
             source = "compile"
@@ -178,9 +202,9 @@ def precompile(dtypes: Iterable = ("bf16",), head_dims: Iterable[int] = (64, 128
         # A memory hit says nothing about the disk; ask the counters of the call that put it in memory.
         on_disk = stats.disk_writes > before.disk_writes or source == "disk"
         results.append({
-            "name": spec_name(spec),
-            "spec": dataclasses.asdict(spec),
-            "config": dataclasses.asdict(cfg),
+            "name": name,
+            "spec": spec_dict,
+            "config": cfg_dict,
             "model": model.name,
             "target": target,
             "source": source,
@@ -216,6 +240,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "or FA4_SM120_DISPATCH_ARCH); required without a GPU")
     p.add_argument("--target", default=None,
                    help="cute.compile target, e.g. sm_120a (default: FA4_SM120_COMPILE_TARGET, else the part's own)")
+    p.add_argument("--decode", action="store_true",
+                   help="also the decode variants (packed GQA, split-KV) and the split-KV combine kernels")
     p.add_argument("--json", metavar="PATH", help="also write the per-spec results as JSON here")
     return p
 
@@ -228,14 +254,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         results = precompile(dtypes=args.dtypes, head_dims=args.head_dims, causal=_CAUSAL_CHOICES[args.causal],
-                             head_dim_v=args.head_dim_v, target=args.target, model=args.arch)
+                             head_dim_v=args.head_dim_v, target=args.target, model=args.arch, decode=args.decode)
     except (NotImplementedError, ValueError, TypeError, UnsupportedDeviceError) as e:
         print(f"precompile: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     width = max(len(r["name"]) for r in results)
     for r in results:
         c = r["config"]
-        tiles = f"m{c['tile_m']}n{c['tile_n']}w{c['num_warps']}s{c['num_stages']}{'_qreg' if c['q_in_regs'] else ''}"
+        tiles = (f"m{c['tile_m']}n{c['tile_n']}w{c['num_warps']}s{c['num_stages']}{'_qreg' if c['q_in_regs'] else ''}"
+                 if c else "-")
         print(f"{r['name']:<{width}}  {tiles:<18} {r['source']:<8} {r['seconds']:7.2f} s")
     total = sum(r["seconds"] for r in results)
     where = default_cache_root() if any(r["on_disk"] for r in results) else "memory only"
