@@ -54,3 +54,38 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, upcast=True, window
     p = p.masked_fill(empty[..., None], 0.0)
     out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
     return out.to(dtype_out), lse
+
+
+def check_fwd(q, k, v, causal=False, options=None, **features):
+    """Run ``flash_attn_fwd`` into NaN-poisoned out/lse with ``features`` (masks, softcap, sink: also given
+    to the reference) and ``options`` (pack_gqa, num_splits: the kernel's choice only), and assert the
+    tolerance rule max|out-ref| <= 2 max|pt-ref| + 1e-5, every row written, -inf LSE exactly where the
+    reference has it and the LSE within 1e-3 elsewhere."""
+    import flash_attn_4_sm120 as fa
+
+    b, sq, hq, _ = q.shape
+    out = torch.full((b, sq, hq, v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
+    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
+    fa.flash_attn_fwd(q, k, v, causal=causal, out=out, lse=lse, **(options or {}), **features)
+    torch.cuda.synchronize()
+    ref, lse_ref = attention_ref(q, k, v, None, causal, **features)
+    pt, _ = attention_ref(q, k, v, None, causal, upcast=False, **features)
+    assert not out.isnan().any() and not lse.isnan().any(), "unwritten output rows"
+    err = (out.float() - ref.float()).abs().max().item()
+    pt_err = (pt.float() - ref.float()).abs().max().item()
+    assert err <= 2 * pt_err + 1e-5, f"max|out-ref|={err:.3e} > 2*{pt_err:.3e}"
+    neg = torch.isneginf(lse_ref)
+    assert torch.equal(torch.isneginf(lse), neg)
+    if (~neg).any():
+        assert (lse[~neg] - lse_ref[~neg]).abs().max().item() <= 1e-3
+
+
+def varlen_batch(lens_q, lens_k, hq, hkv, d, dtype=torch.bfloat16):
+    """Packed (total, heads, d) q, k, v of random values and int32 cu_seqlens for the given lengths."""
+    def cu(lens):
+        return torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")
+
+    q = torch.randn(sum(lens_q), hq, d, dtype=dtype, device="cuda")
+    k = torch.randn(sum(lens_k), hkv, d, dtype=dtype, device="cuda")
+    v = torch.randn(sum(lens_k), hkv, d, dtype=dtype, device="cuda")
+    return q, k, v, cu(lens_q), cu(lens_k)

@@ -5,29 +5,13 @@ tile (7-way, 3-way), MQA, causal with seqlen_q != seqlen_k, windows, softcap, si
 import pytest
 import torch
 
-from reference import attention_ref
+from reference import attention_ref, check_fwd, varlen_batch
 
 pytestmark = pytest.mark.gpu
 
 
 def _check(q, k, v, pack_gqa, causal=False, **features):
-    import flash_attn_4_sm120 as fa
-
-    b, sq, hq, _ = q.shape
-    out = torch.full((b, sq, hq, v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
-    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
-    fa.flash_attn_fwd(q, k, v, causal=causal, out=out, lse=lse, pack_gqa=pack_gqa, **features)
-    torch.cuda.synchronize()
-    ref, lse_ref = attention_ref(q, k, v, None, causal, **features)
-    pt, _ = attention_ref(q, k, v, None, causal, upcast=False, **features)
-    assert not out.isnan().any() and not lse.isnan().any(), "unwritten output rows"
-    err = (out.float() - ref.float()).abs().max().item()
-    pt_err = (pt.float() - ref.float()).abs().max().item()
-    assert err <= 2 * pt_err + 1e-5, f"max|out-ref|={err:.3e} > 2*{pt_err:.3e}"
-    neg = torch.isneginf(lse_ref)
-    assert torch.equal(torch.isneginf(lse), neg)
-    if (~neg).any():
-        assert (lse[~neg] - lse_ref[~neg]).abs().max().item() <= 1e-3
+    check_fwd(q, k, v, causal, {"pack_gqa": pack_gqa}, **features)
 
 
 HEADS = [(32, 8), (28, 4), (6, 2), (32, 1)]  # 4-way, 7-way, 3-way, MQA
@@ -76,11 +60,7 @@ def test_pack_gqa_varlen_decode_batch():
     torch.manual_seed(7)
     lens_q, lens_k = [1, 0, 3, 1], [700, 5, 0, 64]
     hq, hkv, d = 16, 2, 128
-    cu = lambda ls: torch.tensor([0] + list(torch.tensor(ls).cumsum(0)), dtype=torch.int32, device="cuda")  # noqa: E731
-    q = torch.randn(sum(lens_q), hq, d, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(sum(lens_k), hkv, d, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn(sum(lens_k), hkv, d, dtype=torch.bfloat16, device="cuda")
-    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    q, k, v, cu_q, cu_k = varlen_batch(lens_q, lens_k, hq, hkv, d)
     out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
                                          pack_gqa=True, return_lse=True)
     torch.cuda.synchronize()

@@ -8,29 +8,13 @@ split count and length."""
 import pytest
 import torch
 
-from reference import attention_ref
+from reference import attention_ref, check_fwd, varlen_batch
 
 pytestmark = pytest.mark.gpu
 
 
 def _check(q, k, v, num_splits, causal=False, pack_gqa=None, **features):
-    import flash_attn_4_sm120 as fa
-
-    b, sq, hq, _ = q.shape
-    out = torch.full((b, sq, hq, v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
-    lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
-    fa.flash_attn_fwd(q, k, v, causal=causal, out=out, lse=lse, pack_gqa=pack_gqa, num_splits=num_splits, **features)
-    torch.cuda.synchronize()
-    ref, lse_ref = attention_ref(q, k, v, None, causal, **features)
-    pt, _ = attention_ref(q, k, v, None, causal, upcast=False, **features)
-    assert not out.isnan().any() and not lse.isnan().any(), "unwritten output rows"
-    err = (out.float() - ref.float()).abs().max().item()
-    pt_err = (pt.float() - ref.float()).abs().max().item()
-    assert err <= 2 * pt_err + 1e-5, f"max|out-ref|={err:.3e} > 2*{pt_err:.3e}"
-    neg = torch.isneginf(lse_ref)
-    assert torch.equal(torch.isneginf(lse), neg)
-    if (~neg).any():
-        assert (lse[~neg] - lse_ref[~neg]).abs().max().item() <= 1e-3
+    check_fwd(q, k, v, causal, {"num_splits": num_splits, "pack_gqa": pack_gqa}, **features)
 
 
 SHAPES = [(2, 1, 1000), (3, 5, 300), (1, 113, 239), (2, 130, 1023), (1, 1, 64)]  # (b, sq, sk)
@@ -92,11 +76,7 @@ def test_split_kv_varlen_with_empty_sequences():
     lens_q, lens_k = [1, 0, 3, 1, 2], [2000, 5, 0, 640, 1]
     used_k = [1500, 5, 0, 1, 1]
     hq, hkv, d = 16, 2, 128
-    cu = lambda ls: torch.tensor([0] + list(torch.tensor(ls).cumsum(0)), dtype=torch.int32, device="cuda")  # noqa: E731
-    q = torch.randn(sum(lens_q), hq, d, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(sum(lens_k), hkv, d, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn(sum(lens_k), hkv, d, dtype=torch.bfloat16, device="cuda")
-    cu_q, cu_k = cu(lens_q), cu(lens_k)
+    q, k, v, cu_q, cu_k = varlen_batch(lens_q, lens_k, hq, hkv, d)
     seqused_k = torch.tensor(used_k, dtype=torch.int32, device="cuda")
     sink = torch.randn(hq, device="cuda")
     for num_splits in (3, 16):
@@ -120,7 +100,6 @@ def test_split_kv_varlen_with_empty_sequences():
 def test_automatic_split_for_decode_and_off_switch():
     """Decode grids too small for the GPU split by themselves; num_splits=1 never splits; both agree
     with the reference (and each other within the tolerance)."""
-    import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120.compile_cache import default_cache
 
     torch.manual_seed(5)
