@@ -174,3 +174,14 @@ def test_num_splits_rejects_bad_values(num_splits):
         fa.flash_attn_func(q, q, q, num_splits=num_splits)
     with pytest.raises(TypeError, match="num_splits"):
         fa.flash_attn_fwd(q, q, q, num_splits=num_splits)
+
+
+def test_out_with_rows_not_16_byte_aligned_is_refused():
+    """A caller's out must allow 16-byte row stores, like the inputs (the kernels assume it)."""
+    from flash_attn_4_sm120.interface import _check_output
+
+    good = torch.empty(2, 8, 4, 64, dtype=torch.bfloat16)
+    _check_output("out", good, (2, 8, 4, 64), torch.bfloat16, good.device)
+    bad = torch.empty(2, 8, 4, 68, dtype=torch.bfloat16)[..., :64]  # row stride 68 elements = 136 bytes
+    with pytest.raises(ValueError, match="multiples of 16 bytes"):
+        _check_output("out", bad, (2, 8, 4, 64), torch.bfloat16, bad.device)

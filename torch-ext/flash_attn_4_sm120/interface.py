@@ -168,6 +168,10 @@ def _check_output(name, t, shape, dtype, device) -> None:
                          f"got {t.dtype} {tuple(t.shape)} on {t.device}")
     if t.stride(-1) != 1 or (name == "out" and t.data_ptr() % 16):
         raise ValueError(f"{name} must be contiguous in its last dimension and 16-byte aligned")
+    if name == "out":  # 16-byte vector stores: every row stride a multiple of 16 bytes, as for the inputs
+        vec = 16 // t.element_size()
+        if any(st % vec and n > 1 for st, n in zip(t.stride()[:-1], t.shape[:-1])):
+            raise ValueError(f"out strides {tuple(t.stride())} are not multiples of 16 bytes; pass a contiguous out")
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
