@@ -185,3 +185,9 @@ def test_out_with_rows_not_16_byte_aligned_is_refused():
     bad = torch.empty(2, 8, 4, 68, dtype=torch.bfloat16)[..., :64]  # row stride 68 elements = 136 bytes
     with pytest.raises(ValueError, match="multiples of 16 bytes"):
         _check_output("out", bad, (2, 8, 4, 64), torch.bfloat16, bad.device)
+
+
+def test_flash_attn_fwd_checks_pack_gqa_like_the_other_entry_points():
+    q = _t(1, 8, 4, 64)
+    with pytest.raises(TypeError, match="pack_gqa"):
+        fa.flash_attn_fwd(q, q, q, pack_gqa="yes")

@@ -26,7 +26,7 @@ from .execution_model import (
     resolve_compile_target,
     resolve_dispatch_model,
 )
-from .problem import CombineSpec, validate_fwd, validate_varlen
+from .problem import CombineSpec, misaligned_row_dim, validate_fwd, validate_varlen
 
 @functools.lru_cache(maxsize=None)
 def _model_and_target(device_index: Optional[int], dispatch_override: Optional[str],
@@ -62,16 +62,19 @@ def flash_attn_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Low-level forward without autograd: writes into ``out``/``lse`` when given, returns both.
     ``num_splits``: KV splits (None or 0 automatic, 1 off)."""
-    _check_num_splits(num_splits)
+    _check_options(num_splits, pack_gqa)
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
     return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, out, lse,
                        num_splits=num_splits)
 
 
-def _check_num_splits(num_splits) -> None:
+def _check_options(num_splits, pack_gqa) -> None:
+    """Type checks of the dispatch options every entry point takes."""
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0):
         raise TypeError(f"num_splits must be None or 0 (automatic), 1 (no split) or a positive split count, "
                         f"got {num_splits!r}")
+    if pack_gqa not in (None, True, False):
+        raise TypeError(f"pack_gqa must be True, False or None (automatic), got {pack_gqa!r}")
 
 
 def _splits(requested, spec, shape, cfg, device) -> int:
@@ -168,10 +171,8 @@ def _check_output(name, t, shape, dtype, device) -> None:
                          f"got {t.dtype} {tuple(t.shape)} on {t.device}")
     if t.stride(-1) != 1 or (name == "out" and t.data_ptr() % 16):
         raise ValueError(f"{name} must be contiguous in its last dimension and 16-byte aligned")
-    if name == "out":  # 16-byte vector stores: every row stride a multiple of 16 bytes, as for the inputs
-        vec = 16 // t.element_size()
-        if any(st % vec and n > 1 for st, n in zip(t.stride()[:-1], t.shape[:-1])):
-            raise ValueError(f"out strides {tuple(t.stride())} are not multiples of 16 bytes; pass a contiguous out")
+    if name == "out" and misaligned_row_dim(t) is not None:  # 16-byte vector stores, as for the inputs
+        raise ValueError(f"out strides {tuple(t.stride())} are not multiples of 16 bytes; pass a contiguous out")
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
@@ -221,11 +222,12 @@ def _register_fwd_op():
 _fwd_op = _register_fwd_op()
 
 
-def _refuse_unimplemented(num_splits, deterministic, score_mod, mask_mod, extra) -> None:
-    """Raise the manifest's message for each requested feature this version does not implement."""
+def _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, extra) -> None:
+    """Check the options, then raise the manifest's message for each requested feature this version
+    does not implement."""
     if extra:
         raise TypeError(f"flash_attn_func got unexpected arguments: {sorted(extra)}")
-    _check_num_splits(num_splits)
+    _check_options(num_splits, pack_gqa)
     requested = []
     if num_splits not in (None, 1, 0):
         requested.append("split_kv")
@@ -242,6 +244,21 @@ def _check_combination(requested: tuple) -> None:
     """``manifest.check_combination``, memoized (the manifest does not change at run time; a refusal
     raises and is not cached)."""
     manifest.check_combination(list(requested))
+
+
+def _needs_grad(q, k, v) -> bool:
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+
+
+def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse):
+    """The forward through autograd when a gradient is required, else launched directly; returns
+    ``(out, lse or None)`` (the LSE when asked for or needed by the backward)."""
+    needs_grad = _needs_grad(q, k, v)
+    if needs_grad:
+        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, varlen, num_splits)
+    else:
+        out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen, num_splits=num_splits)
+    return out, (lse if (return_lse or needs_grad) else None)
 
 
 def flash_attn_func(
@@ -275,9 +292,7 @@ def flash_attn_func(
     decoding); None or 0 chooses automatically (splits only grids too small to fill the GPU, e.g.
     decode), 1 never splits.
     """
-    _refuse_unimplemented(num_splits, deterministic, score_mod, mask_mod, kwargs)
-    if pack_gqa not in (None, True, False):
-        raise TypeError(f"pack_gqa must be True, False or None (automatic), got {pack_gqa!r}")
+    _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, kwargs)
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
@@ -285,16 +300,9 @@ def flash_attn_func(
         left, right = ((-1 if x is None else x) for x in (window_size or (None, None)))
         out, lse = _fwd_op(q, k, v, float(scale), bool(causal), left, right, float(softcap or 0.0), learnable_sink,
                            num_splits or 0)
-        needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-        return out, (lse if (return_lse or needs_grad) else None)
+        return out, (lse if (return_lse or _needs_grad(q, k, v)) else None)
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
-    spec = _with_packing(spec, shape, pack_gqa)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if needs_grad:
-        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, None, num_splits)
-    else:
-        out, lse = _launch_fwd(q, k, v, spec, shape, params, num_splits=num_splits)
-    return out, (lse if (return_lse or needs_grad) else None)
+    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, return_lse)
 
 
 def flash_attn_varlen_func(
@@ -333,20 +341,12 @@ def flash_attn_varlen_func(
     """
     if page_table is not None:
         manifest.require("paged_kv")
-    _refuse_unimplemented(num_splits, deterministic, score_mod, mask_mod, kwargs)
-    if pack_gqa not in (None, True, False):
-        raise TypeError(f"pack_gqa must be True, False or None (automatic), got {pack_gqa!r}")
+    _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, kwargs)
     spec, shape, params = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           seqused_q, seqused_k, softmax_scale, causal, window_size, softcap,
                                           learnable_sink)
-    spec = _with_packing(spec, shape, pack_gqa)
     varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
-    if needs_grad:
-        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, varlen, num_splits)
-    else:
-        out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen, num_splits=num_splits)
-    return out, (lse if (return_lse or needs_grad) else None)
+    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse)
 
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_fwd", "dispatch_model"]

@@ -101,12 +101,22 @@ def _check_tensor(name: str, t, expected_rank: int = 4) -> None:
             f"{name} data pointer is not 16-byte aligned (address % 16 = {t.data_ptr() % 16}); "
             "pass a tensor that starts on a 16-byte boundary (e.g. .clone())"
         )
+    d = misaligned_row_dim(t)
+    if d is not None:
+        raise ValueError(
+            f"{name} stride {stride[d]} of dim {d} is not a multiple of 16 bytes; call .contiguous() first"
+        )
+
+
+def misaligned_row_dim(t) -> Optional[int]:
+    """The first dim (of size > 1, last excluded) whose stride is not a multiple of 16 bytes, or None:
+    the kernels load and store rows as 16-byte vectors."""
     vec = 16 // t.element_size()
+    shape, stride = t.shape, t.stride()
     for d in range(len(shape) - 1):
         if stride[d] % vec and shape[d] > 1:
-            raise ValueError(
-                f"{name} stride {stride[d]} of dim {d} is not a multiple of 16 bytes; call .contiguous() first"
-            )
+            return d
+    return None
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 from ..config import FwdConfig, atom_cols, fwd_config_problems, fwd_smem_bytes, padded_head_dim
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
-from . import block_info
+from . import CUTLASS_DTYPES, block_info
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .mask import mask_scores
 from .softmax import OnlineSoftmax
@@ -55,7 +55,6 @@ from .tile_io import column_predicate, copy_rows, zero_masked_cols
 from .seqlen_info import lse_row, num_batches, num_heads, row_tile, sequence, sequence_heads, split_view
 from .tile_scheduler import SingleTileScheduler
 
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 _COPY_BITS = 128  # 16-byte cp.async / st.global vectors
 LOG2_E = 1.0 / math.log(2.0)
 
@@ -86,7 +85,7 @@ class FlashFwdMultistage:
         self.spec = spec
         self.config = config
         self.model = model
-        self.dtype = _DTYPES[spec.dtype]
+        self.dtype = CUTLASS_DTYPES[spec.dtype]
         self.head_dim = padded_head_dim(spec.head_dim, config)
         self.head_dim_v = padded_head_dim(spec.head_dim_v, config)
         # Padded head dims need column predicates (and zeroed Q/K padding); exact ones compile without.

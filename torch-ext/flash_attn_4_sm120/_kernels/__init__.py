@@ -2,3 +2,8 @@
 
 Importing this package imports cutlass; the host side imports it lazily, at first compile.
 """
+
+import cutlass
+
+#: ``FwdSpec.dtype`` / ``CombineSpec.dtype`` -> the cutlass element type (kernels and fake compile arguments).
+CUTLASS_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}

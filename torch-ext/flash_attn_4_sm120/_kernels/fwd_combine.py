@@ -27,9 +27,9 @@ from cutlass import Float32, Int32, const_expr
 
 from ..execution_model import ExecutionModel
 from ..problem import MAX_HEAD_DIM, CombineSpec
+from . import CUTLASS_DTYPES
 from .seqlen_info import lse_row, num_batches, num_heads, sequence_heads, split_view
 
-_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
 LOG2_E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 #: fp32 columns per lane per chunk (one 16-byte load); a warp covers 128 columns per chunk
@@ -53,7 +53,7 @@ class FlashFwdCombine:
     def __init__(self, spec: CombineSpec, model: ExecutionModel):
         self.spec = spec
         self.model = model
-        self.dtype = _DTYPES[spec.dtype]
+        self.dtype = CUTLASS_DTYPES[spec.dtype]
         self.chunks = (spec.head_dim_v + 32 * COLS_PER_LANE - 1) // (32 * COLS_PER_LANE)
 
     @staticmethod
