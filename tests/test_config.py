@@ -159,3 +159,17 @@ def test_split_spec_with_a_sink_is_refused_by_the_predicate():
 ])
 def test_num_splits_choice(requested, ctas, blocks, sms, batch, want):
     assert config.num_splits_for(requested, ctas, blocks, sms, batch) == want
+
+
+def test_overlap_predicate():
+    """overlap=True needs two stages and a loader that refills whole slots (not tma_ws)."""
+    from flash_attn_4_sm120.config import FwdConfig, fwd_config_problems
+
+    spec = FwdSpec("bf16", 64, 64, True)
+    assert not fwd_config_problems(spec, FwdConfig(64, 64, 4, 2, overlap=True), SM120)
+    assert any("num_stages must be 2" in p for p in fwd_config_problems(spec, FwdConfig(64, 64, 4, 3, overlap=True), SM120))
+    assert any("tma_ws" in p for p in fwd_config_problems(spec, FwdConfig(64, 64, 4, 2, mainloop="tma_ws",
+                                                                             overlap=True), SM120))
+    # the previous block's P counts against the register budget: 128x64 at d=128 no longer fits
+    assert any("O + S + P" in p for p in fwd_config_problems(FwdSpec("bf16", 128, 128, False),
+                                                             FwdConfig(128, 64, 4, 2, overlap=True), SM120))

@@ -25,8 +25,9 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k)
 ]
 
 
-def _run_and_check(q, k, v, causal, softmax_scale=None, config=None, **features):
-    """``config`` (a FwdConfig) bypasses the table: every mainloop variant runs the same checks."""
+def _run_and_check(q, k, v, causal, softmax_scale=None, config=None, num_splits=None, **features):
+    """``config`` (a FwdConfig) bypasses the table: every mainloop variant runs the same checks.
+    ``num_splits`` as in flash_attn_func (None: automatic)."""
     import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120.interface import _launch_fwd
     from flash_attn_4_sm120.problem import validate_fwd
@@ -35,11 +36,12 @@ def _run_and_check(q, k, v, causal, softmax_scale=None, config=None, **features)
     out = torch.full((b, sq, hq, v.shape[-1]), float("nan"), dtype=q.dtype, device=q.device)
     lse = torch.full((b, hq, sq), float("nan"), dtype=torch.float32, device=q.device)
     if config is None:
-        fa.flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, out=out, lse=lse, **features)
+        fa.flash_attn_fwd(q, k, v, softmax_scale=softmax_scale, causal=causal, out=out, lse=lse,
+                          num_splits=num_splits, **features)
     else:
         spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, features.get("window_size", (None, None)),
                                            features.get("softcap", 0.0), features.get("learnable_sink"))
-        _launch_fwd(q, k, v, spec, shape, params, out, lse, config=config)
+        _launch_fwd(q, k, v, spec, shape, params, out, lse, config=config, num_splits=num_splits)
     torch.cuda.synchronize()
     ref, lse_ref = attention_ref(q, k, v, softmax_scale, causal, **features)
     pt, _ = attention_ref(q, k, v, softmax_scale, causal, upcast=False, **features)

@@ -50,6 +50,44 @@ def test_mainloop_variant(mainloop, cfg, shape, features, causal):
     _run_and_check(q, k, v, causal, config=config, **features)
 
 
+OVERLAP_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n, q_in_regs); 4 warps, 2 stages
+    pytest.param((torch.bfloat16, 64, 64, 64, 64, True), id="bf16-d64-m64n64-qreg"),
+    pytest.param((torch.float16, 128, 128, 64, 64, False), id="fp16-d128-m64n64"),
+    pytest.param((torch.bfloat16, 128, 128, 128, 32, False), id="bf16-d128-m128n32"),
+    pytest.param((torch.bfloat16, 72, 72, 64, 64, False), id="bf16-d72-padded"),
+    pytest.param((torch.bfloat16, 192, 128, 64, 32, True), id="bf16-d192x128"),
+]
+# + a shape with right-masked, full and left-masked (window) blocks, several of each
+OVERLAP_SHAPES = SHAPES + [pytest.param((1, 700, 1500), id="700x1500")]
+OVERLAP_FEATURES = FEATURES + [pytest.param({"window_size": (300, 0)}, False, id="window-left"),
+                               pytest.param({"window_size": (64, 64)}, False, id="window-two-sided")]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["whole", "split3"])
+@pytest.mark.parametrize("features, causal", OVERLAP_FEATURES)
+@pytest.mark.parametrize("shape", OVERLAP_SHAPES)
+@pytest.mark.parametrize("cfg", OVERLAP_CONFIGS)
+@pytest.mark.parametrize("mainloop", ["cp_async", "tma"])
+def test_overlap_mainloop(mainloop, cfg, shape, features, causal, num_splits):
+    """The overlapped mainloop (S of block j beside P V of block j - 1) on both loaders: the first
+    block is peeled (a partial block, any mask class), each class's remaining blocks follow, the
+    last P V runs after the loop; split-KV ranges start the pipeline anew in every split."""
+    from flash_attn_4_sm120.config import FwdConfig
+
+    dtype, d, dv, tm, tn, qreg = cfg
+    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=4, num_stages=2, q_in_regs=qreg, mainloop=mainloop,
+                       overlap=True)
+    torch.manual_seed(d * 5 + tn + len(features) + num_splits)
+    b, sq, sk = shape
+    q = torch.randn(b, sq, 6, d, dtype=dtype, device="cuda")
+    k = torch.randn(b, sk, 2, d, dtype=dtype, device="cuda")
+    v = torch.randn(b, sk, 2, dv, dtype=dtype, device="cuda")
+    features = dict(features)
+    if features.get("learnable_sink") == "sink":
+        features["learnable_sink"] = torch.randn(6, device="cuda") * 2
+    _run_and_check(q, k, v, causal, config=config, num_splits=num_splits, **features)
+
+
 def test_tma_refuses_varlen_k():
     """The predicate routes varlen / seqused K away from the TMA loaders (no device needed to say so)."""
     from flash_attn_4_sm120.config import FwdConfig, fwd_config_problems

@@ -47,6 +47,11 @@ class FwdConfig:
     #: cost of one k-step of operand registers; at 32 rows per warp and d=128 that decides whether
     #: ptxas fits 255 registers, differently per mask and loader, so the gate judges each entry).
     frag_prefetch: bool = True
+    #: Software-pipeline each warp across key blocks: the S = Q K^T MMAs of block j are issued next to
+    #: the P V MMAs of block j-1, so the softmax of block j (exp2, max, sums) runs while the tensor
+    #: pipe works on P V instead of leaving it idle. Costs one P fragment (16-bit, tile_m x tile_n) of
+    #: registers; K is loaded one block ahead of V in two buffers each (``num_stages`` = 2).
+    overlap: bool = False
 
     @property
     def uses_tma(self) -> bool:
@@ -114,6 +119,12 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
                    "(build the split spec without it)")
     if cfg.num_stages not in (2, 3):
         out.append(f"num_stages={cfg.num_stages} (2 or 3 supported)")
+    if cfg.overlap and cfg.num_stages != 2:
+        out.append(f"overlap=True keeps K one block ahead of V in two buffers each: num_stages must be 2, "
+                   f"not {cfg.num_stages}")
+    if cfg.overlap and cfg.mainloop == "tma_ws":
+        out.append("overlap=True with mainloop=tma_ws: the producer warp feeds whole K/V stages "
+                   "(use mainloop=tma or cp_async)")
     if cfg.tile_n % 16:
         out.append(f"tile_n={cfg.tile_n} is not a multiple of 16 (two n8 atoms form one k16 step of P@V)")
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
@@ -132,9 +143,12 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     # per warp, 128x64 on 4 warps) ptxas fits them in 255 registers with or without a few spills,
     # depending on the mask and loader: the conformance gate judges each build; above 192 every
     # sm_120a build spilled (2026-11-22).
-    acc_regs = cfg.tile_m * (padded_head_dim(spec.head_dim_v, cfg) + cfg.tile_n) // cfg.num_threads
+    # With ``overlap`` the previous block's P (16-bit: half a register per element) is live beside S.
+    acc_regs = cfg.tile_m * (padded_head_dim(spec.head_dim_v, cfg) + cfg.tile_n
+                             + (cfg.tile_n // 2 if cfg.overlap else 0)) // cfg.num_threads
     if acc_regs > 192:
-        out.append(f"{acc_regs} accumulator registers per thread (O + S) leave too few for operands")
+        out.append(f"{acc_regs} accumulator registers per thread (O + S{' + P' if cfg.overlap else ''}) "
+                   f"leave too few for operands")
     return tuple(out)
 
 
@@ -244,7 +258,7 @@ def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
 def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfig]:
     """Configs the tuner may pick from: 16 rows per warp (128 rows on 8 warps, 64 on 4) or 32 (128 on
     4), 2-3 stages, Q in smem or registers, each mainloop variant the model supports, with and without
-    the fragment prefetch at 32 rows per warp, filtered by the
+    the fragment prefetch at 32 rows per warp, with and without the cross-block overlap, filtered by the
     validity predicate. The conformance gate screens them (``--subset candidates``) before
     ``benchmarks/tune_fwd.py`` times them on the device."""
     out = []
@@ -255,10 +269,11 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
                     for ml in MAINLOOPS:
                         # without the fragment prefetch only where registers are the limit (32 rows/warp)
                         for pf in (True, False) if tm // w == 32 else (True,):
-                            cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr,
-                                            mainloop=ml, frag_prefetch=pf)
-                            if is_valid(spec, cfg, model):
-                                out.append(cfg)
+                            for ov in (False, True):
+                                cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr,
+                                                mainloop=ml, frag_prefetch=pf, overlap=ov)
+                                if is_valid(spec, cfg, model):
+                                    out.append(cfg)
     return out
 
 
