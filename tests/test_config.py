@@ -1,5 +1,7 @@
 """The tile table and the one validity predicate."""
 
+import re
+
 import pytest
 
 from flash_attn_4_sm120 import config
@@ -34,7 +36,9 @@ def test_table_records_device_and_date():
     assert base <= set(data["table"])
     suffixes = ("bf16", "fp16", "local", "cp_async")
     packed = {f"d{c}_packgqa" for c in config.HEAD_DIM_CLASSES}
-    assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) for k in data["table"])
+    exact = re.compile(r"d\d+x\d+_(full|causal|local)(_softcap)?(_splitkv)?$")
+    assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
+               for k in data["table"])
     for key, knobs in data["table"].items():
         if key.endswith("_cp_async"):
             assert knobs.get("mainloop", "cp_async") == "cp_async", key
@@ -81,7 +85,11 @@ def test_smem_width_keeps_copy_passes_inside_the_tile(d, tile_n, width):
 
 def test_table_keys_most_specific_first():
     spec = FwdSpec("fp16", 128, 128, False, local=True, seqused_k=True)
-    assert config.table_keys(spec) == ["d128_causal_fp16", "d128_causal_local", "d128_causal", "d128_causal_cp_async"]
+    assert config.table_keys(spec) == ["d128x128_local", "d128_causal_fp16", "d128_causal_local", "d128_causal",
+                                       "d128_causal_cp_async"]
+    # exact keys name the head dims and the features that change register demand
+    assert config.exact_key(FwdSpec("bf16", 192, 128, True, softcap=True, split_kv=True)) == "d192x128_causal_softcap_splitkv"
+    assert config.exact_key(FwdSpec("bf16", 128, 128, False, has_sink=True)) == "d128x128_full"
 
 
 def test_every_table_entry_is_a_known_mainloop():

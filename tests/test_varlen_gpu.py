@@ -100,16 +100,20 @@ def test_packed_with_seqused_q_leaves_unused_rows_zero():
 
 
 def test_one_compile_serves_every_batch_layout():
+    """Lengths never add compilations: once the unsplit forward and the split-KV forward + combine
+    are compiled, no batch layout compiles anything, whatever split count it is given."""
     import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120.compile_cache import default_cache
 
-    def call(lens):
+    def call(lens, num_splits=None):
         q = torch.randn(sum(lens), 4, 64, dtype=torch.bfloat16, device="cuda")
         cu = _cu(lens)
-        fa.flash_attn_varlen_func(q, q, q, cu, cu, max(lens), max(lens), causal=True)
+        fa.flash_attn_varlen_func(q, q, q, cu, cu, max(lens), max(lens), causal=True, num_splits=num_splits)
 
-    call([3, 5])
+    call([1000], num_splits=1)
+    call([1000], num_splits=2)
     before = default_cache().stats.compiles
-    for lens in ([1000], [1, 2, 3, 4, 5, 6, 7], [0, 4097, 12]):
-        call(lens)
+    for lens in ([3, 5], [1000], [1, 2, 3, 4, 5, 6, 7], [0, 4097, 12], [333] * 9, [8191, 1]):
+        for num_splits in (None, 1, 7):
+            call(lens, num_splits)
     assert default_cache().stats.compiles == before

@@ -227,15 +227,26 @@ def table_key(spec: FwdSpec) -> str:
     return f"d{head_dim_class(spec)}_{'causal' if spec.causal or spec.local else 'full'}"
 
 
+def exact_key(spec: FwdSpec) -> str:
+    """The exact-head-dims key: ``d{head_dim}x{head_dim_v}_{full|causal|local}``, plus the features that
+    change the mainloop's register demand (softcap: a tanh per score; split-KV: the fp32 partial
+    epilogue). A config tuned and gated for, say, d=128 exactly can then serve it without having to
+    fit every head dim of its class (d=96 or head_dim_v=64 build differently)."""
+    mask = "causal" if spec.causal else ("local" if spec.local else "full")
+    return (f"d{spec.head_dim}x{spec.head_dim_v}_{mask}" + ("_softcap" if spec.softcap else "")
+            + ("_splitkv" if spec.split_kv else ""))
+
+
 def table_keys(spec: FwdSpec) -> list[str]:
     """The table keys a spec may use, most specific first: a packed-GQA entry (short queries: the
-    row gather adds registers and a 64-row tile wastes less), a dtype entry (ptxas allocates registers
-    differently for fp16 and bf16), a local-window entry (the two-sided mask adds registers), the
-    class entry, then the class's cp.async entry (for specs or models the class entry's mainloop
-    cannot serve: varlen / seqused K, parts without TMA)."""
+    row gather adds registers and a 64-row tile wastes less), the exact-head-dims entry
+    (``exact_key``), a dtype entry (ptxas allocates registers differently for fp16 and bf16), a
+    local-window entry (the two-sided mask adds registers), the class entry, then the class's
+    cp.async entry (for specs or models the class entry's mainloop cannot serve: varlen / seqused K,
+    parts without TMA)."""
     key = table_key(spec)
     keys = [f"d{head_dim_class(spec)}_packgqa"] if spec.pack_gqa else []
-    keys.append(f"{key}_{spec.dtype}")
+    keys += [exact_key(spec), f"{key}_{spec.dtype}"]
     if spec.local:
         keys.append(f"{key}_local")
     return keys + [key, f"{key}_cp_async"]
