@@ -18,9 +18,16 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     # dtypes x masks x representative head dims, plus 3 softcap/sink combos x masks per class (bf16),
     # 3 varlen layouts x masks per class, and per class packed GQA: 2 x masks (plain, softcap + sink),
     # fp16 causal and causal over packed Q/K; split-KV: 2 x masks (unpacked, packed GQA), fp16 packed
-    # causal and packed causal over packed Q/K
-    assert len(pairs) == (2 * masks * dims + 3 * masks * classes + 3 * masks * classes + (2 * masks + 2) * classes
-                          + (2 * masks + 2) * classes)
+    # causal over packed Q/K; plus each exact-head-dims entry in both dtypes with and without the sink
+    # (those not already listed)
+    base = (2 * masks * dims + 3 * masks * classes + 3 * masks * classes + (2 * masks + 2) * classes
+            + (2 * masks + 2) * classes)
+    specs = [s for s, _ in pairs]
+    assert len(set(specs)) == len(specs)
+    exact = [k for k in config.fwd_table() if config.EXACT_KEY.match(k)]
+    covered = {config.exact_key(s) for s in specs}
+    assert set(exact) <= covered
+    assert base <= len(pairs) <= base + 4 * len(exact)
     assert {(s.local, s.causal, s.softcap, s.has_sink) for s, _ in pairs} >= {
         (True, False, True, True), (False, True, False, False), (False, False, True, False)}
     for spec, cfg in pairs:
@@ -36,7 +43,7 @@ def test_table_records_device_and_date():
     assert base <= set(data["table"])
     suffixes = ("bf16", "fp16", "local", "cp_async")
     packed = {f"d{c}_packgqa" for c in config.HEAD_DIM_CLASSES}
-    exact = re.compile(r"d\d+x\d+_(full|causal|local)(_softcap)?(_splitkv)?$")
+    exact = config.EXACT_KEY
     assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
                for k in data["table"])
     for key, knobs in data["table"].items():

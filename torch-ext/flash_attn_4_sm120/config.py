@@ -13,6 +13,7 @@ from .execution_model import ExecutionModel
 from .problem import MAX_HEAD_DIM, FwdSpec
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -227,6 +228,10 @@ def table_key(spec: FwdSpec) -> str:
     return f"d{head_dim_class(spec)}_{'causal' if spec.causal or spec.local else 'full'}"
 
 
+#: ``exact_key`` spellings: d{head_dim}x{head_dim_v}_{mask}[_softcap][_splitkv]
+EXACT_KEY = re.compile(r"d(\d+)x(\d+)_(full|causal|local)(_softcap)?(_splitkv)?$")
+
+
 def exact_key(spec: FwdSpec) -> str:
     """The exact-head-dims key: ``d{head_dim}x{head_dim_v}_{full|causal|local}``, plus the features that
     change the mainloop's register demand (softcap: a tanh per score; split-KV: the fp32 partial
@@ -337,4 +342,11 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True))
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_k=True, seqused_k=True))
             specs.append(replace(_spec("bf16", d, dv, mask), seqused_k=True))  # dense KV cache, filled length
-    return [(spec, select_fwd_config(spec, model)) for spec in specs]
+    # exact-head-dims entries: both dtypes, with and without the sink (the features their key omits)
+    for key in fwd_table():
+        m = EXACT_KEY.match(key)
+        if m:
+            d, dv, mask, softcap, split = int(m[1]), int(m[2]), m[3], bool(m[4]), bool(m[5])
+            specs += [replace(_spec(dtype, d, dv, mask, softcap, sink), split_kv=split)
+                      for dtype in ("bf16", "fp16") for sink in ((False,) if split else (False, True))]
+    return [(spec, select_fwd_config(spec, model)) for spec in dict.fromkeys(specs)]
