@@ -39,7 +39,13 @@ def test_mainloop_variant(mainloop, cfg, shape, features, causal):
 
     dtype, d, dv, tm, tn, w, st = cfg
     config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, mainloop=mainloop)
-    torch.manual_seed(d * 7 + tn + len(features))
+    _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 7 + tn + len(features))
+
+
+def _check_config(config, dtype, d, dv, shape, features, causal, seed, num_splits=None):
+    """GQA 3:1 (6 query heads over 2 KV heads) inputs of ``shape`` = (batch, seqlen_q, seqlen_k), run with
+    ``config`` and checked against the fp32 reference; ``features["learnable_sink"] == "sink"`` draws one."""
+    torch.manual_seed(seed)
     b, sq, sk = shape
     q = torch.randn(b, sq, 6, d, dtype=dtype, device="cuda")
     k = torch.randn(b, sk, 2, d, dtype=dtype, device="cuda")
@@ -47,7 +53,7 @@ def test_mainloop_variant(mainloop, cfg, shape, features, causal):
     features = dict(features)
     if features.get("learnable_sink") == "sink":
         features["learnable_sink"] = torch.randn(6, device="cuda") * 2
-    _run_and_check(q, k, v, causal, config=config, **features)
+    _run_and_check(q, k, v, causal, config=config, num_splits=num_splits, **features)
 
 
 OVERLAP_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n, q_in_regs); 4 warps, 2 stages
@@ -77,15 +83,8 @@ def test_overlap_mainloop(mainloop, cfg, shape, features, causal, num_splits):
     dtype, d, dv, tm, tn, qreg = cfg
     config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=4, num_stages=2, q_in_regs=qreg, mainloop=mainloop,
                        overlap=True)
-    torch.manual_seed(d * 5 + tn + len(features) + num_splits)
-    b, sq, sk = shape
-    q = torch.randn(b, sq, 6, d, dtype=dtype, device="cuda")
-    k = torch.randn(b, sk, 2, d, dtype=dtype, device="cuda")
-    v = torch.randn(b, sk, 2, dv, dtype=dtype, device="cuda")
-    features = dict(features)
-    if features.get("learnable_sink") == "sink":
-        features["learnable_sink"] = torch.randn(6, device="cuda") * 2
-    _run_and_check(q, k, v, causal, config=config, num_splits=num_splits, **features)
+    _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 5 + tn + len(features) + num_splits,
+                  num_splits=num_splits)
 
 
 def test_tma_refuses_varlen_k():

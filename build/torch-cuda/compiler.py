@@ -190,6 +190,7 @@ class Case:
         qr = "_qreg" if c.q_in_regs else ""
         ml = "_" + c.mainloop if c.uses_tma else ""
         ml += "" if c.frag_prefetch else "_nopf"
+        ml += "_ov" if c.overlap else ""
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
@@ -260,6 +261,7 @@ def make_case(
     q_in_regs: bool = False,
     mainloop: str = "cp_async",
     frag_prefetch: bool = True,
+    overlap: bool = False,
     causal: bool = True,
     local: bool = False,
     softcap: bool = False,
@@ -275,7 +277,7 @@ def make_case(
                    local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen,
                    seqused_q=seqused, seqused_k=seqused, pack_gqa=pack_gqa, split_kv=split_kv)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
-                    mainloop=mainloop, frag_prefetch=frag_prefetch)
+                    mainloop=mainloop, frag_prefetch=frag_prefetch, overlap=overlap)
     return Case(spec, cfg, model)
 
 

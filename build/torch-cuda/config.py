@@ -13,6 +13,7 @@ from .execution_model import ExecutionModel
 from .problem import MAX_HEAD_DIM, FwdSpec
 
 import json
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -47,6 +48,11 @@ class FwdConfig:
     #: cost of one k-step of operand registers; at 32 rows per warp and d=128 that decides whether
     #: ptxas fits 255 registers, differently per mask and loader, so the gate judges each entry).
     frag_prefetch: bool = True
+    #: Software-pipeline each warp across key blocks: the S = Q K^T MMAs of block j are issued next to
+    #: the P V MMAs of block j-1, so the softmax of block j (exp2, max, sums) runs while the tensor
+    #: pipe works on P V instead of leaving it idle. Costs one P fragment (16-bit, tile_m x tile_n) of
+    #: registers; K is loaded one block ahead of V in two buffers each (``num_stages`` = 2).
+    overlap: bool = False
 
     @property
     def uses_tma(self) -> bool:
@@ -114,6 +120,12 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
                    "(build the split spec without it)")
     if cfg.num_stages not in (2, 3):
         out.append(f"num_stages={cfg.num_stages} (2 or 3 supported)")
+    if cfg.overlap and cfg.num_stages != 2:
+        out.append(f"overlap=True keeps K one block ahead of V in two buffers each: num_stages must be 2, "
+                   f"not {cfg.num_stages}")
+    if cfg.overlap and cfg.mainloop == "tma_ws":
+        out.append("overlap=True with mainloop=tma_ws: the producer warp feeds whole K/V stages "
+                   "(use mainloop=tma or cp_async)")
     if cfg.tile_n % 16:
         out.append(f"tile_n={cfg.tile_n} is not a multiple of 16 (two n8 atoms form one k16 step of P@V)")
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
@@ -132,9 +144,12 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     # per warp, 128x64 on 4 warps) ptxas fits them in 255 registers with or without a few spills,
     # depending on the mask and loader: the conformance gate judges each build; above 192 every
     # sm_120a build spilled (2026-11-22).
-    acc_regs = cfg.tile_m * (padded_head_dim(spec.head_dim_v, cfg) + cfg.tile_n) // cfg.num_threads
+    # With ``overlap`` the previous block's P (16-bit: half a register per element) is live beside S.
+    acc_regs = cfg.tile_m * (padded_head_dim(spec.head_dim_v, cfg) + cfg.tile_n
+                             + (cfg.tile_n // 2 if cfg.overlap else 0)) // cfg.num_threads
     if acc_regs > 192:
-        out.append(f"{acc_regs} accumulator registers per thread (O + S) leave too few for operands")
+        out.append(f"{acc_regs} accumulator registers per thread (O + S{' + P' if cfg.overlap else ''}) "
+                   f"leave too few for operands")
     return tuple(out)
 
 
@@ -213,15 +228,30 @@ def table_key(spec: FwdSpec) -> str:
     return f"d{head_dim_class(spec)}_{'causal' if spec.causal or spec.local else 'full'}"
 
 
+#: ``exact_key`` spellings: d{head_dim}x{head_dim_v}_{mask}[_softcap][_splitkv]
+EXACT_KEY = re.compile(r"d(\d+)x(\d+)_(full|causal|local)(_softcap)?(_splitkv)?$")
+
+
+def exact_key(spec: FwdSpec) -> str:
+    """The exact-head-dims key: ``d{head_dim}x{head_dim_v}_{full|causal|local}``, plus the features that
+    change the mainloop's register demand (softcap: a tanh per score; split-KV: the fp32 partial
+    epilogue). A config tuned and gated for, say, d=128 exactly can then serve it without having to
+    fit every head dim of its class (d=96 or head_dim_v=64 build differently)."""
+    mask = "causal" if spec.causal else ("local" if spec.local else "full")
+    return (f"d{spec.head_dim}x{spec.head_dim_v}_{mask}" + ("_softcap" if spec.softcap else "")
+            + ("_splitkv" if spec.split_kv else ""))
+
+
 def table_keys(spec: FwdSpec) -> list[str]:
     """The table keys a spec may use, most specific first: a packed-GQA entry (short queries: the
-    row gather adds registers and a 64-row tile wastes less), a dtype entry (ptxas allocates registers
-    differently for fp16 and bf16), a local-window entry (the two-sided mask adds registers), the
-    class entry, then the class's cp.async entry (for specs or models the class entry's mainloop
-    cannot serve: varlen / seqused K, parts without TMA)."""
+    row gather adds registers and a 64-row tile wastes less), the exact-head-dims entry
+    (``exact_key``), a dtype entry (ptxas allocates registers differently for fp16 and bf16), a
+    local-window entry (the two-sided mask adds registers), the class entry, then the class's
+    cp.async entry (for specs or models the class entry's mainloop cannot serve: varlen / seqused K,
+    parts without TMA)."""
     key = table_key(spec)
     keys = [f"d{head_dim_class(spec)}_packgqa"] if spec.pack_gqa else []
-    keys.append(f"{key}_{spec.dtype}")
+    keys += [exact_key(spec), f"{key}_{spec.dtype}"]
     if spec.local:
         keys.append(f"{key}_local")
     return keys + [key, f"{key}_cp_async"]
@@ -244,7 +274,7 @@ def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
 def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfig]:
     """Configs the tuner may pick from: 16 rows per warp (128 rows on 8 warps, 64 on 4) or 32 (128 on
     4), 2-3 stages, Q in smem or registers, each mainloop variant the model supports, with and without
-    the fragment prefetch at 32 rows per warp, filtered by the
+    the fragment prefetch at 32 rows per warp, with and without the cross-block overlap, filtered by the
     validity predicate. The conformance gate screens them (``--subset candidates``) before
     ``benchmarks/tune_fwd.py`` times them on the device."""
     out = []
@@ -255,10 +285,11 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
                     for ml in MAINLOOPS:
                         # without the fragment prefetch only where registers are the limit (32 rows/warp)
                         for pf in (True, False) if tm // w == 32 else (True,):
-                            cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr,
-                                            mainloop=ml, frag_prefetch=pf)
-                            if is_valid(spec, cfg, model):
-                                out.append(cfg)
+                            for ov in (False, True):
+                                cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr,
+                                                mainloop=ml, frag_prefetch=pf, overlap=ov)
+                                if is_valid(spec, cfg, model):
+                                    out.append(cfg)
     return out
 
 
@@ -311,4 +342,11 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True))
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_k=True, seqused_k=True))
             specs.append(replace(_spec("bf16", d, dv, mask), seqused_k=True))  # dense KV cache, filled length
-    return [(spec, select_fwd_config(spec, model)) for spec in specs]
+    # exact-head-dims entries: both dtypes, with and without the sink (the features their key omits)
+    for key in fwd_table():
+        m = EXACT_KEY.match(key)
+        if m:
+            d, dv, mask, softcap, split = int(m[1]), int(m[2]), m[3], bool(m[4]), bool(m[5])
+            specs += [replace(_spec(dtype, d, dv, mask, softcap, sink), split_kv=split)
+                      for dtype in ("bf16", "fp16") for sink in ((False,) if split else (False, True))]
+    return [(spec, select_fwd_config(spec, model)) for spec in dict.fromkeys(specs)]

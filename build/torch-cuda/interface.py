@@ -77,15 +77,16 @@ def _check_options(num_splits, pack_gqa) -> None:
         raise TypeError(f"pack_gqa must be True, False or None (automatic), got {pack_gqa!r}")
 
 
-def _splits(requested, spec, shape, cfg, device) -> int:
-    """KV splits for this call (``config.num_splits_for``), from the grid the unsplit launch would have."""
+def _splits(requested, spec, shape, cfg, split_tile_n: int, device) -> int:
+    """KV splits for this call (``config.num_splits_for``), from the grid the unsplit launch (``cfg``)
+    would have and the key blocks of the split kernel's tiles (``split_tile_n``)."""
     if requested == 1:
         return 1
     group = shape.num_heads // shape.num_heads_kv
     rows = shape.seqlen_q * group if spec.pack_gqa else shape.seqlen_q
     heads = shape.num_heads_kv if spec.pack_gqa else shape.num_heads
     num_ctas = -(-rows // cfg.tile_m) * heads * shape.batch
-    return num_splits_for(requested, num_ctas, -(-shape.seqlen_k // cfg.tile_n), _num_sms(device.index), shape.batch)
+    return num_splits_for(requested, num_ctas, -(-shape.seqlen_k // split_tile_n), _num_sms(device.index), shape.batch)
 
 
 def _with_packing(spec, shape, pack_gqa: Optional[bool]):
@@ -131,7 +132,10 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
             return out, lse.copy_(sink.expand(lse_shape))
         return out, lse.fill_(-math.inf)
     cfg = config or select_fwd_config(spec, model)
-    splits = _splits(num_splits, spec, shape, cfg, device)
+    # The split-KV forward is its own spec with its own table entry (an exact-dims entry can differ)
+    split_spec, combine_spec = _split_specs(spec, params.sink is not None)
+    split_cfg = config or select_fwd_config(split_spec, model)
+    splits = _splits(num_splits, spec, shape, cfg, split_cfg.tile_n, device)
     cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
     scalars = (params.scale_log2, params.softcap_scale, params.window_left, params.window_right)
     if splits == 1:
@@ -141,9 +145,8 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
         # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
         o_part = torch.empty((splits, *out_shape), dtype=torch.float32, device=device)
         lse_part = torch.empty((splits, *lse_shape), dtype=torch.float32, device=device)
-        split_spec, combine_spec = _split_specs(spec, params.sink is not None)
         launches = [
-            (compiler.get_fwd_kernel(split_spec, cfg, model, target),
+            (compiler.get_fwd_kernel(split_spec, split_cfg, model, target),
              (q, k, v, o_part, lse_part, *scalars, None, cu_q, cu_k, used_q, used_k, shape.seqlen_q, splits)),
             (compiler.get_combine_kernel(combine_spec, model, target),
              (o_part, lse_part, out, lse, params.sink, cu_q, used_q, shape.seqlen_q)),

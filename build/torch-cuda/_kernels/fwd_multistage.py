@@ -410,20 +410,27 @@ class FlashFwdMultistage:
         if const_expr(self.pad_v):
             tVp = column_predicate(ctx.tVcV, self.spec.head_dim_v)
         ctx.tQKp, ctx.tVp = tQKp, tVp
-        self.prologue(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+        if const_expr(self.config.overlap):
+            self.overlap_prologue(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+        else:
+            self.prologue(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
         if const_expr(self.config.q_in_regs):
             cute.copy(ctx.s2r_q, ctx.tSsQ, ctx.tSrQ_v)
         # Mainloop, last block first: right-edge blocks (masked), full blocks, left-edge blocks of a window
-        # (masked). Step ``it`` handles block n_end - 1 - it in stage it % stages.
+        # (masked). Step ``it`` handles block n_end - 1 - it.
         num_right = ctx.n_end - ctx.n_unmasked_end
         num_full = ctx.n_unmasked_end - ctx.n_unmasked_start
-        for i in cutlass.range(num_right, unroll=1):
-            self.mainloop_step(ctx, i, ctx.n_end - 1 - i, masked=True)
-        for i in cutlass.range(num_full, unroll=1):
-            self.mainloop_step(ctx, num_right + i, ctx.n_unmasked_end - 1 - i, masked=False)
-        if const_expr(self.spec.local):
-            for i in cutlass.range(ctx.n_unmasked_start - ctx.n_start, unroll=1):
-                self.mainloop_step(ctx, num_right + num_full + i, ctx.n_unmasked_start - 1 - i, masked=True)
+        if const_expr(self.config.overlap):
+            self.overlap_mainloop(ctx, num_right, num_full)
+        else:
+            # block n_end - 1 - it in stage it % stages
+            for i in cutlass.range(num_right, unroll=1):
+                self.mainloop_step(ctx, i, ctx.n_end - 1 - i, masked=True)
+            for i in cutlass.range(num_full, unroll=1):
+                self.mainloop_step(ctx, num_right + i, ctx.n_unmasked_end - 1 - i, masked=False)
+            if const_expr(self.spec.local):
+                for i in cutlass.range(ctx.n_unmasked_start - ctx.n_start, unroll=1):
+                    self.mainloop_step(ctx, num_right + num_full + i, ctx.n_unmasked_start - 1 - i, masked=True)
 
         # Epilogue
         num_rows = cute.size(ctx.acc_O_rc, mode=[0])
@@ -514,29 +521,120 @@ class FlashFwdMultistage:
     @cute.jit
     def compute_block(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool]):
         """S = Q K^T, mask, online softmax, O += P V for one key block in smem ``stage``."""
-        # b. S = Q K^T
+        acc_S = self.scores(ctx, n_block, stage, masked)
+        ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
+        # e. O += P V, P reinterpreted as the A operand in 16-bit
+        self.pv(ctx, convert(acc_S, self.dtype), stage)
+
+    @cute.jit
+    def scores(self, ctx: SimpleNamespace, n_block: Int32, k_stage: Int32, masked: cutlass.Constexpr[bool]):
+        """b./c. S = Q K^T for key block ``n_block`` (K in smem stage ``k_stage``), softcapped and
+        element-masked where the block needs it: the (MMA, MMA_M, MMA_N) fp32 accumulator."""
         acc_S = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         acc_S.fill(0.0)
-        tSsK = ctx.tSsK[None, None, None, stage]
+        tSsK = ctx.tSsK[None, None, None, k_stage]
         if const_expr(self.config.q_in_regs):
             self.gemm_rA_smemB(acc_S, ctx.tSrQ, ctx.tSrK, tSsK, ctx.tSrK_v, ctx.s2r_k)
         else:
             self.gemm_smem(acc_S, ctx.tSrQ, ctx.tSrK, ctx.tSsQ, ctx.tSrQ_v, tSsK, ctx.tSrK_v, ctx.s2r_q, ctx.s2r_k)
-        # c./d. softcap, mask and online softmax
         if const_expr(self.spec.softcap):
             # logits = softcap * tanh(s * scale / softcap); the softcap factor is folded into scale_log2.
             acc_S.store(cute.math.tanh(acc_S.load() * ctx.softcap_scale, fastmath=True))
-        acc_S_rc = acc_rows_cols(acc_S)
         if const_expr(masked):
             mask_scores(
-                acc_S_rc, ctx.tScS_rc, ctx.t0ScS_rc, ctx.m_block, n_block, ctx.seqlen_q, ctx.seqlen_k,
+                acc_rows_cols(acc_S), ctx.tScS_rc, ctx.t0ScS_rc, ctx.m_block, n_block, ctx.seqlen_q, ctx.seqlen_k,
                 ctx.window_left, ctx.window_right, self.tile_m, self.tile_n, self.causal, self.spec.local,
                 ctx.group,
             )
-        ctx.softmax.step(acc_S_rc, ctx.acc_O_rc)
-        # e. O += P V, P reinterpreted as the A operand in 16-bit
-        tOrP = acc_as_operand_a(convert(acc_S, self.dtype))
-        self.gemm_rA_smemB(ctx.acc_O, tOrP, ctx.tOrVt, ctx.tOsVt[None, None, None, stage], ctx.tOrVt_v, ctx.s2r_v)
+        return acc_S
+
+    @cute.jit
+    def pv(self, ctx: SimpleNamespace, rP: cute.Tensor, v_stage: Int32):
+        """e. O += P V: ``rP`` (16-bit, laid out like S's accumulator) as the A operand, V^T of smem
+        stage ``v_stage`` read by ldmatrix.trans."""
+        self.gemm_rA_smemB(ctx.acc_O, acc_as_operand_a(rP), ctx.tOrVt, ctx.tOsVt[None, None, None, v_stage],
+                           ctx.tOrVt_v, ctx.s2r_v)
+
+    # ------------------------------------------------------------------------------------------
+    # Overlapped mainloop (``config.overlap``): step ``it`` issues the S MMAs of block it, then the
+    # P V MMAs of block it - 1, then the softmax of block it, so each warp's exp2/max/sum work has
+    # tensor-pipe work beside it. K runs one block ahead of V: load slot s brings K of block s
+    # (buffer s % 2) and V of block s - 1 (buffer (s - 1) % 2); the prologue loads slot 0 (K only),
+    # step it loads slot it + 1 (the buffers step it - 1 read) and the tail PV waits for slot n.
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def overlap_prologue(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+        """Q and K of the first block (block n_end - 1, possibly partial), landed and visible."""
+        self.load_q(ctx)
+        if ctx.n_end - 1 >= ctx.n_start:
+            copy_rows(self.g2s_qk, ctx.tKgK[None, None, None, ctx.n_end - 1], ctx.tKsK[None, None, None, 0], ctx.t0KcK,
+                      ctx.seqlen_k - (ctx.n_end - 1) * self.tile_n - ctx.tKcK[0][0], False, ctx.tQKp)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool]):
+        """Start load slot ``slot``: K of block v_block - 1 (when the range has it) and V of block
+        ``v_block`` (the range's first block when ``first``: rows past seqlen_k are zero-filled)."""
+        k_block = v_block - 1
+        if k_block >= ctx.n_start:
+            cute.copy(self.g2s_qk, ctx.tKgK[None, None, None, k_block], ctx.tKsK[None, None, None, slot % 2],
+                      pred=ctx.tQKp)
+        tVsV = ctx.tVsV[None, None, None, (slot + 1) % 2]
+        if const_expr(first):
+            copy_rows(self.g2s_v, ctx.tVgV[None, None, None, v_block], tVsV, ctx.t0VcV,
+                      ctx.seqlen_k - v_block * self.tile_n - ctx.tVcV[0][0], True, ctx.tVp)
+        else:
+            cute.copy(self.g2s_v, ctx.tVgV[None, None, None, v_block], tVsV, pred=ctx.tVp)
+        cute.arch.cp_async_commit_group()
+
+    @cute.jit
+    def wait_slot(self, ctx: SimpleNamespace, slot: Int32):
+        """Before reading K of block ``slot`` / V of block slot - 1 (cp.async: already waited at the end
+        of the previous step)."""
+        pass
+
+    @cute.jit
+    def end_step(self, ctx: SimpleNamespace, slot: Int32):
+        """After a step: slot ``slot`` has landed (cp.async) and every warp is done with the buffers
+        the next step refills."""
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def overlap_step(self, ctx: SimpleNamespace, rP: cute.Tensor, it: Int32, n_block: Int32,
+                     masked: cutlass.Constexpr[bool], first: cutlass.Constexpr[bool]):
+        """Step ``it`` (block ``n_block``): S of this block, P V of the previous one (``rP``, then
+        overwritten with this block's P), softmax of this block in between."""
+        self.issue_slot(ctx, it + 1, n_block, first)
+        self.wait_slot(ctx, it)
+        acc_S = self.scores(ctx, n_block, it % 2, masked)
+        if const_expr(not first):
+            self.pv(ctx, rP, (it + 1) % 2)
+        ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
+        rP.store(acc_S.load().to(self.dtype))
+        self.end_step(ctx, it + 1)
+
+    @cute.jit
+    def overlap_mainloop(self, ctx: SimpleNamespace, num_right: Int32, num_full: Int32):
+        """The first block is peeled off (no P V before it; masked, whatever its class), then each
+        class's remaining blocks, then the last block's P V."""
+        n_total = ctx.n_end - ctx.n_start
+        rP = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), self.dtype)
+        if n_total > 0:
+            self.overlap_step(ctx, rP, 0, ctx.n_end - 1, masked=True, first=True)
+            for it in cutlass.range(1, num_right, unroll=1):
+                self.overlap_step(ctx, rP, it, ctx.n_end - 1 - it, masked=True, first=False)
+            first_full = num_right if num_right > 0 else 1
+            for it in cutlass.range(first_full, num_right + num_full, unroll=1):
+                self.overlap_step(ctx, rP, it, ctx.n_end - 1 - it, masked=False, first=False)
+            if const_expr(self.spec.local):
+                first_left = num_right + num_full if num_right + num_full > 0 else 1
+                for it in cutlass.range(first_left, n_total, unroll=1):
+                    self.overlap_step(ctx, rP, it, ctx.n_end - 1 - it, masked=True, first=False)
+            self.wait_slot(ctx, n_total)
+            self.pv(ctx, rP, (n_total + 1) % 2)
 
     @cute.jit
     def gemm_smem(self, acc, tCrA, tCrB, tCsA, tCrA_v, tCsB, tCrB_v, s2r_a, s2r_b):

@@ -49,7 +49,9 @@ class FlashFwdTma(FlashFwdMultistage):
         super().__init__(spec, config, model)
         self.tma_kv = True
         self.warp_specialized = config.mainloop == "tma_ws"
-        self.stage_bytes = self.tile_n * (self.head_dim + self.head_dim_v) * self.dtype.width // 8
+        self.k_bytes = self.tile_n * self.head_dim * self.dtype.width // 8
+        self.v_bytes = self.tile_n * self.head_dim_v * self.dtype.width // 8
+        self.stage_bytes = self.k_bytes + self.v_bytes
 
     # -- hooks --------------------------------------------------------------------------------
     def tma_smem_layouts(self):
@@ -169,3 +171,41 @@ class FlashFwdTma(FlashFwdMultistage):
                 cute.arch.mbarrier_arrive(ctx.bars + stages + stage)
         else:
             cute.arch.sync_threads()
+
+    # -- overlapped mainloop (``config.overlap``; see ``FlashFwdMultistage.overlap_mainloop``) ----
+    # Load slot s (K of step s's block, V of step s - 1's) is counted on full barrier s % 2.
+    @cute.jit
+    def overlap_prologue(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+        self.load_q(ctx)
+        cute.arch.cp_async_commit_group()
+        ctx.tma = self.tma_views(sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+        if ctx.n_end - 1 >= ctx.n_start and cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(ctx.bars, self.k_bytes)
+            cute.copy(ctx.tma.atom_K, ctx.tma.tKgK[None, ctx.n_end - 1], ctx.tma.tKsK[None, 0], tma_bar_ptr=ctx.bars)
+        cute.arch.cp_async_wait_group(0)
+        self.mma_barrier()
+
+    @cute.jit
+    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool]):
+        """Warp 0 (converged, see ``issue_tile``): K of block v_block - 1 when the range has it, V of
+        ``v_block`` (TMA zero-fills rows past seqlen_k)."""
+        if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+            full = ctx.bars + slot % 2
+            k_block = v_block - 1
+            tx = Int32(self.v_bytes)
+            if k_block >= ctx.n_start:
+                tx = tx + self.k_bytes
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full, tx)
+            if k_block >= ctx.n_start:
+                cute.copy(ctx.tma.atom_K, ctx.tma.tKgK[None, k_block], ctx.tma.tKsK[None, slot % 2], tma_bar_ptr=full)
+            cute.copy(ctx.tma.atom_V, ctx.tma.tVgV[None, v_block], ctx.tma.tVsV[None, (slot + 1) % 2], tma_bar_ptr=full)
+
+    @cute.jit
+    def wait_slot(self, ctx: SimpleNamespace, slot: Int32):
+        cute.arch.mbarrier_wait(ctx.bars + slot % 2, (slot // 2) % 2)
+
+    @cute.jit
+    def end_step(self, ctx: SimpleNamespace, slot: Int32):
+        cute.arch.sync_threads()
