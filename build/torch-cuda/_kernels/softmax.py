@@ -30,13 +30,6 @@ LN2 = math.log(2.0)
 RESCALE_LOG2 = 8.0
 
 
-def tree_sum(values: list):
-    """Sum a trace-time list of scalars pairwise (dependency depth log2(n), n - 1 adds)."""
-    while len(values) > 1:
-        values = [values[i] + values[i + 1] for i in range(0, len(values) - 1, 2)] + values[len(values) - len(values) % 2:]
-    return values[0]
-
-
 class OnlineSoftmax:
     """Row statistics for ``num_rows`` accumulator rows of this thread."""
 
@@ -66,11 +59,9 @@ class OnlineSoftmax:
             base = Float32(0.0) if m_new == -Float32.inf else m_new * self.scale_log2
             p_row = cute.math.exp2(s_row * self.scale_log2 - base, fastmath=True)
             corr[r] = cute.math.exp2(m_old * self.scale_log2 - base, fastmath=True)
-            acc_S_rc[r, None].store(p_row)
-            # pairwise: a dependency chain of log2(cols) adds, not one add per column
-            self.row_sum[r] = self.row_sum[r] * corr[r] + tree_sum(
-                [acc_S_rc[r, c] for c in range(cute.size(acc_S_rc, mode=[1]))])
+            self.row_sum[r] = self.row_sum[r] * corr[r] + p_row.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
             self.row_max[r] = m_new
+            acc_S_rc[r, None].store(p_row)
         if cute.arch.vote_any_sync(changed):
             for r in cutlass.range_constexpr(self.num_rows):
                 acc_O_rc[r, None].store(acc_O_rc[r, None].load() * corr[r])
