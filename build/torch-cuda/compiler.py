@@ -176,7 +176,7 @@ class Case:
     @property
     def name(self) -> str:
         s, c = self.spec, self.config
-        mask = "causal" if s.causal else ("local" if s.local else "full")
+        mask = s.mask
         mask += "_softcap" if s.softcap else ""
         mask += "_sink" if s.has_sink else ""
         if s.varlen_q or s.varlen_k:

@@ -42,6 +42,11 @@ class FwdSpec:
     #: (``CombineSpec``), which also adds the learnable sink: a split spec never has one
     split_kv: bool = False
 
+    @property
+    def mask(self) -> str:
+        """The mask kind: "causal", "local" (a window, causal or not) or "full"."""
+        return "causal" if self.causal else ("local" if self.local else "full")
+
 
 @dataclass(frozen=True)
 class CombineSpec:

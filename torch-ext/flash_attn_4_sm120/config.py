@@ -15,6 +15,7 @@ from .problem import MAX_HEAD_DIM, FwdSpec
 import json
 import re
 from functools import lru_cache
+from itertools import product
 from pathlib import Path
 
 BYTES_PER_ELEM = 2  # bf16 / fp16 operands
@@ -237,8 +238,7 @@ def exact_key(spec: FwdSpec) -> str:
     change the mainloop's register demand (softcap: a tanh per score; split-KV: the fp32 partial
     epilogue). A config tuned and gated for, say, d=128 exactly can then serve it without having to
     fit every head dim of its class (d=96 or head_dim_v=64 build differently)."""
-    mask = "causal" if spec.causal else ("local" if spec.local else "full")
-    return (f"d{spec.head_dim}x{spec.head_dim_v}_{mask}" + ("_softcap" if spec.softcap else "")
+    return (f"d{spec.head_dim}x{spec.head_dim_v}_{spec.mask}" + ("_softcap" if spec.softcap else "")
             + ("_splitkv" if spec.split_kv else ""))
 
 
@@ -278,18 +278,14 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
     validity predicate. The conformance gate screens them (``--subset candidates``) before
     ``benchmarks/tune_fwd.py`` times them on the device."""
     out = []
-    for tm, w in ((128, 8), (64, 4), (128, 4)):
-        for tn in (32, 48, 64, 128):
-            for st in (2, 3):
-                for qr in (False, True):
-                    for ml in MAINLOOPS:
-                        # without the fragment prefetch only where registers are the limit (32 rows/warp)
-                        for pf in (True, False) if tm // w == 32 else (True,):
-                            for ov in (False, True):
-                                cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr,
-                                                mainloop=ml, frag_prefetch=pf, overlap=ov)
-                                if is_valid(spec, cfg, model):
-                                    out.append(cfg)
+    for (tm, w), tn, st, qr, ml in product(((128, 8), (64, 4), (128, 4)), (32, 48, 64, 128), (2, 3), (False, True),
+                                           MAINLOOPS):
+        # without the fragment prefetch only where registers are the limit (32 rows/warp)
+        for pf, ov in product((True, False) if tm // w == 32 else (True,), (False, True)):
+            cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr, mainloop=ml,
+                            frag_prefetch=pf, overlap=ov)
+            if is_valid(spec, cfg, model):
+                out.append(cfg)
     return out
 
 

@@ -456,15 +456,25 @@ class FlashFwdMultistage:
         for j in cutlass.range_constexpr(stages - 1):
             n_block = ctx.n_end - 1 - j
             if n_block >= ctx.n_start:
-                rows_left = ctx.seqlen_k - n_block * self.tile_n
-                copy_rows(self.g2s_qk, ctx.tKgK[None, None, None, n_block], ctx.tKsK[None, None, None, j], ctx.t0KcK,
-                          rows_left - ctx.tKcK[0][0], False, ctx.tQKp)
-                # Rows past seqlen_k are zeroed in V: P is 0 there, but 0 * garbage could be NaN.
-                copy_rows(self.g2s_v, ctx.tVgV[None, None, None, n_block], ctx.tVsV[None, None, None, j], ctx.t0VcV,
-                          rows_left - ctx.tVcV[0][0], True, ctx.tVp)
+                self.load_k_rows(ctx, n_block, j)
+                self.load_v_rows(ctx, n_block, j)
             cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(stages - 2)
         cute.arch.sync_threads()
+
+    @cute.jit
+    def load_k_rows(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32):
+        """cp.async K of key block ``n_block`` into smem ``stage``; rows past seqlen_k (a partial last
+        block) are not read (their scores are masked)."""
+        copy_rows(self.g2s_qk, ctx.tKgK[None, None, None, n_block], ctx.tKsK[None, None, None, stage], ctx.t0KcK,
+                  ctx.seqlen_k - n_block * self.tile_n - ctx.tKcK[0][0], False, ctx.tQKp)
+
+    @cute.jit
+    def load_v_rows(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32):
+        """cp.async V of key block ``n_block`` into smem ``stage``; rows past seqlen_k are zeroed: P is
+        0 there, but 0 * garbage could be NaN."""
+        copy_rows(self.g2s_v, ctx.tVgV[None, None, None, n_block], ctx.tVsV[None, None, None, stage], ctx.t0VcV,
+                  ctx.seqlen_k - n_block * self.tile_n - ctx.tVcV[0][0], True, ctx.tVp)
 
     @cute.jit
     def packed_row(self, ctx: SimpleNamespace, tile_row):
@@ -567,8 +577,7 @@ class FlashFwdMultistage:
         """Q and K of the first block (block n_end - 1, possibly partial), landed and visible."""
         self.load_q(ctx)
         if ctx.n_end - 1 >= ctx.n_start:
-            copy_rows(self.g2s_qk, ctx.tKgK[None, None, None, ctx.n_end - 1], ctx.tKsK[None, None, None, 0], ctx.t0KcK,
-                      ctx.seqlen_k - (ctx.n_end - 1) * self.tile_n - ctx.tKcK[0][0], False, ctx.tQKp)
+            self.load_k_rows(ctx, ctx.n_end - 1, 0)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
@@ -581,12 +590,11 @@ class FlashFwdMultistage:
         if k_block >= ctx.n_start:
             cute.copy(self.g2s_qk, ctx.tKgK[None, None, None, k_block], ctx.tKsK[None, None, None, slot % 2],
                       pred=ctx.tQKp)
-        tVsV = ctx.tVsV[None, None, None, (slot + 1) % 2]
         if const_expr(first):
-            copy_rows(self.g2s_v, ctx.tVgV[None, None, None, v_block], tVsV, ctx.t0VcV,
-                      ctx.seqlen_k - v_block * self.tile_n - ctx.tVcV[0][0], True, ctx.tVp)
+            self.load_v_rows(ctx, v_block, (slot + 1) % 2)
         else:
-            cute.copy(self.g2s_v, ctx.tVgV[None, None, None, v_block], tVsV, pred=ctx.tVp)
+            cute.copy(self.g2s_v, ctx.tVgV[None, None, None, v_block], ctx.tVsV[None, None, None, (slot + 1) % 2],
+                      pred=ctx.tVp)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
