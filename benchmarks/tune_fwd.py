@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 from flash_attn_4_sm120.compiler import compile_fwd  # noqa: E402
-from flash_attn_4_sm120.config import TABLE_PATH, FwdConfig, candidate_fwd_configs  # noqa: E402
+from flash_attn_4_sm120.config import TABLE_PATH, FwdConfig, candidate_fwd_configs, fwd_smem_bytes, STATIC_SMEM_BYTES  # noqa: E402
 from flash_attn_4_sm120.interface import dispatch_model  # noqa: E402
 from flash_attn_4_sm120.problem import FwdSpec  # noqa: E402
 from timing import median_ms  # noqa: E402
@@ -32,6 +32,22 @@ from timing import median_ms  # noqa: E402
 # (batch, seqlen, heads_q, heads_kv) per head dim: long and short sequences
 SHAPES = {64: [(4, 4096, 16, 16), (16, 1024, 16, 16)], 128: [(4, 4096, 32, 8), (16, 1024, 32, 8)],
           96: [(4, 4096, 16, 16)], 192: [(2, 4096, 16, 16)], 256: [(2, 4096, 8, 8)]}
+
+
+#: Shared memory per SM: SM120 parts (RTX 5090 / RTX PRO 6000 / GB10) and the H100 the device has;
+#: each CTA also takes a 1 KB system reservation.
+SM120_SMEM_PER_SM, H100_SMEM_PER_SM, RESERVED_PER_CTA = 100 * 1024, 228 * 1024, 1024
+H100_MAX_DYNAMIC_SMEM = 227 * 1024 - STATIC_SMEM_BYTES
+
+
+def sm120_launch_smem(smem: int) -> int:
+    """Dynamic smem to launch a kernel of ``smem`` bytes with on the H100 so that as many of its CTAs
+    share an SM as on an SM120 part (registers permitting). The H100 runs two 96 KB CTAs per SM, the
+    SM120 one, and two independent CTAs hide each other's softmax: without this the tuner rewards
+    occupancy the real part does not have."""
+    fixed = STATIC_SMEM_BYTES + RESERVED_PER_CTA  # the static section and the system reservation
+    per_sm = max(1, SM120_SMEM_PER_SM // (smem + fixed))
+    return max(smem, min(H100_SMEM_PER_SM // per_sm - fixed, H100_MAX_DYNAMIC_SMEM))
 
 
 def select(tune_path: str, conformance_path: str) -> dict:
@@ -65,9 +81,12 @@ def main():
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--select", metavar="TUNE_JSON")
     ap.add_argument("--conformance", metavar="GATE_JSON")
-    ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP]]]",
+    ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,PINGPONG]]]]",
                     help="time these configs instead of the candidates (exploration; the predicate is not applied)")
     ap.add_argument("--causal", choices=("both", "full", "causal"), default="both")
+    ap.add_argument("--sm120-smem", action="store_true",
+                    help="launch each config with the shared memory that gives it an SM120's CTAs per SM "
+                         "(sm120_launch_smem): what the table would pick on the real part")
     args = ap.parse_args()
     if args.select:
         print(json.dumps(select(args.select, args.conformance), indent=1))
@@ -80,13 +99,14 @@ def main():
     for text in args.config:
         knobs = text.split(",")
         explicit.append(FwdConfig(*map(int, knobs[:4]), q_in_regs=knobs[4:5] == ["1"], mainloop=(knobs[5:] or ["cp_async"])[0],
-                                  frag_prefetch=knobs[6:7] != ["0"], overlap=knobs[7:8] == ["1"]))
+                                  frag_prefetch=knobs[6:7] != ["0"], overlap=knobs[7:8] == ["1"], pingpong=knobs[8:9] == ["1"]))
     for d, causal in itertools.product(args.head_dims, masks):
         spec = FwdSpec("bf16", d, d, causal)
         best = None
         for cfg in explicit or candidate_fwd_configs(spec, model):
             try:
-                fn = compile_fwd(spec, cfg, model, target)
+                smem = sm120_launch_smem(fwd_smem_bytes(spec, cfg)) if args.sm120_smem else 0
+                fn = compile_fwd(spec, cfg, model, target, launch_smem=smem)
             except Exception as e:  # record and move on: a config that does not build never wins
                 records.append({"head_dim": d, "causal": causal, "config": cfg.__dict__, "error": str(e)[:300]})
                 continue
@@ -117,7 +137,7 @@ def main():
         if best:
             table[f"d{d}_{'causal' if causal else 'full'}"] = {**best[1].__dict__, "geomean_tflops": round(best[0], 1)}
     result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-              "model": model.name, "target": target, "table": table, "records": records}
+              "model": model.name, "target": target, "sm120_smem": args.sm120_smem, "table": table, "records": records}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(table, indent=1))
 

@@ -1,5 +1,6 @@
 """The tile table and the one validity predicate."""
 
+from dataclasses import replace
 import re
 
 import pytest
@@ -188,3 +189,16 @@ def test_overlap_predicate():
     # the previous block's P counts against the register budget: 128x64 at d=128 no longer fits
     assert any("O + S + P" in p for p in fwd_config_problems(FwdSpec("bf16", 128, 128, False),
                                                              FwdConfig(128, 64, 4, 2, overlap=True), SM120))
+
+
+def test_pingpong_predicate():
+    """pingpong=True needs the overlapped step, the "tma" loader and two 4-warp groups; it fits 99 KB
+    at d=128 only with 32-key blocks (two 128-row Q halves = 64 KB)."""
+    from flash_attn_4_sm120.config import FwdConfig, fwd_config_problems
+
+    spec = FwdSpec("bf16", 128, 128, False)
+    good = FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True)
+    assert not fwd_config_problems(spec, good, SM120)
+    for bad in (replace(good, overlap=False), replace(good, mainloop="cp_async"), replace(good, num_warps=4)):
+        assert any("pingpong=True" in p for p in fwd_config_problems(spec, bad, SM120)), bad
+    assert any("shared memory" in p for p in fwd_config_problems(spec, replace(good, tile_n=48), SM120))

@@ -97,3 +97,27 @@ def test_tma_refuses_varlen_k():
     for ml in ("tma", "tma_ws"):
         problems = fwd_config_problems(spec, FwdConfig(128, 48, 4, 2, mainloop=ml), SM120)
         assert any("dense K/V" in p for p in problems), problems
+
+
+PINGPONG_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n); 8 warps in two turn-taking groups
+    pytest.param((torch.bfloat16, 128, 128, 256, 32), id="bf16-d128-m256n32"),
+    pytest.param((torch.float16, 64, 64, 256, 64), id="fp16-d64-m256n64"),
+    pytest.param((torch.bfloat16, 96, 96, 256, 32), id="bf16-d96-m256n32"),
+    pytest.param((torch.bfloat16, 72, 72, 128, 64), id="bf16-d72-m128n64-padded"),
+]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["whole", "split3"])
+@pytest.mark.parametrize("features, causal", OVERLAP_FEATURES)
+@pytest.mark.parametrize("shape", OVERLAP_SHAPES)
+@pytest.mark.parametrize("cfg", PINGPONG_CONFIGS)
+def test_pingpong_mainloop(cfg, shape, features, causal, num_splits):
+    """Two warp groups taking turns at the MMAs (named barriers, no CTA barrier in the loop): the
+    turns must balance for every block count (0 blocks in a split, 1 block, many), both groups must
+    see every refill, and the buffers must not be refilled while the other group still reads them."""
+    from flash_attn_4_sm120.config import FwdConfig
+
+    dtype, d, dv, tm, tn = cfg
+    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=2, mainloop="tma", overlap=True, pingpong=True)
+    _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 3 + tn + len(features) + num_splits,
+                  num_splits=num_splits)

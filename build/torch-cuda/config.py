@@ -54,6 +54,12 @@ class FwdConfig:
     #: pipe works on P V instead of leaving it idle. Costs one P fragment (16-bit, tile_m x tile_n) of
     #: registers; K is loaded one block ahead of V in two buffers each (``num_stages`` = 2).
     overlap: bool = False
+    #: Two warpgroups (``num_warps`` / 2 warps each, half the rows each) take turns at the tensor pipe:
+    #: one issues its MMAs (P V of block j-1, S of block j) while the other runs its softmax, the
+    #: alternation enforced by two named barriers, which also hand the K/V buffers back (no CTA barrier
+    #: in the loop). With one CTA per SM (the model's 99 KB) this is the only way two warps per
+    #: scheduler have independent work; it needs the overlapped step and the "tma" loader.
+    pingpong: bool = False
 
     @property
     def uses_tma(self) -> bool:
@@ -127,6 +133,10 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     if cfg.overlap and cfg.mainloop == "tma_ws":
         out.append("overlap=True with mainloop=tma_ws: the producer warp feeds whole K/V stages "
                    "(use mainloop=tma or cp_async)")
+    if cfg.pingpong and not (cfg.overlap and cfg.mainloop == "tma" and cfg.num_warps == 8):
+        out.append(f"pingpong=True alternates two 4-warp groups over the overlapped step and refills K/V by TMA "
+                   f"after a turn: it needs overlap=True, mainloop=tma and num_warps=8 (got overlap={cfg.overlap}, "
+                   f"mainloop={cfg.mainloop}, num_warps={cfg.num_warps})")
     if cfg.tile_n % 16:
         out.append(f"tile_n={cfg.tile_n} is not a multiple of 16 (two n8 atoms form one k16 step of P@V)")
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
@@ -274,7 +284,8 @@ def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
 def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfig]:
     """Configs the tuner may pick from: 16 rows per warp (128 rows on 8 warps, 64 on 4) or 32 (128 on
     4), 2-3 stages, Q in smem or registers, each mainloop variant the model supports, with and without
-    the fragment prefetch at 32 rows per warp, with and without the cross-block overlap, filtered by the
+    the fragment prefetch at 32 rows per warp, with and without the cross-block overlap, the ping-pong
+    configs (256 or 128 rows on two 4-warp groups), filtered by the
     validity predicate. The conformance gate screens them (``--subset candidates``) before
     ``benchmarks/tune_fwd.py`` times them on the device."""
     out = []
@@ -286,6 +297,12 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
                             frag_prefetch=pf, overlap=ov)
             if is_valid(spec, cfg, model):
                 out.append(cfg)
+    # ping-pong: two 4-warp groups of 32 or 16 rows per warp, overlapped steps, TMA loads
+    for tm, tn, qr in product((256, 128), (32, 64, 128), (False, True)):
+        cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=2, q_in_regs=qr, mainloop="tma", overlap=True,
+                        pingpong=True)
+        if is_valid(spec, cfg, model):
+            out.append(cfg)
     return out
 
 

@@ -92,13 +92,15 @@ def fwd_kernel_class(config: FwdConfig):
 
 
 def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target: str, extra_options: str = "",
-                check_valid: bool = True):
+                check_valid: bool = True, launch_smem: int = 0):
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
     ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink, cu_seqlens_q,
     cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, num_splits)`` taking torch tensors (TVM FFI,
     current stream); the optional tensors are None unless the spec's matching flag is set. With
     ``spec.split_kv`` out/lse are the fp32 (num_splits, ...) partial workspaces. ``check_valid=False``
-    skips the kernel's own check (the conformance gate compiles configs that break a rule on purpose)."""
+    skips the kernel's own check (the conformance gate compiles configs that break a rule on purpose).
+    ``launch_smem`` (measurement harnesses only): launch with at least this much dynamic shared memory,
+    which pins how many CTAs share an SM (see ``benchmarks/tune_fwd.py --sm120-smem``)."""
     import cutlass.cute as cute
 
     cls = fwd_kernel_class(config)
@@ -106,6 +108,7 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
     if problems:
         raise ValueError(f"forward kernel cannot implement {spec} with {config} on {model.name}: {'; '.join(problems)}")
     kernel = cls(spec, config, model)
+    kernel.launch_smem = launch_smem
     options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
     return cute.compile(kernel, *_fake_fwd_args(spec), options=options)
 
@@ -191,6 +194,7 @@ class Case:
         ml = "_" + c.mainloop if c.uses_tma else ""
         ml += "" if c.frag_prefetch else "_nopf"
         ml += "_ov" if c.overlap else ""
+        ml += "_pp" if c.pingpong else ""
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
@@ -262,6 +266,7 @@ def make_case(
     mainloop: str = "cp_async",
     frag_prefetch: bool = True,
     overlap: bool = False,
+    pingpong: bool = False,
     causal: bool = True,
     local: bool = False,
     softcap: bool = False,
@@ -277,7 +282,7 @@ def make_case(
                    local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen,
                    seqused_q=seqused, seqused_k=seqused, pack_gqa=pack_gqa, split_kv=split_kv)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
-                    mainloop=mainloop, frag_prefetch=frag_prefetch, overlap=overlap)
+                    mainloop=mainloop, frag_prefetch=frag_prefetch, overlap=overlap, pingpong=pingpong)
     return Case(spec, cfg, model)
 
 

@@ -50,12 +50,13 @@ from ..problem import FwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .mask import mask_scores
-from .softmax import OnlineSoftmax
+from .softmax import OnlineSoftmax, softmax_step
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
 from .seqlen_info import lse_row, num_batches, num_heads, row_tile, sequence, sequence_heads, split_view
 from .tile_scheduler import SingleTileScheduler
 
 _COPY_BITS = 128  # 16-byte cp.async / st.global vectors
+_BAR_TURN = 2  # named barriers 2 and 3: the ping-pong turns of the two warp groups (0: CTA, 1: MMA warps)
 LOG2_E = 1.0 / math.log(2.0)
 
 
@@ -99,6 +100,9 @@ class FlashFwdMultistage:
         self.tma_kv = False
         #: a producer warp loads, the MMA warps consume (a loader variant)
         self.warp_specialized = False
+        #: dynamic smem to launch with when larger than the kernel's own (set by measurement harnesses
+        #: to pin CTAs per SM; 0 = the kernel's own)
+        self.launch_smem = 0
 
     @staticmethod
     def can_implement(spec: FwdSpec, config: FwdConfig, model: ExecutionModel) -> tuple[str, ...]:
@@ -168,7 +172,14 @@ class FlashFwdMultistage:
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
 
-        if num_bars:  # TMA mainloops: full/empty mbarriers per stage, ahead of the tiles
+        if self.config.pingpong:  # + the softmax scale the turns reload (within the barriers' 1024 B)
+
+            @cute.struct
+            class SharedStorage:
+                bars: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, num_bars], 8]
+                scale: cute.struct.Align[cute.struct.MemRange[Float32, 1], 4]
+                tiles: cute.struct.Align[Tiles, 1024]
+        elif num_bars:  # TMA mainloops: full/empty mbarriers per stage, ahead of the tiles
 
             @cute.struct
             class SharedStorage:
@@ -236,7 +247,7 @@ class FlashFwdMultistage:
         ).launch(
             grid=grid,
             block=[self.launch_threads, 1, 1],
-            smem=self.SharedStorage.size_in_bytes(),
+            smem=max(self.SharedStorage.size_in_bytes(), self.launch_smem),
             # One CTA per SM is all the model promises (99 KB of smem per SM): let ptxas spend registers
             # instead of aiming at 3 CTAs/SM (it capped some 128-thread builds at 168 and spilled).
             min_blocks_per_mp=1,
@@ -314,6 +325,11 @@ class FlashFwdMultistage:
             gV = cute.local_tile(mV_s, (self.tile_n, self.head_dim_v), (None, 0))
 
             storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
+            sScale = None
+            if const_expr(self.config.pingpong):  # published by init_mbarriers' CTA barrier
+                sScale = storage.scale.get_tensor(cute.make_layout(1))
+                if tidx == 0:
+                    sScale[0] = softmax_scale_log2
             bars = self.init_mbarriers(storage)
             sQ = storage.tiles.sQ.get_tensor(sQ_layout)  # (tile_m, d)
             sK = storage.tiles.sK.get_tensor(sK_layout)  # (tile_n, d, stages)
@@ -367,7 +383,7 @@ class FlashFwdMultistage:
 
             ctx = SimpleNamespace(
                 m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start, n_end=n_end, bars=bars,
-                group=group if const_expr(pack) else None, tile_rows=tile_rows, head_kv=head_kv, mQ_h=mQ_h,
+                group=group if const_expr(pack) else None, tile_rows=tile_rows, sScale=sScale, head_kv=head_kv, mQ_h=mQ_h,
                 thr_qk=thr_qk,
                 n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end,
                 tidx=tidx, tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, t0KcK=t0KcK, tKcK=tKcK, t0VcV=t0VcV, tVcV=tVcV,
@@ -615,13 +631,26 @@ class FlashFwdMultistage:
                      masked: cutlass.Constexpr[bool], first: cutlass.Constexpr[bool]):
         """Step ``it`` (block ``n_block``): S of this block, P V of the previous one (``rP``, then
         overwritten with this block's P), softmax of this block in between."""
-        self.issue_slot(ctx, it + 1, n_block, first)
-        self.wait_slot(ctx, it)
+        if const_expr(self.config.pingpong):
+            # the turn hands back the buffers slot it + 1 refills (both groups' MMAs of step it - 1 are done)
+            self.wait_slot(ctx, it)
+            self.take_turn(ctx)
+            self.issue_slot(ctx, it + 1, n_block, first)
+        else:
+            self.issue_slot(ctx, it + 1, n_block, first)
+            self.wait_slot(ctx, it)
         acc_S = self.scores(ctx, n_block, it % 2, masked)
         if const_expr(not first):
             self.pv(ctx, rP, (it + 1) % 2)
-        ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
-        rP.store(acc_S.load().to(self.dtype))
+        scale = self.pass_turn(ctx, last=False)
+        if const_expr(self.config.pingpong):
+            row_max, row_sum, acc_O_rc = ctx.softmax.row_max, ctx.softmax.row_sum, ctx.acc_O_rc
+            if scale == scale:  # always true; a branch ptxas cannot sink the MMAs past
+                softmax_step(row_max, row_sum, acc_rows_cols(acc_S), acc_O_rc, scale)
+                rP.store(acc_S.load().to(self.dtype))
+        else:
+            ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
+            rP.store(acc_S.load().to(self.dtype))
         self.end_step(ctx, it + 1)
 
     @cute.jit
@@ -631,6 +660,7 @@ class FlashFwdMultistage:
         n_total = ctx.n_end - ctx.n_start
         rP = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), self.dtype)
         if n_total > 0:
+            self.first_turn(ctx)
             self.overlap_step(ctx, rP, 0, ctx.n_end - 1, masked=True, first=True)
             for it in cutlass.range(1, num_right, unroll=1):
                 self.overlap_step(ctx, rP, it, ctx.n_end - 1 - it, masked=True, first=False)
@@ -642,7 +672,44 @@ class FlashFwdMultistage:
                 for it in cutlass.range(first_left, n_total, unroll=1):
                     self.overlap_step(ctx, rP, it, ctx.n_end - 1 - it, masked=True, first=False)
             self.wait_slot(ctx, n_total)
+            self.take_turn(ctx)
             self.pv(ctx, rP, (n_total + 1) % 2)
+            self.pass_turn(ctx, last=True)
+
+    # Ping-pong (``config.pingpong``): group g waits on named barrier _BAR_TURN + g before its MMAs
+    # and, after issuing them, arrives on the other group's. Every group has n_total + 1 MMA turns
+    # (n_total steps and the tail P V); group 1 opens group 0's first turn and skips its last arrive,
+    # so both barriers end balanced.
+    def turn_group(self, ctx: SimpleNamespace):
+        return cute.arch.make_warp_uniform(cute.arch.warp_idx()) // (self.config.num_warps // 2)
+
+    @cute.jit
+    def first_turn(self, ctx: SimpleNamespace):
+        if const_expr(self.config.pingpong):
+            if self.turn_group(ctx) == 1:
+                cute.arch.barrier_arrive(barrier_id=_BAR_TURN, number_of_threads=self.num_threads)
+
+    @cute.jit
+    def take_turn(self, ctx: SimpleNamespace):
+        if const_expr(self.config.pingpong):
+            cute.arch.barrier(barrier_id=_BAR_TURN + self.turn_group(ctx), number_of_threads=self.num_threads)
+
+    @cute.jit
+    def pass_turn(self, ctx: SimpleNamespace, last: cutlass.Constexpr[bool]):
+        """After a group's MMAs: open the other group's turn. Returns the softmax scale reloaded from
+        shared memory after the arrive (None without ping-pong): ptxas moves register-only code
+        across a bar.arrive, and would otherwise pull the softmax ahead of it, which closes the
+        turn only after the softmax; a shared load cannot cross it, and the exponentials need it."""
+        scale = None
+        if const_expr(self.config.pingpong):
+            group = self.turn_group(ctx)
+            if const_expr(last):
+                if group == 0:
+                    cute.arch.barrier_arrive(barrier_id=_BAR_TURN + 1, number_of_threads=self.num_threads)
+            else:
+                cute.arch.barrier_arrive(barrier_id=_BAR_TURN + 1 - group, number_of_threads=self.num_threads)
+                scale = ctx.sScale[0]
+        return scale
 
     @cute.jit
     def gemm_smem(self, acc, tCrA, tCrB, tCsA, tCrA_v, tCsB, tCrB_v, s2r_a, s2r_b):

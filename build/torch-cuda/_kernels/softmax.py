@@ -20,7 +20,7 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, const_expr
 
 from .fragments import quad_allreduce_max, quad_allreduce_sum
 
@@ -42,29 +42,13 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def step(self, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor):
+    def step(self, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor, scale_log2: Float32 = None):
         """Turn scores into unnormalized probabilities in place and rescale O (only when some row of
-        the warp raised its reference max: most key blocks after the first change nothing)."""
-        corr = cute.make_rmem_tensor(self.num_rows, Float32)
-        changed = False
-        for r in cutlass.range_constexpr(self.num_rows):
-            s_row = acc_S_rc[r, None].load()
-            m_blk = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
-            m_old = self.row_max[r]
-            m_cand = cute.arch.fmax(m_old, m_blk)
-            # Keep the old reference unless the new max exceeds it by more than RESCALE_LOG2 (then P
-            # stays below 2^RESCALE_LOG2). NaN (-inf - -inf: nothing seen yet) and +inf take the new max.
-            m_new = m_old if (m_cand - m_old) * self.scale_log2 <= Float32(RESCALE_LOG2) else m_cand
-            changed = changed | (m_new != m_old)
-            base = Float32(0.0) if m_new == -Float32.inf else m_new * self.scale_log2
-            p_row = cute.math.exp2(s_row * self.scale_log2 - base, fastmath=True)
-            corr[r] = cute.math.exp2(m_old * self.scale_log2 - base, fastmath=True)
-            self.row_sum[r] = self.row_sum[r] * corr[r] + p_row.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
-            self.row_max[r] = m_new
-            acc_S_rc[r, None].store(p_row)
-        if cute.arch.vote_any_sync(changed):
-            for r in cutlass.range_constexpr(self.num_rows):
-                acc_O_rc[r, None].store(acc_O_rc[r, None].load() * corr[r])
+        the warp raised its reference max: most key blocks after the first change nothing).
+        ``scale_log2``: this step's copy of the scale (the same value), when the caller must tie the
+        exponentials to an instruction it reloaded it after."""
+        scale = self.scale_log2 if const_expr(scale_log2 is None) else scale_log2
+        softmax_step(self.row_max, self.row_sum, acc_S_rc, acc_O_rc, scale)
 
     @cute.jit
     def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor, sink_log2: cute.Tensor = None):
@@ -92,3 +76,29 @@ class OnlineSoftmax:
                 denom = total * keep + cute.math.exp2(sink_log2[r] - top, fastmath=True)
                 acc_O_rc[r, None].store(acc_O_rc[r, None].load() * (keep * cute.arch.rcp_approx(denom)))
                 lse[r] = (top + cute.math.log2(denom, fastmath=True)) * LN2
+
+
+@cute.jit
+def softmax_step(row_max: cute.Tensor, row_sum: cute.Tensor, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor,
+                 scale: Float32):
+    """``OnlineSoftmax.step`` on its state tensors (plain tensors can cross a dynamic ``if``)."""
+    corr = cute.make_rmem_tensor(cute.size(row_max), Float32)
+    changed = False
+    for r in cutlass.range_constexpr(cute.size(row_max)):
+        s_row = acc_S_rc[r, None].load()
+        m_blk = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
+        m_old = row_max[r]
+        m_cand = cute.arch.fmax(m_old, m_blk)
+        # Keep the old reference unless the new max exceeds it by more than RESCALE_LOG2 (then P
+        # stays below 2^RESCALE_LOG2). NaN (-inf - -inf: nothing seen yet) and +inf take the new max.
+        m_new = m_old if (m_cand - m_old) * scale <= Float32(RESCALE_LOG2) else m_cand
+        changed = changed | (m_new != m_old)
+        base = Float32(0.0) if m_new == -Float32.inf else m_new * scale
+        p_row = cute.math.exp2(s_row * scale - base, fastmath=True)
+        corr[r] = cute.math.exp2(m_old * scale - base, fastmath=True)
+        row_sum[r] = row_sum[r] * corr[r] + p_row.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
+        row_max[r] = m_new
+        acc_S_rc[r, None].store(p_row)
+    if cute.arch.vote_any_sync(changed):
+        for r in cutlass.range_constexpr(cute.size(row_max)):
+            acc_O_rc[r, None].store(acc_O_rc[r, None].load() * corr[r])
