@@ -643,15 +643,19 @@ class FlashFwdMultistage:
         if const_expr(not first):
             self.pv(ctx, rP, (it + 1) % 2)
         scale = self.pass_turn(ctx, last=False)
+        row_max, row_sum, acc_O_rc = ctx.softmax.row_max, ctx.softmax.row_sum, ctx.acc_O_rc
         if const_expr(self.config.pingpong):
-            row_max, row_sum, acc_O_rc = ctx.softmax.row_max, ctx.softmax.row_sum, ctx.acc_O_rc
             if scale == scale:  # always true; a branch ptxas cannot sink the MMAs past
-                softmax_step(row_max, row_sum, acc_rows_cols(acc_S), acc_O_rc, scale)
-                rP.store(acc_S.load().to(self.dtype))
+                self.softmax_to_p(row_max, row_sum, acc_S, acc_O_rc, rP, scale)
         else:
-            ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
-            rP.store(acc_S.load().to(self.dtype))
+            self.softmax_to_p(row_max, row_sum, acc_S, acc_O_rc, rP, scale)
         self.end_step(ctx, it + 1)
+
+    @cute.jit
+    def softmax_to_p(self, row_max, row_sum, acc_S: cute.Tensor, acc_O_rc: cute.Tensor, rP: cute.Tensor, scale):
+        """The overlapped step's softmax of this block, its P kept in 16 bits for the next step's P V."""
+        softmax_step(row_max, row_sum, acc_rows_cols(acc_S), acc_O_rc, scale)
+        rP.store(acc_S.load().to(self.dtype))
 
     @cute.jit
     def overlap_mainloop(self, ctx: SimpleNamespace, num_right: Int32, num_full: Int32):
@@ -696,11 +700,11 @@ class FlashFwdMultistage:
 
     @cute.jit
     def pass_turn(self, ctx: SimpleNamespace, last: cutlass.Constexpr[bool]):
-        """After a group's MMAs: open the other group's turn. Returns the softmax scale reloaded from
-        shared memory after the arrive (None without ping-pong): ptxas moves register-only code
+        """After a group's MMAs: open the other group's turn. Returns the softmax scale for the step:
+        with ping-pong, reloaded from shared memory after the arrive (ptxas moves register-only code
         across a bar.arrive, and would otherwise pull the softmax ahead of it, which closes the
-        turn only after the softmax; a shared load cannot cross it, and the exponentials need it."""
-        scale = None
+        turn only after the softmax; a shared load cannot cross it, and the exponentials need it)."""
+        scale = ctx.softmax.scale_log2
         if const_expr(self.config.pingpong):
             group = self.turn_group(ctx)
             if const_expr(last):

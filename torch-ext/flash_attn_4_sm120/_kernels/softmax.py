@@ -20,7 +20,7 @@ import math
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, const_expr
+from cutlass import Float32
 
 from .fragments import quad_allreduce_max, quad_allreduce_sum
 
@@ -42,13 +42,10 @@ class OnlineSoftmax:
         self.row_sum.fill(0.0)
 
     @cute.jit
-    def step(self, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor, scale_log2: Float32 = None):
+    def step(self, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor):
         """Turn scores into unnormalized probabilities in place and rescale O (only when some row of
-        the warp raised its reference max: most key blocks after the first change nothing).
-        ``scale_log2``: this step's copy of the scale (the same value), when the caller must tie the
-        exponentials to an instruction it reloaded it after."""
-        scale = self.scale_log2 if const_expr(scale_log2 is None) else scale_log2
-        softmax_step(self.row_max, self.row_sum, acc_S_rc, acc_O_rc, scale)
+        the warp raised its reference max: most key blocks after the first change nothing)."""
+        softmax_step(self.row_max, self.row_sum, acc_S_rc, acc_O_rc, self.scale_log2)
 
     @cute.jit
     def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor, sink_log2: cute.Tensor = None):
@@ -81,7 +78,8 @@ class OnlineSoftmax:
 @cute.jit
 def softmax_step(row_max: cute.Tensor, row_sum: cute.Tensor, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor,
                  scale: Float32):
-    """``OnlineSoftmax.step`` on its state tensors (plain tensors can cross a dynamic ``if``)."""
+    """``OnlineSoftmax.step`` on its state tensors with an explicit scale (plain tensors can cross a
+    dynamic ``if``; the ping-pong step passes a scale it reloaded after its turn's arrive)."""
     corr = cute.make_rmem_tensor(cute.size(row_max), Float32)
     changed = False
     for r in cutlass.range_constexpr(cute.size(row_max)):
