@@ -70,6 +70,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--cases", nargs="*", help="only the cases whose names contain one of these strings")
     args = ap.parse_args()
     dev = torch.cuda.get_device_name()
     impls = {
@@ -82,7 +83,8 @@ def main():
     if up is not None:
         impls["fa4_sm120_path"] = up
     rows = []
-    for name, b, sq, sk, hq, hkv, d, dv, causal, window in CASES[: 2 if args.quick else None]:
+    cases = [c for c in CASES if not args.cases or any(s in c[0] for s in args.cases)]
+    for name, b, sq, sk, hq, hkv, d, dv, causal, window in cases[: 2 if args.quick else None]:
         torch.manual_seed(0)
         q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
         k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")

@@ -81,7 +81,7 @@ def main():
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--select", metavar="TUNE_JSON")
     ap.add_argument("--conformance", metavar="GATE_JSON")
-    ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,PINGPONG]]]]",
+    ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,PINGPONG[,PERSISTENT]]]]]",
                     help="time these configs instead of the candidates (exploration; the predicate is not applied)")
     ap.add_argument("--causal", choices=("both", "full", "causal"), default="both")
     ap.add_argument("--sm120-smem", action="store_true",
@@ -92,6 +92,7 @@ def main():
         print(json.dumps(select(args.select, args.conformance), indent=1))
         return
     model = dispatch_model(torch.device("cuda"))
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     target = model.compile_target
     records, table = [], {}
     masks = {"both": (False, True), "full": (False,), "causal": (True,)}[args.causal]
@@ -99,7 +100,8 @@ def main():
     for text in args.config:
         knobs = text.split(",")
         explicit.append(FwdConfig(*map(int, knobs[:4]), q_in_regs=knobs[4:5] == ["1"], mainloop=(knobs[5:] or ["cp_async"])[0],
-                                  frag_prefetch=knobs[6:7] != ["0"], overlap=knobs[7:8] == ["1"], pingpong=knobs[8:9] == ["1"]))
+                                  frag_prefetch=knobs[6:7] != ["0"], overlap=knobs[7:8] == ["1"], pingpong=knobs[8:9] == ["1"],
+                                  persistent=knobs[9:10] == ["1"]))
     for d, causal in itertools.product(args.head_dims, masks):
         spec = FwdSpec("bf16", d, d, causal)
         best = None
@@ -119,7 +121,7 @@ def main():
                 lse = torch.empty(b, hq, s, dtype=torch.float32, device="cuda")
                 scale = d ** -0.5
                 run = lambda: fn(q, k, v, o, lse, scale / math.log(2.0), 1.0, 0, 0,  # noqa: E731
-                                 None, None, None, None, None, s, 1)
+                                 None, None, None, None, None, s, 1, num_sms)
                 run()
                 ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                      is_causal=causal, enable_gqa=hq != hkv).transpose(1, 2)

@@ -202,3 +202,17 @@ def test_pingpong_predicate():
     for bad in (replace(good, overlap=False), replace(good, mainloop="cp_async"), replace(good, num_warps=4)):
         assert any("pingpong=True" in p for p in fwd_config_problems(spec, bad, SM120)), bad
     assert any("shared memory" in p for p in fwd_config_problems(spec, replace(good, tile_n=48), SM120))
+
+
+def test_persistent_predicate():
+    """persistent=True rides on the ping-pong mainloop and serves dense, unpacked, unsplit query tiles;
+    the specs it refuses name the reason (the table's fallback entries serve them)."""
+    from flash_attn_4_sm120.config import FwdConfig, fwd_config_problems
+
+    spec = FwdSpec("bf16", 128, 128, True)
+    good = FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True, persistent=True)
+    assert not fwd_config_problems(spec, good, SM120)
+    assert any("needs pingpong=True" in p for p in fwd_config_problems(spec, replace(good, pingpong=False), SM120))
+    for bad in (replace(spec, split_kv=True), replace(spec, pack_gqa=True), replace(spec, varlen_q=True),
+                replace(spec, seqused_q=True)):
+        assert any("persistent=True with" in p for p in fwd_config_problems(bad, good, SM120)), bad

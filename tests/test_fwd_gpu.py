@@ -25,9 +25,9 @@ SHAPES = [  # (batch, seqlen_q, seqlen_k)
 ]
 
 
-def _run_and_check(q, k, v, causal, softmax_scale=None, config=None, num_splits=None, **features):
+def _run_and_check(q, k, v, causal, softmax_scale=None, config=None, num_splits=None, max_ctas=None, **features):
     """``config`` (a FwdConfig) bypasses the table: every mainloop variant runs the same checks.
-    ``num_splits`` as in flash_attn_func (None: automatic)."""
+    ``num_splits`` as in flash_attn_func (None: automatic); ``max_ctas`` caps a persistent grid."""
     import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120.interface import _launch_fwd
     from flash_attn_4_sm120.problem import validate_fwd
@@ -41,7 +41,7 @@ def _run_and_check(q, k, v, causal, softmax_scale=None, config=None, num_splits=
     else:
         spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, features.get("window_size", (None, None)),
                                            features.get("softcap", 0.0), features.get("learnable_sink"))
-        _launch_fwd(q, k, v, spec, shape, params, out, lse, config=config, num_splits=num_splits)
+        _launch_fwd(q, k, v, spec, shape, params, out, lse, config=config, num_splits=num_splits, max_ctas=max_ctas)
     torch.cuda.synchronize()
     ref, lse_ref = attention_ref(q, k, v, softmax_scale, causal, **features)
     pt, _ = attention_ref(q, k, v, softmax_scale, causal, upcast=False, **features)

@@ -42,7 +42,7 @@ def test_mainloop_variant(mainloop, cfg, shape, features, causal):
     _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 7 + tn + len(features))
 
 
-def _check_config(config, dtype, d, dv, shape, features, causal, seed, num_splits=None):
+def _check_config(config, dtype, d, dv, shape, features, causal, seed, num_splits=None, max_ctas=None):
     """GQA 3:1 (6 query heads over 2 KV heads) inputs of ``shape`` = (batch, seqlen_q, seqlen_k), run with
     ``config`` and checked against the fp32 reference; ``features["learnable_sink"] == "sink"`` draws one."""
     torch.manual_seed(seed)
@@ -53,7 +53,7 @@ def _check_config(config, dtype, d, dv, shape, features, causal, seed, num_split
     features = dict(features)
     if features.get("learnable_sink") == "sink":
         features["learnable_sink"] = torch.randn(6, device="cuda") * 2
-    _run_and_check(q, k, v, causal, config=config, num_splits=num_splits, **features)
+    _run_and_check(q, k, v, causal, config=config, num_splits=num_splits, max_ctas=max_ctas, **features)
 
 
 OVERLAP_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n, q_in_regs); 4 warps, 2 stages
@@ -121,3 +121,26 @@ def test_pingpong_mainloop(cfg, shape, features, causal, num_splits):
     config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=2, mainloop="tma", overlap=True, pingpong=True)
     _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 3 + tn + len(features) + num_splits,
                   num_splits=num_splits)
+
+
+# + shapes whose tiles outnumber the CTAs several times over: (batch, seqlen_q, seqlen_k)
+PERSISTENT_SHAPES = OVERLAP_SHAPES + [pytest.param((3, 1000, 1000), id="3x1000"),
+                                      pytest.param((2, 600, 2000), id="600x2000")]
+
+
+@pytest.mark.parametrize("max_ctas", [1, 5, None], ids=["1cta", "5ctas", "per-sm"])
+@pytest.mark.parametrize("features, causal", OVERLAP_FEATURES)
+@pytest.mark.parametrize("shape", PERSISTENT_SHAPES)
+@pytest.mark.parametrize("cfg", PINGPONG_CONFIGS)
+def test_persistent_pingpong(cfg, shape, features, causal, max_ctas):
+    """Persistent CTAs walking many tiles each (1 CTA: every tile in turn; 5: interleaved; one per
+    SM): the load slots, mbarrier phases and turns carry across tiles with 0, 1 or many key blocks,
+    each group's next Q rows load under the tile's tail, O is stored from registers."""
+    from flash_attn_4_sm120.config import FwdConfig
+
+    dtype, d, dv, tm, tn = cfg
+    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=2, mainloop="tma", overlap=True, pingpong=True,
+                       persistent=True)
+    # (num_splits=1: a forced config would serve the split kernel too, which persistent tiles refuse)
+    _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 11 + tn + len(features),
+                  num_splits=1, max_ctas=max_ctas)

@@ -102,11 +102,14 @@ def _packed_spec(spec):
     return dataclasses.replace(spec, pack_gqa=True)  # memoized: decode calls pack every time
 
 
-def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, config=None, num_splits=None):
+def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, config=None, num_splits=None,
+                max_ctas=None):
     """Allocate (or check) outputs and launch; inputs are already validated. ``varlen`` is
     (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) for packed/varlen calls. ``config`` overrides
     the table's choice (tests and tuning only). ``num_splits`` > 1 (or automatic, see ``_splits``)
-    runs the split-KV forward into fp32 workspaces and the combine kernel into out/lse."""
+    runs the split-KV forward into fp32 workspaces and the combine kernel into out/lse. ``max_ctas``
+    caps a persistent config's grid (default: one CTA per SM; tests pass fewer so that every CTA
+    walks several tiles)."""
     device = q.device
     model, target = _model_and_target(device.index, os.environ.get(DISPATCH_ENV),
                                       os.environ.get(COMPILE_TARGET_ENV))
@@ -140,14 +143,15 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
     scalars = (params.scale_log2, params.softcap_scale, params.window_left, params.window_right)
     if splits == 1:
         launches = [(compiler.get_fwd_kernel(spec, cfg, model, target),
-                     (q, k, v, out, lse, *scalars, params.sink, cu_q, cu_k, used_q, used_k, shape.seqlen_q, 1))]
+                     (q, k, v, out, lse, *scalars, params.sink, cu_q, cu_k, used_q, used_k, shape.seqlen_q, 1,
+                      max_ctas or _num_sms(device.index)))]
     else:
         # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
         o_part = torch.empty((splits, *out_shape), dtype=torch.float32, device=device)
         lse_part = torch.empty((splits, *lse_shape), dtype=torch.float32, device=device)
         launches = [
             (compiler.get_fwd_kernel(split_spec, split_cfg, model, target),
-             (q, k, v, o_part, lse_part, *scalars, None, cu_q, cu_k, used_q, used_k, shape.seqlen_q, splits)),
+             (q, k, v, o_part, lse_part, *scalars, None, cu_q, cu_k, used_q, used_k, shape.seqlen_q, splits, 0)),
             (compiler.get_combine_kernel(combine_spec, model, target),
              (o_part, lse_part, out, lse, params.sink, cu_q, used_q, shape.seqlen_q)),
         ]

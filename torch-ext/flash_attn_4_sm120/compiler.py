@@ -73,11 +73,11 @@ def _fake_fwd_args(spec: FwdSpec):
     cu_k = int_vector(batch_p1) if spec.varlen_k else None
     used_q = int_vector(cute.sym_int()) if spec.seqused_q else None
     used_k = int_vector(cute.sym_int()) if spec.seqused_k else None
-    # scale_log2, softcap_scale, window_left, window_right are runtime scalars; so are max_seqlen_q
-    # and num_splits.
+    # scale_log2, softcap_scale, window_left, window_right are runtime scalars; so are max_seqlen_q,
+    # num_splits and max_ctas.
     scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0))
     return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, cutlass.Int32(0), cutlass.Int32(1),
-            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+            cutlass.Int32(0), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def fwd_kernel_class(config: FwdConfig):
@@ -86,6 +86,10 @@ def fwd_kernel_class(config: FwdConfig):
         from ._kernels.fwd_multistage import FlashFwdMultistage
 
         return FlashFwdMultistage
+    if config.persistent:
+        from ._kernels.fwd_persistent import FlashFwdPersistent
+
+        return FlashFwdPersistent
     from ._kernels.fwd_tma import FlashFwdTma
 
     return FlashFwdTma
@@ -95,9 +99,10 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
                 check_valid: bool = True, launch_smem: int = 0):
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
     ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink, cu_seqlens_q,
-    cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, num_splits)`` taking torch tensors (TVM FFI,
+    cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, num_splits, max_ctas)`` taking torch tensors (TVM FFI,
     current stream); the optional tensors are None unless the spec's matching flag is set. With
-    ``spec.split_kv`` out/lse are the fp32 (num_splits, ...) partial workspaces. ``check_valid=False``
+    ``spec.split_kv`` out/lse are the fp32 (num_splits, ...) partial workspaces. ``max_ctas`` caps the
+    grid of persistent configs (``config.persistent``: one CTA per SM, so the SM count); others ignore it. ``check_valid=False``
     skips the kernel's own check (the conformance gate compiles configs that break a rule on purpose).
     ``launch_smem`` (measurement harnesses only): launch with at least this much dynamic shared memory,
     which pins how many CTAs share an SM (see ``benchmarks/tune_fwd.py --sm120-smem``)."""
@@ -195,6 +200,7 @@ class Case:
         ml += "" if c.frag_prefetch else "_nopf"
         ml += "_ov" if c.overlap else ""
         ml += "_pp" if c.pingpong else ""
+        ml += "_ps" if c.persistent else ""
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
@@ -267,6 +273,7 @@ def make_case(
     frag_prefetch: bool = True,
     overlap: bool = False,
     pingpong: bool = False,
+    persistent: bool = False,
     causal: bool = True,
     local: bool = False,
     softcap: bool = False,
@@ -282,7 +289,8 @@ def make_case(
                    local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen,
                    seqused_q=seqused, seqused_k=seqused, pack_gqa=pack_gqa, split_kv=split_kv)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
-                    mainloop=mainloop, frag_prefetch=frag_prefetch, overlap=overlap, pingpong=pingpong)
+                    mainloop=mainloop, frag_prefetch=frag_prefetch, overlap=overlap, pingpong=pingpong,
+                    persistent=persistent)
     return Case(spec, cfg, model)
 
 

@@ -60,6 +60,12 @@ class FwdConfig:
     #: in the loop). With one CTA per SM (the model's 99 KB) this is the only way two warps per
     #: scheduler have independent work; it needs the overlapped step and the "tma" loader.
     pingpong: bool = False
+    #: Persistent CTAs (ping-pong only): one CTA per SM walks the tiles in the grid's order. Each warp
+    #: group loads its own Q rows of the next tile under the current tile's tail and stores its O rows
+    #: straight from registers, and warp 0 starts the next tile's first K load as soon as the buffer is
+    #: free, so a CTA's prologue and epilogue overlap its other group's MMAs instead of leaving the
+    #: tensor pipe idle (at one CTA per SM nothing else covers them).
+    persistent: bool = False
 
     @property
     def uses_tma(self) -> bool:
@@ -137,6 +143,12 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         out.append(f"pingpong=True alternates two 4-warp groups over the overlapped step and refills K/V by TMA "
                    f"after a turn: it needs overlap=True, mainloop=tma and num_warps=8 (got overlap={cfg.overlap}, "
                    f"mainloop={cfg.mainloop}, num_warps={cfg.num_warps})")
+    if cfg.persistent and not cfg.pingpong:
+        out.append("persistent=True overlaps one warp group's tile boundary with the other's MMAs: it needs "
+                   "pingpong=True")
+    if cfg.persistent and (spec.split_kv or spec.pack_gqa or spec.varlen_q or spec.seqused_q):
+        out.append("persistent=True with split-KV, packed GQA or varlen / seqused Q: the persistent tile loop walks "
+                   "dense, unpacked query tiles and stores 16-bit rows (these run the table's non-persistent entries)")
     if cfg.tile_n % 16:
         out.append(f"tile_n={cfg.tile_n} is not a multiple of 16 (two n8 atoms form one k16 step of P@V)")
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
@@ -297,10 +309,10 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
                             frag_prefetch=pf, overlap=ov)
             if is_valid(spec, cfg, model):
                 out.append(cfg)
-    # ping-pong: two 4-warp groups of 32 or 16 rows per warp, overlapped steps, TMA loads
-    for tm, tn, qr in product((256, 128), (32, 64, 128), (False, True)):
+    # ping-pong: two 4-warp groups of 32 or 16 rows per warp, overlapped steps, TMA loads; persistent or not
+    for tm, tn, qr, ps in product((256, 128), (32, 64, 128), (False, True), (False, True)):
         cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=2, q_in_regs=qr, mainloop="tma", overlap=True,
-                        pingpong=True)
+                        pingpong=True, persistent=ps)
         if is_valid(spec, cfg, model):
             out.append(cfg)
     return out

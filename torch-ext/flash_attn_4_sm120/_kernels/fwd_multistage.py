@@ -53,7 +53,7 @@ from .mask import mask_scores
 from .softmax import OnlineSoftmax, softmax_step
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
 from .seqlen_info import lse_row, num_batches, num_heads, row_tile, sequence, sequence_heads, split_view
-from .tile_scheduler import SingleTileScheduler
+from .tile_scheduler import PersistentTileScheduler, SingleTileScheduler
 
 _COPY_BITS = 128  # 16-byte cp.async / st.global vectors
 _BAR_TURN = 2  # named barriers 2 and 3: the ping-pong turns of the two warp groups (0: CTA, 1: MMA warps)
@@ -200,6 +200,63 @@ class FlashFwdMultistage:
         self.SharedStorage = SharedStorage
 
     @cute.jit
+    def shared_tiles(self, tidx, softmax_scale_log2, sQ_layout, sK_layout, sV_layout, sO_layout) -> SimpleNamespace:
+        """Allocate the CTA's shared storage and initialize its barriers: bars, sScale (ping-pong),
+        sQ (tile_m, d), sK (tile_n, d, stages), sV (tile_n, dv, stages), sO (over sQ's bytes) and the
+        V^T view sVt (dv, tile_n, stages) for the B operand of P @ V."""
+        storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
+        sScale = None
+        if const_expr(self.config.pingpong):  # published by init_mbarriers' CTA barrier
+            sScale = storage.scale.get_tensor(cute.make_layout(1))
+            if tidx == 0:
+                sScale[0] = softmax_scale_log2
+        bars = self.init_mbarriers(storage)
+        sQ = storage.tiles.sQ.get_tensor(sQ_layout)
+        sV = storage.tiles.sV.get_tensor(sV_layout)
+        sVt = cute.composition(
+            sV, cute.make_layout((self.head_dim_v, self.tile_n, self.config.num_stages),
+                                 stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
+        )
+        return SimpleNamespace(bars=bars, sScale=sScale, sQ=sQ, sK=storage.tiles.sK.get_tensor(sK_layout), sV=sV,
+                               sO=cute.make_tensor(sQ.iterator, sO_layout), sVt=sVt)
+
+    @cute.jit
+    def mma_context(self, tidx, sm: SimpleNamespace, softmax_scale_log2) -> SimpleNamespace:
+        """What a thread's MMAs need, independent of the tile: fragments, ldmatrix copies and their
+        smem partitions (with the stage mode), the O accumulator (zeroed), the softmax state and the
+        S coordinates for masking (this thread's and thread 0's compile-time partition)."""
+        thr_mma = self.tiled_mma.get_slice(tidx)
+        tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sm.sQ))  # (MMA, MMA_M, MMA_K)
+        tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sm.sK[None, None, 0]))  # (MMA, MMA_N, MMA_K)
+        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sm.sVt[None, None, 0]))  # (MMA, MMA_N, MMA_K)
+        s2r_q = cute.make_tiled_copy_A(
+            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
+        )
+        s2r_k = cute.make_tiled_copy_B(
+            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
+        )
+        s2r_v = cute.make_tiled_copy_B(
+            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), self.tiled_mma
+        )
+        thr_s2r_q, thr_s2r_k, thr_s2r_v = s2r_q.get_slice(tidx), s2r_k.get_slice(tidx), s2r_v.get_slice(tidx)
+        # (MMA, MMA_M, MMA_N) accumulator of O and its (rows, cols) view
+        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
+        acc_O.fill(0.0)
+        acc_O_rc = acc_rows_cols(acc_O)
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        return SimpleNamespace(
+            tidx=tidx, bars=sm.bars, sScale=sm.sScale,
+            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
+            tSsQ=thr_s2r_q.partition_S(sm.sQ), tSrQ_v=thr_s2r_q.retile(tSrQ),
+            tSsK=thr_s2r_k.partition_S(sm.sK), tSrK_v=thr_s2r_k.retile(tSrK),
+            tOsVt=thr_s2r_v.partition_S(sm.sVt), tOrVt_v=thr_s2r_v.retile(tOrVt),
+            s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v, thr_mma=thr_mma,
+            tScS_rc=acc_rows_cols(thr_mma.partition_C(cS)),
+            t0ScS_rc=acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS)),
+            softmax=OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0])),
+        )
+
+    @cute.jit
     def __call__(
         self,
         mQ: cute.Tensor,
@@ -218,6 +275,7 @@ class FlashFwdMultistage:
         mSeqUsedK: Optional[cute.Tensor],
         max_seqlen_q: Int32,
         num_splits: Int32,
+        max_ctas: Int32,
         stream: cuda.CUstream,
     ):
         out_dtype = Float32 if const_expr(self.spec.split_kv) else self.dtype
@@ -226,7 +284,10 @@ class FlashFwdMultistage:
             raise TypeError("Q, K, V must have the spec's dtype, O too (fp32 partials with split-KV)")
         self._setup()
         # Causal rows get longer down the sequence: start the long tiles first.
-        scheduler = SingleTileScheduler(reverse_m=self.causal or self.spec.local, split_kv=self.spec.split_kv)
+        if const_expr(self.config.persistent):
+            scheduler = PersistentTileScheduler(reverse_m=self.causal or self.spec.local)
+        else:
+            scheduler = SingleTileScheduler(reverse_m=self.causal or self.spec.local, split_kv=self.spec.split_kv)
         packed_q = mCuSeqlensQ is not None
         # Packed Q: the grid covers the longest sequence; CTAs past a shorter one exit at once.
         rows = max_seqlen_q if const_expr(packed_q) else mQ.shape[1]
@@ -236,14 +297,16 @@ class FlashFwdMultistage:
             group = heads // num_heads(mK, mCuSeqlensK is not None)
             rows = rows * group
             heads = heads // group
-        grid = scheduler.grid(cute.ceil_div(rows, self.tile_m), heads, num_batches(mQ, mCuSeqlensQ), num_splits)
+        num_m_blocks = cute.ceil_div(rows, self.tile_m)
+        grid = scheduler.grid(num_m_blocks, heads, num_batches(mQ, mCuSeqlensQ),
+                              max_ctas if const_expr(self.config.persistent) else num_splits)
         tma_atom_K, mK_tma, tma_atom_V, mV_tma = self.make_tma_atoms(mK, mV)
         self.kernel(
             mQ, mK, mV, mO, mLSE, softmax_scale_log2, softcap_scale, window_left, window_right, mSink,
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
-            tma_atom_K, mK_tma, tma_atom_V, mV_tma,
+            tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks,
         ).launch(
             grid=grid,
             block=[self.launch_threads, 1, 1],
@@ -288,127 +351,89 @@ class FlashFwdMultistage:
         mK_tma: Optional[cute.Tensor],
         tma_atom_V: Optional[cute.CopyAtom],
         mV_tma: Optional[cute.Tensor],
+        num_m_blocks: Int32,
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
-        stages = self.config.num_stages
-        tidx, _, _ = cute.arch.thread_idx()
-        m_block, head, batch, split = scheduler.tile(num_splits)
-        pack = self.spec.pack_gqa
-        group = num_heads(mQ, mCuSeqlensQ is not None) // num_heads(mK, mCuSeqlensK is not None)
-        # Packed GQA: ``head`` is the KV head and tile row p is (query row p // group, query head
-        # head * group + p % group). Unpacked: ``head`` is the query head.
-        head_kv = head if const_expr(pack) else head // group
-        # (rows, heads, d) / (rows, d) views of this sequence, and the runtime lengths (dense or packed).
-        mQ_h, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
-        mK_s, seqlen_k = sequence(mK, batch, head_kv, mCuSeqlensK, mSeqUsedK)
-        mV_s, _ = sequence(mV, batch, head_kv, mCuSeqlensK, mSeqUsedK)
-        tile_rows = seqlen_q * group if const_expr(pack) else seqlen_q  # M extent of this (batch, head)
-        if m_block * self.tile_m < tile_rows:  # packed batches: tiles past a short sequence do nothing
-            # Key blocks [n_start, n_end); [n_unmasked_start, n_unmasked_end) need no element mask.
-            if const_expr(pack):
-                row_lo, row_hi = block_info.packed_rows(m_block, self.tile_m, group)
-            else:
-                row_lo, row_hi = m_block * self.tile_m, (m_block + 1) * self.tile_m
-            ranges = block_info.block_range_rows(
-                row_lo, row_hi, seqlen_q, seqlen_k, self.tile_n, self.causal, self.spec.local,
-                window_left, window_right,
-            )
-            if const_expr(self.spec.split_kv):
-                ranges = block_info.split_range(ranges, split, num_splits)
-            n_start, n_unmasked_start, n_unmasked_end, n_end = ranges
+        if const_expr(self.config.persistent):  # one CTA per SM walks the tiles (fwd_persistent)
+            self.persistent_tiles(SimpleNamespace(
+                mQ=mQ, mK=mK, mV=mV, mO=mO, mLSE=mLSE, scale_log2=softmax_scale_log2, softcap_scale=softcap_scale,
+                window_left=window_left, window_right=window_right, mSink=mSink, mCuSeqlensQ=mCuSeqlensQ,
+                mCuSeqlensK=mCuSeqlensK, mSeqUsedQ=mSeqUsedQ, mSeqUsedK=mSeqUsedK, layouts=(sQ_layout, sK_layout,
+                sV_layout, sO_layout), scheduler=scheduler, tma_atom_K=tma_atom_K, mK_tma=mK_tma,
+                tma_atom_V=tma_atom_V, mV_tma=mV_tma, num_m_blocks=num_m_blocks))
+        else:
+            stages = self.config.num_stages
+            tidx, _, _ = cute.arch.thread_idx()
+            m_block, head, batch, split = scheduler.tile(num_splits)
+            pack = self.spec.pack_gqa
+            group = num_heads(mQ, mCuSeqlensQ is not None) // num_heads(mK, mCuSeqlensK is not None)
+            # Packed GQA: ``head`` is the KV head and tile row p is (query row p // group, query head
+            # head * group + p % group). Unpacked: ``head`` is the query head.
+            head_kv = head if const_expr(pack) else head // group
+            # (rows, heads, d) / (rows, d) views of this sequence, and the runtime lengths (dense or packed).
+            mQ_h, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
+            mK_s, seqlen_k = sequence(mK, batch, head_kv, mCuSeqlensK, mSeqUsedK)
+            mV_s, _ = sequence(mV, batch, head_kv, mCuSeqlensK, mSeqUsedK)
+            tile_rows = seqlen_q * group if const_expr(pack) else seqlen_q  # M extent of this (batch, head)
+            if m_block * self.tile_m < tile_rows:  # packed batches: tiles past a short sequence do nothing
+                # Key blocks [n_start, n_end); [n_unmasked_start, n_unmasked_end) need no element mask.
+                if const_expr(pack):
+                    row_lo, row_hi = block_info.packed_rows(m_block, self.tile_m, group)
+                else:
+                    row_lo, row_hi = m_block * self.tile_m, (m_block + 1) * self.tile_m
+                ranges = block_info.block_range_rows(
+                    row_lo, row_hi, seqlen_q, seqlen_k, self.tile_n, self.causal, self.spec.local,
+                    window_left, window_right,
+                )
+                if const_expr(self.spec.split_kv):
+                    ranges = block_info.split_range(ranges, split, num_splits)
+                n_start, n_unmasked_start, n_unmasked_end, n_end = ranges
 
-            # (tile_m, d) (unpacked; packed rows are gathered one by one), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
-            gQ = cute.local_tile(mQ_h[None, 0 if const_expr(pack) else head, None], (self.tile_m, self.head_dim),
-                                 (m_block, 0))
-            gK = cute.local_tile(mK_s, (self.tile_n, self.head_dim), (None, 0))
-            gV = cute.local_tile(mV_s, (self.tile_n, self.head_dim_v), (None, 0))
+                # (tile_m, d) (unpacked; packed rows are gathered one by one), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
+                gQ = cute.local_tile(mQ_h[None, 0 if const_expr(pack) else head, None], (self.tile_m, self.head_dim),
+                                     (m_block, 0))
+                gK = cute.local_tile(mK_s, (self.tile_n, self.head_dim), (None, 0))
+                gV = cute.local_tile(mV_s, (self.tile_n, self.head_dim_v), (None, 0))
 
-            storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
-            sScale = None
-            if const_expr(self.config.pingpong):  # published by init_mbarriers' CTA barrier
-                sScale = storage.scale.get_tensor(cute.make_layout(1))
-                if tidx == 0:
-                    sScale[0] = softmax_scale_log2
-            bars = self.init_mbarriers(storage)
-            sQ = storage.tiles.sQ.get_tensor(sQ_layout)  # (tile_m, d)
-            sK = storage.tiles.sK.get_tensor(sK_layout)  # (tile_n, d, stages)
-            sV = storage.tiles.sV.get_tensor(sV_layout)  # (tile_n, dv, stages)
-            sO = cute.make_tensor(sQ.iterator, sO_layout)
-            # V^T view (dv, tile_n, stages) for the B operand of P @ V.
-            sVt = cute.composition(
-                sV, cute.make_layout((self.head_dim_v, self.tile_n, stages),
-                                     stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
-            )
+                sm = self.shared_tiles(tidx, softmax_scale_log2, sQ_layout, sK_layout, sV_layout, sO_layout)
+                sQ, sK, sV, sO = sm.sQ, sm.sK, sm.sV, sm.sO
 
-            # Global -> shared partitions: (CPY, CPY_ROWS, CPY_COLS[, n_blocks | stages])
-            thr_qk = self.g2s_qk.get_slice(tidx)
-            thr_v = self.g2s_v.get_slice(tidx)
-            tQgQ, tQsQ = thr_qk.partition_S(gQ), thr_qk.partition_D(sQ)
-            tKgK, tKsK = thr_qk.partition_S(gK), thr_qk.partition_D(sK)
-            tVgV, tVsV = thr_v.partition_S(gV), thr_v.partition_D(sV)
-            cQ = cute.make_identity_tensor((self.tile_m, self.head_dim))
-            cK = cute.make_identity_tensor((self.tile_n, self.head_dim))
-            cV = cute.make_identity_tensor((self.tile_n, self.head_dim_v))
-            tQcQ, t0QcQ = thr_qk.partition_S(cQ), self.g2s_qk.get_slice(0).partition_S(cQ)
-            tKcK, t0KcK = thr_qk.partition_S(cK), self.g2s_qk.get_slice(0).partition_S(cK)
-            tVcV, t0VcV = thr_v.partition_S(cV), self.g2s_v.get_slice(0).partition_S(cV)
+                # Global -> shared partitions: (CPY, CPY_ROWS, CPY_COLS[, n_blocks | stages])
+                thr_qk = self.g2s_qk.get_slice(tidx)
+                thr_v = self.g2s_v.get_slice(tidx)
+                tQgQ, tQsQ = thr_qk.partition_S(gQ), thr_qk.partition_D(sQ)
+                tKgK, tKsK = thr_qk.partition_S(gK), thr_qk.partition_D(sK)
+                tVgV, tVsV = thr_v.partition_S(gV), thr_v.partition_D(sV)
+                cQ = cute.make_identity_tensor((self.tile_m, self.head_dim))
+                cK = cute.make_identity_tensor((self.tile_n, self.head_dim))
+                cV = cute.make_identity_tensor((self.tile_n, self.head_dim_v))
+                tQcQ, t0QcQ = thr_qk.partition_S(cQ), self.g2s_qk.get_slice(0).partition_S(cQ)
+                tKcK, t0KcK = thr_qk.partition_S(cK), self.g2s_qk.get_slice(0).partition_S(cK)
+                tVcV, t0VcV = thr_v.partition_S(cV), self.g2s_v.get_slice(0).partition_S(cV)
 
-            # MMA fragments and shared -> register copies (ldmatrix); smem partitions keep the stage mode.
-            thr_mma = self.tiled_mma.get_slice(tidx)
-            tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sQ))  # (MMA, MMA_M, MMA_K)
-            tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sK[None, None, 0]))  # (MMA, MMA_N, MMA_K)
-            tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sVt[None, None, 0]))  # (MMA, MMA_N, MMA_K)
-            s2r_q = cute.make_tiled_copy_A(
-                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
-            )
-            s2r_k = cute.make_tiled_copy_B(
-                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
-            )
-            s2r_v = cute.make_tiled_copy_B(
-                cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), self.tiled_mma
-            )
-            thr_s2r_q, thr_s2r_k, thr_s2r_v = s2r_q.get_slice(tidx), s2r_k.get_slice(tidx), s2r_v.get_slice(tidx)
+                ctx = self.mma_context(tidx, sm, softmax_scale_log2)
+                ctx.__dict__.update(
+                    m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start, n_end=n_end,
+                    group=group if const_expr(pack) else None, tile_rows=tile_rows, head_kv=head_kv, mQ_h=mQ_h,
+                    thr_qk=thr_qk, n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end,
+                    tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, t0KcK=t0KcK, tKcK=tKcK, t0VcV=t0VcV, tVcV=tVcV,
+                    window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
+                    tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, slot_base=0,
+                )
 
-            # (MMA, MMA_M, MMA_N) accumulator of O and its (rows, cols) view
-            acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
-            acc_O.fill(0.0)
-            acc_O_rc = acc_rows_cols(acc_O)
-            softmax = OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0]))
-
-            # Coordinates of S for masking: this thread's and thread 0's (compile-time) partitions.
-            cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
-            tScS_rc = acc_rows_cols(thr_mma.partition_C(cS))
-            t0ScS_rc = acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS))
-
-            ctx = SimpleNamespace(
-                m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start, n_end=n_end, bars=bars,
-                group=group if const_expr(pack) else None, tile_rows=tile_rows, sScale=sScale, head_kv=head_kv, mQ_h=mQ_h,
-                thr_qk=thr_qk,
-                n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end,
-                tidx=tidx, tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, t0KcK=t0KcK, tKcK=tKcK, t0VcV=t0VcV, tVcV=tVcV,
-                window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
-                tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
-                tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
-                tSsQ=thr_s2r_q.partition_S(sQ), tSrQ_v=thr_s2r_q.retile(tSrQ),
-                tSsK=thr_s2r_k.partition_S(sK), tSrK_v=thr_s2r_k.retile(tSrK),
-                tOsVt=thr_s2r_v.partition_S(sVt), tOrVt_v=thr_s2r_v.retile(tOrVt),
-                s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v,
-                thr_mma=thr_mma, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc, softmax=softmax,
-            )
-
-            out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head,
-                                  split=split)
-            if const_expr(self.warp_specialized):
-                # A producer warp feeds the stages; the MMA warps only consume them.
-                if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == self.num_threads // 32:
-                    self.producer(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+                out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head,
+                                      split=split)
+                if const_expr(self.warp_specialized):
+                    # A producer warp feeds the stages; the MMA warps only consume them.
+                    if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == self.num_threads // 32:
+                        self.producer(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+                    else:
+                        self.consume(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
+                                     mSink, head, sO, out)
                 else:
                     self.consume(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
                                  mSink, head, sO, out)
-            else:
-                self.consume(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
-                             mSink, head, sO, out)
 
     @cute.jit
     def consume(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
@@ -448,7 +473,11 @@ class FlashFwdMultistage:
                 for i in cutlass.range(ctx.n_unmasked_start - ctx.n_start, unroll=1):
                     self.mainloop_step(ctx, num_right + num_full + i, ctx.n_unmasked_start - 1 - i, masked=True)
 
-        # Epilogue
+        self.finish(ctx, mSink, head, sO, out)
+
+    @cute.jit
+    def finish(self, ctx: SimpleNamespace, mSink, head, sO, out: SimpleNamespace):
+        """Epilogue: O /= row sums (with the sink), LSE, and the store of O (and LSE) for this tile."""
         num_rows = cute.size(ctx.acc_O_rc, mode=[0])
         lse = cute.make_rmem_tensor(num_rows, Float32)
         sink_log2 = None
@@ -460,6 +489,8 @@ class FlashFwdMultistage:
         ctx.softmax.finalize(ctx.acc_O_rc, lse, sink_log2)
         if const_expr(self.spec.split_kv):
             self.epilogue_partial(ctx, lse, out)
+        elif const_expr(self.config.persistent):
+            self.epilogue_rows(ctx, lse, out)
         else:
             self.epilogue(ctx, lse, sO, out)
 
@@ -631,17 +662,18 @@ class FlashFwdMultistage:
                      masked: cutlass.Constexpr[bool], first: cutlass.Constexpr[bool]):
         """Step ``it`` (block ``n_block``): S of this block, P V of the previous one (``rP``, then
         overwritten with this block's P), softmax of this block in between."""
+        slot = it + ctx.slot_base  # load slots (and their buffers) count on across a persistent CTA's tiles
         if const_expr(self.config.pingpong):
             # the turn hands back the buffers slot it + 1 refills (both groups' MMAs of step it - 1 are done)
-            self.wait_slot(ctx, it)
+            self.wait_slot(ctx, slot)
             self.take_turn(ctx)
-            self.issue_slot(ctx, it + 1, n_block, first)
+            self.issue_slot(ctx, slot + 1, n_block, first)
         else:
-            self.issue_slot(ctx, it + 1, n_block, first)
-            self.wait_slot(ctx, it)
-        acc_S = self.scores(ctx, n_block, it % 2, masked)
+            self.issue_slot(ctx, slot + 1, n_block, first)
+            self.wait_slot(ctx, slot)
+        acc_S = self.scores(ctx, n_block, slot % 2, masked)
         if const_expr(not first):
-            self.pv(ctx, rP, (it + 1) % 2)
+            self.pv(ctx, rP, (slot + 1) % 2)
         scale = self.pass_turn(ctx, last=False)
         row_max, row_sum, acc_O_rc = ctx.softmax.row_max, ctx.softmax.row_sum, ctx.acc_O_rc
         if const_expr(self.config.pingpong):
@@ -649,7 +681,7 @@ class FlashFwdMultistage:
                 self.softmax_to_p(row_max, row_sum, acc_S, acc_O_rc, rP, scale)
         else:
             self.softmax_to_p(row_max, row_sum, acc_S, acc_O_rc, rP, scale)
-        self.end_step(ctx, it + 1)
+        self.end_step(ctx, slot + 1)
 
     @cute.jit
     def softmax_to_p(self, row_max, row_sum, acc_S: cute.Tensor, acc_O_rc: cute.Tensor, rP: cute.Tensor, scale):
@@ -675,10 +707,17 @@ class FlashFwdMultistage:
                 first_left = num_right + num_full if num_right + num_full > 0 else 1
                 for it in cutlass.range(first_left, n_total, unroll=1):
                     self.overlap_step(ctx, rP, it, ctx.n_end - 1 - it, masked=True, first=False)
-            self.wait_slot(ctx, n_total)
+            self.wait_slot(ctx, n_total + ctx.slot_base)
             self.take_turn(ctx)
-            self.pv(ctx, rP, (n_total + 1) % 2)
+            self.tail_hook(ctx)
+            self.pv(ctx, rP, (n_total + ctx.slot_base + 1) % 2)
             self.pass_turn(ctx, last=True)
+
+    @cute.jit
+    def tail_hook(self, ctx: SimpleNamespace):
+        """At the start of the tail P V turn (the K buffers are free): nothing here; persistent tiles
+        start the next tile's first K load."""
+        pass
 
     # Ping-pong (``config.pingpong``): group g waits on named barrier _BAR_TURN + g before its MMAs
     # and, after issuing them, arrives on the other group's. Every group has n_total + 1 MMA turns
@@ -689,8 +728,14 @@ class FlashFwdMultistage:
 
     @cute.jit
     def first_turn(self, ctx: SimpleNamespace):
+        if const_expr(self.config.pingpong and not self.config.persistent):  # persistent: once per CTA
+            self.open_turns()
+
+    @cute.jit
+    def open_turns(self):
+        """Group 1 opens group 0's first turn."""
         if const_expr(self.config.pingpong):
-            if self.turn_group(ctx) == 1:
+            if self.turn_group(None) == 1:
                 cute.arch.barrier_arrive(barrier_id=_BAR_TURN, number_of_threads=self.num_threads)
 
     @cute.jit
@@ -707,7 +752,7 @@ class FlashFwdMultistage:
         scale = ctx.softmax.scale_log2
         if const_expr(self.config.pingpong):
             group = self.turn_group(ctx)
-            if const_expr(last):
+            if const_expr(last and not self.config.persistent):
                 if group == 0:
                     cute.arch.barrier_arrive(barrier_id=_BAR_TURN + 1, number_of_threads=self.num_threads)
             else:
@@ -761,26 +806,39 @@ class FlashFwdMultistage:
                 gLSE[q_row] = lse[r]
 
     @cute.jit
+    def store_rows(self, ctx: SimpleNamespace, out: SimpleNamespace, mO: cute.Tensor, mLSE: cute.Tensor, lse,
+                   acc_rc: cute.Tensor):
+        """O from the accumulator layout (``acc_rc``: rows x cols view, O's or a converted copy) straight to
+        global memory, each element once, rows past the tile's end skipped; then LSE. No smem, no barrier."""
+        mO_h, _ = sequence_heads(mO, out.batch, out.mCuSeqlensQ, out.mSeqUsedQ)
+        cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
+        tOcO_rc = acc_rows_cols(self.tiled_mma.get_slice(ctx.tidx).partition_C(cO))
+        for r in cutlass.range_constexpr(cute.size(acc_rc, mode=[0])):
+            valid, q_row, q_head = self.out_row(ctx, out, tOcO_rc[r, 0][0])
+            gO_row = mO_h[q_row, q_head, None]
+            if valid:
+                for c in cutlass.range_constexpr(cute.size(acc_rc, mode=[1])):
+                    if const_expr(self.pad_v):
+                        if tOcO_rc[r, c][1] < self.spec.head_dim_v:
+                            gO_row[tOcO_rc[r, c][1]] = acc_rc[r, c]
+                    else:
+                        gO_row[tOcO_rc[r, c][1]] = acc_rc[r, c]
+        self.store_lse(ctx, out, mLSE, lse, tOcO_rc)
+
+    @cute.jit
     def epilogue_partial(self, ctx: SimpleNamespace, lse, out: SimpleNamespace):
         """Split-KV: this split's normalized fp32 O goes from the accumulators straight to its
         workspace (each row once; the combine reads it once, so no smem round trip), and its LSE
         (-inf for a split that saw no key of the row: weight 0 in the combine)."""
         cute.arch.cp_async_wait_group(0)  # nothing in flight at exit
-        mO_h, _ = sequence_heads(split_view(out.mO, out.split), out.batch, out.mCuSeqlensQ, out.mSeqUsedQ)
-        cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
-        tOcO_rc = acc_rows_cols(self.tiled_mma.get_slice(ctx.tidx).partition_C(cO))
-        acc_O_rc = ctx.acc_O_rc
-        for r in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[0])):
-            valid, q_row, q_head = self.out_row(ctx, out, tOcO_rc[r, 0][0])
-            gO_row = mO_h[q_row, q_head, None]
-            if valid:
-                for c in cutlass.range_constexpr(cute.size(acc_O_rc, mode=[1])):
-                    if const_expr(self.pad_v):
-                        if tOcO_rc[r, c][1] < self.spec.head_dim_v:
-                            gO_row[tOcO_rc[r, c][1]] = acc_O_rc[r, c]
-                    else:
-                        gO_row[tOcO_rc[r, c][1]] = acc_O_rc[r, c]
-        self.store_lse(ctx, out, split_view(out.mLSE, out.split), lse, tOcO_rc)
+        self.store_rows(ctx, out, split_view(out.mO, out.split), split_view(out.mLSE, out.split), lse, ctx.acc_O_rc)
+
+    @cute.jit
+    def epilogue_rows(self, ctx: SimpleNamespace, lse, out: SimpleNamespace):
+        """Persistent tiles: normalized 16-bit O straight from registers (a warp group's own rows; the Q
+        buffer is already loading the next tile), then LSE."""
+        rO = convert(ctx.acc_O, self.dtype)
+        self.store_rows(ctx, out, out.mO, out.mLSE, lse, acc_rows_cols(rO))
 
     @cute.jit
     def epilogue(self, ctx: SimpleNamespace, lse, sO, out: SimpleNamespace):

@@ -179,12 +179,20 @@ class FlashFwdTma(FlashFwdMultistage):
         self.load_q(ctx)
         cute.arch.cp_async_commit_group()
         ctx.tma = self.tma_views(sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
-        if ctx.n_end - 1 >= ctx.n_start and cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-            with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(ctx.bars, self.k_bytes)
-            cute.copy(ctx.tma.atom_K, ctx.tma.tKgK[None, ctx.n_end - 1], ctx.tma.tKsK[None, 0], tma_bar_ptr=ctx.bars)
+        self.issue_first_k(ctx)
         cute.arch.cp_async_wait_group(0)
         self.mma_barrier()
+
+    @cute.jit
+    def issue_first_k(self, ctx: SimpleNamespace):
+        """Warp 0: load slot ``ctx.slot_base`` (K of the range's first block, block n_end - 1) into its
+        buffer, counted on its full barrier."""
+        if ctx.n_end - 1 >= ctx.n_start and cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+            full = ctx.bars + ctx.slot_base % 2
+            with cute.arch.elect_one():
+                cute.arch.mbarrier_arrive_and_expect_tx(full, self.k_bytes)
+            cute.copy(ctx.tma.atom_K, ctx.tma.tKgK[None, ctx.n_end - 1], ctx.tma.tKsK[None, ctx.slot_base % 2],
+                      tma_bar_ptr=full)
 
     @cute.jit
     def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool]):
