@@ -806,10 +806,13 @@ class FlashFwdMultistage:
                 gLSE[q_row] = lse[r]
 
     @cute.jit
-    def store_rows(self, ctx: SimpleNamespace, out: SimpleNamespace, mO: cute.Tensor, mLSE: cute.Tensor, lse,
-                   acc_rc: cute.Tensor):
+    def store_rows(self, ctx: SimpleNamespace, out: SimpleNamespace, lse, acc_rc: cute.Tensor,
+                   partial: cutlass.Constexpr[bool]):
         """O from the accumulator layout (``acc_rc``: rows x cols view, O's or a converted copy) straight to
-        global memory, each element once, rows past the tile's end skipped; then LSE. No smem, no barrier."""
+        global memory, each element once, rows past the tile's end skipped; then LSE. No smem, no barrier.
+        ``partial``: into split ``out.split`` of the split-KV workspaces (each view formed where it is
+        used: a gmem pointer live across the store loop costs registers)."""
+        mO = split_view(out.mO, out.split) if const_expr(partial) else out.mO
         mO_h, _ = sequence_heads(mO, out.batch, out.mCuSeqlensQ, out.mSeqUsedQ)
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
         tOcO_rc = acc_rows_cols(self.tiled_mma.get_slice(ctx.tidx).partition_C(cO))
@@ -823,7 +826,7 @@ class FlashFwdMultistage:
                             gO_row[tOcO_rc[r, c][1]] = acc_rc[r, c]
                     else:
                         gO_row[tOcO_rc[r, c][1]] = acc_rc[r, c]
-        self.store_lse(ctx, out, mLSE, lse, tOcO_rc)
+        self.store_lse(ctx, out, split_view(out.mLSE, out.split) if const_expr(partial) else out.mLSE, lse, tOcO_rc)
 
     @cute.jit
     def epilogue_partial(self, ctx: SimpleNamespace, lse, out: SimpleNamespace):
@@ -831,14 +834,14 @@ class FlashFwdMultistage:
         workspace (each row once; the combine reads it once, so no smem round trip), and its LSE
         (-inf for a split that saw no key of the row: weight 0 in the combine)."""
         cute.arch.cp_async_wait_group(0)  # nothing in flight at exit
-        self.store_rows(ctx, out, split_view(out.mO, out.split), split_view(out.mLSE, out.split), lse, ctx.acc_O_rc)
+        self.store_rows(ctx, out, lse, ctx.acc_O_rc, partial=True)
 
     @cute.jit
     def epilogue_rows(self, ctx: SimpleNamespace, lse, out: SimpleNamespace):
         """Persistent tiles: normalized 16-bit O straight from registers (a warp group's own rows; the Q
         buffer is already loading the next tile), then LSE."""
         rO = convert(ctx.acc_O, self.dtype)
-        self.store_rows(ctx, out, out.mO, out.mLSE, lse, acc_rows_cols(rO))
+        self.store_rows(ctx, out, lse, acc_rows_cols(rO), partial=False)
 
     @cute.jit
     def epilogue(self, ctx: SimpleNamespace, lse, sO, out: SimpleNamespace):
