@@ -85,20 +85,32 @@ class FlashFwdPersistent(FlashFwdTma):
             self.issue_first_k(ctx.next_k)
 
     @cute.jit
+    def tile_plan(self, p: SimpleNamespace, tile, num_m_blocks, heads, ratio, reverse_m: cutlass.Constexpr[bool]):
+        """What tile ``tile`` is: its coordinates, Q view and lengths, and its key-block ranges (the
+        loop plans the current tile and, for the loads it starts early, the next one)."""
+        m_block, head, batch = tile_coords(tile, num_m_blocks, heads, reverse_m)
+        mQ_h, seqlen_q = sequence_heads(p.mQ, batch, p.mCuSeqlensQ, p.mSeqUsedQ)
+        _, seqlen_k = sequence(p.mK, batch, head // ratio, p.mCuSeqlensK, p.mSeqUsedK)
+        ranges = block_info.block_range_rows(
+            m_block * self.tile_m, (m_block + 1) * self.tile_m, seqlen_q, seqlen_k, self.tile_n,
+            self.causal, self.spec.local, p.window_left, p.window_right,
+        )
+        return SimpleNamespace(m_block=m_block, head=head, batch=batch, head_kv=head // ratio, mQ_h=mQ_h,
+                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, ranges=ranges)
+
+    @cute.jit
     def persistent_tiles(self, p: SimpleNamespace):
         """The kernel body for ``config.persistent`` (``p``: the kernel's parameters, see ``kernel``)."""
-        mQ, mK, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK = (p.mQ, p.mK, p.mCuSeqlensQ, p.mCuSeqlensK,
-                                                                  p.mSeqUsedQ, p.mSeqUsedK)
+        mCuSeqlensQ, mSeqUsedQ = p.mCuSeqlensQ, p.mSeqUsedQ
         softmax_scale_log2, window_left, window_right = p.scale_log2, p.window_left, p.window_right
         scheduler, num_m_blocks = p.scheduler, p.num_m_blocks
         mK_tma, mV_tma, tma_atom_K, tma_atom_V = p.mK_tma, p.mV_tma, p.tma_atom_K, p.tma_atom_V
         tidx, _, _ = cute.arch.thread_idx()
         group = self.turn_group(None)
         gtid = tidx % self.group_threads
-        packed_q, packed_k = mCuSeqlensQ is not None, mCuSeqlensK is not None
-        heads = num_heads(mQ, packed_q)
-        ratio = heads // num_heads(mK, packed_k)
-        total = num_m_blocks * heads * num_batches(mQ, mCuSeqlensQ)
+        heads = num_heads(p.mQ, mCuSeqlensQ is not None)
+        ratio = heads // num_heads(p.mK, p.mCuSeqlensK is not None)
+        total = num_m_blocks * heads * num_batches(p.mQ, mCuSeqlensQ)
         sm = self.shared_tiles(tidx, softmax_scale_log2, *p.layouts)
         if const_expr(self.pad_qk):
             self.q_rows(sm.sQ, None, None, None, None, group, gtid, zero_pad=True)
@@ -111,25 +123,20 @@ class FlashFwdPersistent(FlashFwdTma):
         q_loaded = Int32(0)  # this tile's Q rows were started under the previous tile
         k_loaded = Int32(0)  # and its first K block, in the previous tile's tail
         while tile < total:
-            m_block, head, batch = tile_coords(tile, num_m_blocks, heads, reverse_m)
-            head_kv = head // ratio
-            mQ_h, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
+            cur = self.tile_plan(p, tile, num_m_blocks, heads, ratio, reverse_m)
+            m_block, head, batch, head_kv, seqlen_q = cur.m_block, cur.head, cur.batch, cur.head_kv, cur.seqlen_q
             if m_block * self.tile_m < seqlen_q:  # packed batches: tiles past a short sequence do nothing
-                _, seqlen_k = sequence(mK, batch, head_kv, mCuSeqlensK, mSeqUsedK)
-                n_start, n_unmasked_start, n_unmasked_end, n_end = block_info.block_range_rows(
-                    m_block * self.tile_m, (m_block + 1) * self.tile_m, seqlen_q, seqlen_k, self.tile_n,
-                    self.causal, self.spec.local, window_left, window_right,
-                )
+                n_start, n_unmasked_start, n_unmasked_end, n_end = cur.ranges
                 ctx = self.mma_context(tidx, sm, softmax_scale_log2)
                 ctx.__dict__.update(
-                    m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start, n_end=n_end,
+                    m_block=m_block, seqlen_q=seqlen_q, seqlen_k=cur.seqlen_k, n_start=n_start, n_end=n_end,
                     n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end, group=None,
                     tile_rows=seqlen_q, head_kv=head_kv, window_left=window_left, window_right=window_right,
                     softcap_scale=p.softcap_scale, slot_base=slot_base,
                 )
                 ctx.tma = self.tma_views(sm.sK, sm.sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
                 if q_loaded == 0:
-                    self.q_rows(sm.sQ, mQ_h, seqlen_q, head, m_block, group, gtid, zero_pad=False)
+                    self.q_rows(sm.sQ, cur.mQ_h, seqlen_q, head, m_block, group, gtid, zero_pad=False)
                 if k_loaded == 0:
                     self.issue_first_k(ctx)  # warp 0
                 # The next tile's first K block starts loading in this tile's tail P V turn (tail_hook)
@@ -137,20 +144,13 @@ class FlashFwdPersistent(FlashFwdTma):
                 n_total = n_end - n_start
                 nxt = tile + stride
                 k_loaded = Int32(0)
-                m_next, head_next, batch_next = tile_coords(nxt, num_m_blocks, heads, reverse_m)
-                mQ_next, seqlen_next = sequence_heads(mQ, batch_next, mCuSeqlensQ, mSeqUsedQ)
-                _, seqlen_k_next = sequence(mK, batch_next, head_next // ratio, mCuSeqlensK, mSeqUsedK)
-                nxt_range = block_info.block_range_rows(
-                    m_next * self.tile_m, (m_next + 1) * self.tile_m, seqlen_next, seqlen_k_next, self.tile_n,
-                    self.causal, self.spec.local, window_left, window_right,
-                )
-                if nxt < total and m_next * self.tile_m < seqlen_next and n_total > 0:
-                    if nxt_range[3] > nxt_range[0]:
+                nx = self.tile_plan(p, nxt, num_m_blocks, heads, ratio, reverse_m)
+                if nxt < total and nx.m_block * self.tile_m < nx.seqlen_q and n_total > 0:
+                    if nx.ranges[3] > nx.ranges[0]:
                         k_loaded = Int32(1)
                 ctx.next_k = SimpleNamespace(
-                    go=k_loaded, n_start=nxt_range[0], n_end=nxt_range[3], bars=sm.bars, slot_base=slot_base + n_total + 1,
-                    tma=self.tma_views(sm.sK, sm.sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_next // ratio,
-                                       batch_next),
+                    go=k_loaded, n_start=nx.ranges[0], n_end=nx.ranges[3], bars=sm.bars, slot_base=slot_base + n_total + 1,
+                    tma=self.tma_views(sm.sK, sm.sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, nx.head_kv, nx.batch),
                 )
                 cute.arch.cp_async_wait_group(0)
                 self.group_barrier(group)  # the group's Q rows are in smem
@@ -160,9 +160,9 @@ class FlashFwdPersistent(FlashFwdTma):
 
                 # Start the next tile's Q rows (this group has read its own for the last time).
                 q_loaded = Int32(0)
-                if nxt < total and m_next * self.tile_m < seqlen_next:
+                if nxt < total and nx.m_block * self.tile_m < nx.seqlen_q:
                     self.group_barrier(group)
-                    self.q_rows(sm.sQ, mQ_next, seqlen_next, head_next, m_next, group, gtid, zero_pad=False)
+                    self.q_rows(sm.sQ, nx.mQ_h, nx.seqlen_q, nx.head, nx.m_block, group, gtid, zero_pad=False)
                     q_loaded = Int32(1)
                 out = SimpleNamespace(mO=p.mO, mLSE=p.mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch,
                                       head=head, split=0)
