@@ -50,6 +50,14 @@ def sm120_launch_smem(smem: int) -> int:
     return max(smem, min(H100_SMEM_PER_SM // per_sm - fixed, H100_MAX_DYNAMIC_SMEM))
 
 
+def parse_config(text: str) -> FwdConfig:
+    """``TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,PINGPONG[,PERSISTENT]]]]]`` -> FwdConfig."""
+    knobs = text.split(",")
+    return FwdConfig(*map(int, knobs[:4]), q_in_regs=knobs[4:5] == ["1"], mainloop=(knobs[5:] or ["cp_async"])[0],
+                     frag_prefetch=knobs[6:7] != ["0"], overlap=knobs[7:8] == ["1"], pingpong=knobs[8:9] == ["1"],
+                     persistent=knobs[9:10] == ["1"])
+
+
 def select(tune_path: str, conformance_path: str) -> dict:
     """Best conforming candidate per (head_dim, causal) -> fwd_table.json."""
     from flash_attn_4_sm120.compiler import Case
@@ -96,12 +104,7 @@ def main():
     target = model.compile_target
     records, table = [], {}
     masks = {"both": (False, True), "full": (False,), "causal": (True,)}[args.causal]
-    explicit = []
-    for text in args.config:
-        knobs = text.split(",")
-        explicit.append(FwdConfig(*map(int, knobs[:4]), q_in_regs=knobs[4:5] == ["1"], mainloop=(knobs[5:] or ["cp_async"])[0],
-                                  frag_prefetch=knobs[6:7] != ["0"], overlap=knobs[7:8] == ["1"], pingpong=knobs[8:9] == ["1"],
-                                  persistent=knobs[9:10] == ["1"]))
+    explicit = [parse_config(text) for text in args.config]
     for d, causal in itertools.product(args.head_dims, masks):
         spec = FwdSpec("bf16", d, d, causal)
         best = None

@@ -1,0 +1,52 @@
+"""Run one forward config a few times so a profiler can read its pipes (a script, not a test).
+
+Under Nsight Compute, per config (same knobs as ``tune_fwd.py --config``):
+    ncu --kernel-name regex:Flash --launch-skip 2 --launch-count 1 --section ComputeWorkloadAnalysis \
+        --section WarpStateStats --page raw --csv \
+        python benchmarks/profile_fwd.py --head-dim 64 --config 128,64,4,3,0,cp_async [--causal]
+
+It launches the kernel ``--runs`` times on one shape (no other kernel runs between them; inputs are
+drawn first), so ``--launch-skip`` leaves out the first launches and their cold caches.
+"""
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from tune_fwd import SHAPES, parse_config  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
+from flash_attn_4_sm120.compiler import compile_fwd  # noqa: E402
+from flash_attn_4_sm120.interface import dispatch_model  # noqa: E402
+from flash_attn_4_sm120.problem import FwdSpec  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--causal", action="store_true")
+    ap.add_argument("--config", required=True, help="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,...]]]]")
+    ap.add_argument("--runs", type=int, default=4)
+    args = ap.parse_args()
+    d = args.head_dim
+    model = dispatch_model(torch.device("cuda"))
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    spec = FwdSpec("bf16", d, d, args.causal)
+    fn = compile_fwd(spec, parse_config(args.config), model, model.compile_target)
+    b, s, hq, hkv = SHAPES[d][0]
+    q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
+    o = torch.empty_like(q)
+    lse = torch.empty(b, hq, s, dtype=torch.float32, device="cuda")
+    for _ in range(args.runs):
+        fn(q, k, v, o, lse, d ** -0.5 / math.log(2.0), 1.0, 0, 0, None, None, None, None, None, s, 1, num_sms)
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
