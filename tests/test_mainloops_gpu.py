@@ -56,12 +56,14 @@ def _check_config(config, dtype, d, dv, shape, features, causal, seed, num_split
     _run_and_check(q, k, v, causal, config=config, num_splits=num_splits, max_ctas=max_ctas, **features)
 
 
-OVERLAP_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n, q_in_regs); 4 warps, 2 stages
-    pytest.param((torch.bfloat16, 64, 64, 64, 64, True), id="bf16-d64-m64n64-qreg"),
-    pytest.param((torch.float16, 128, 128, 64, 64, False), id="fp16-d128-m64n64"),
-    pytest.param((torch.bfloat16, 128, 128, 128, 32, False), id="bf16-d128-m128n32"),
-    pytest.param((torch.bfloat16, 72, 72, 64, 64, False), id="bf16-d72-padded"),
-    pytest.param((torch.bfloat16, 192, 128, 64, 32, True), id="bf16-d192x128"),
+OVERLAP_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n, q_in_regs, frag_prefetch); 4 warps, 2 stages
+    pytest.param((torch.bfloat16, 64, 64, 64, 64, True, True), id="bf16-d64-m64n64-qreg"),
+    pytest.param((torch.float16, 128, 128, 64, 64, False, True), id="fp16-d128-m64n64"),
+    pytest.param((torch.bfloat16, 128, 128, 128, 32, False, True), id="bf16-d128-m128n32"),
+    pytest.param((torch.bfloat16, 72, 72, 64, 64, False, True), id="bf16-d72-padded"),
+    pytest.param((torch.bfloat16, 192, 128, 64, 32, True, True), id="bf16-d192x128"),
+    # the d96x96_causal table entry: 32 rows per warp, k-step fragments loaded where they are used
+    pytest.param((torch.float16, 96, 96, 128, 64, False, False), id="fp16-d96-m128n64-noprefetch"),
 ]
 # + a shape with right-masked, full and left-masked (window) blocks, several of each
 OVERLAP_SHAPES = SHAPES + [pytest.param((1, 700, 1500), id="700x1500")]
@@ -80,9 +82,9 @@ def test_overlap_mainloop(mainloop, cfg, shape, features, causal, num_splits):
     last P V runs after the loop; split-KV ranges start the pipeline anew in every split."""
     from flash_attn_4_sm120.config import FwdConfig
 
-    dtype, d, dv, tm, tn, qreg = cfg
+    dtype, d, dv, tm, tn, qreg, prefetch = cfg
     config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=4, num_stages=2, q_in_regs=qreg, mainloop=mainloop,
-                       overlap=True)
+                       frag_prefetch=prefetch, overlap=True)
     _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 5 + tn + len(features) + num_splits,
                   num_splits=num_splits)
 
