@@ -216,3 +216,16 @@ def test_persistent_predicate():
     for bad in (replace(spec, split_kv=True), replace(spec, pack_gqa=True), replace(spec, varlen_q=True),
                 replace(spec, seqused_q=True)):
         assert any("persistent=True with" in p for p in fwd_config_problems(bad, good, SM120)), bad
+
+
+def test_mbarrier_release_predicate():
+    """mbarrier_release=True changes how the plain TMA step hands its stages back: the cp.async loader
+    and the overlapped step (its own slot schedule) refuse it, naming what would take it."""
+    from flash_attn_4_sm120.config import FwdConfig, fwd_config_problems
+
+    spec = FwdSpec("bf16", 256, 256, True)
+    good = FwdConfig(64, 32, 4, 2, mainloop="tma", mbarrier_release=True)
+    assert not fwd_config_problems(spec, good, SM120)
+    for bad in (replace(good, mainloop="cp_async"), replace(good, mainloop="tma_ws"), replace(good, overlap=True)):
+        assert any("mbarrier_release=True" in p and "mainloop=tma without overlap" in p
+                   for p in fwd_config_problems(spec, bad, SM120)), bad

@@ -13,13 +13,15 @@ from test_fwd_gpu import _run_and_check
 
 pytestmark = pytest.mark.gpu
 
-MAINLOOPS = ["cp_async", "tma", "tma_ws"]
+#: "tma_mbarrier": the plain TMA step with its stages handed back on per-warp empty mbarriers
+MAINLOOPS = ["cp_async", "tma", "tma_mbarrier", "tma_ws"]
 CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n, warps, stages)
     pytest.param((torch.bfloat16, 128, 128, 128, 48, 4, 2), id="bf16-d128-m128n48"),
     pytest.param((torch.float16, 128, 128, 128, 64, 4, 2), id="fp16-d128-m128n64"),
     pytest.param((torch.bfloat16, 64, 64, 128, 64, 4, 3), id="bf16-d64-m128n64s3"),
     pytest.param((torch.bfloat16, 72, 72, 128, 64, 4, 2), id="bf16-d72-padded"),
     pytest.param((torch.bfloat16, 192, 128, 64, 32, 4, 2), id="bf16-d192x128"),
+    pytest.param((torch.bfloat16, 256, 256, 64, 32, 4, 2), id="bf16-d256-m64n32"),
 ]
 SHAPES = [pytest.param((1, 1, 1), id="1x1"), pytest.param((2, 113, 203), id="113x203"),
           pytest.param((1, 239, 799), id="239x799"), pytest.param((1, 300, 64), id="300x64")]
@@ -38,7 +40,8 @@ def test_mainloop_variant(mainloop, cfg, shape, features, causal):
     from flash_attn_4_sm120.config import FwdConfig
 
     dtype, d, dv, tm, tn, w, st = cfg
-    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, mainloop=mainloop)
+    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, mainloop=mainloop.removesuffix("_mbarrier"),
+                       mbarrier_release=mainloop.endswith("_mbarrier"))
     _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 7 + tn + len(features))
 
 

@@ -201,6 +201,7 @@ class Case:
         ml += "_ov" if c.overlap else ""
         ml += "_pp" if c.pingpong else ""
         ml += "_ps" if c.persistent else ""
+        ml += "_mbr" if c.mbarrier_release else ""
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
@@ -274,6 +275,7 @@ def make_case(
     overlap: bool = False,
     pingpong: bool = False,
     persistent: bool = False,
+    mbarrier_release: bool = False,
     causal: bool = True,
     local: bool = False,
     softcap: bool = False,
@@ -290,7 +292,7 @@ def make_case(
                    seqused_q=seqused, seqused_k=seqused, pack_gqa=pack_gqa, split_kv=split_kv)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
                     mainloop=mainloop, frag_prefetch=frag_prefetch, overlap=overlap, pingpong=pingpong,
-                    persistent=persistent)
+                    persistent=persistent, mbarrier_release=mbarrier_release)
     return Case(spec, cfg, model)
 
 

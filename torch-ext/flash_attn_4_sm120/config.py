@@ -66,6 +66,9 @@ class FwdConfig:
     #: free, so a CTA's prologue and epilogue overlap its other group's MMAs instead of leaving the
     #: tensor pipe idle (at one CTA per SM nothing else covers them).
     persistent: bool = False
+    #: mainloop="tma" without overlap: each warp hands a K/V stage back on the stage's "empty" mbarrier
+    #: (warp 0 waits for all four before the refill) instead of a CTA barrier ending every step.
+    mbarrier_release: bool = False
 
     @property
     def uses_tma(self) -> bool:
@@ -149,6 +152,10 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     if cfg.persistent and (spec.split_kv or spec.pack_gqa or spec.varlen_q or spec.seqused_q):
         out.append("persistent=True with split-KV, packed GQA or varlen / seqused Q: the persistent tile loop walks "
                    "dense, unpacked query tiles and stores 16-bit rows (these run the table's non-persistent entries)")
+    if cfg.mbarrier_release and (cfg.mainloop != "tma" or cfg.overlap):
+        out.append(f"mbarrier_release=True hands whole K/V stages back per warp in the plain TMA step: it needs "
+                   f"mainloop=tma without overlap (got mainloop={cfg.mainloop}, overlap={cfg.overlap}; tma_ws always "
+                   f"releases per warp)")
     if cfg.tile_n % 16:
         out.append(f"tile_n={cfg.tile_n} is not a multiple of 16 (two n8 atoms form one k16 step of P@V)")
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
@@ -296,7 +303,8 @@ def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
 def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfig]:
     """Configs the tuner may pick from: 16 rows per warp (128 rows on 8 warps, 64 on 4) or 32 (128 on
     4), 2-3 stages, Q in smem or registers, each mainloop variant the model supports, with and without
-    the fragment prefetch at 32 rows per warp, with and without the cross-block overlap, the ping-pong
+    the fragment prefetch at 32 rows per warp, with and without the cross-block overlap, with the CTA
+    barrier or per-warp mbarriers handing the plain TMA step's stages back, the ping-pong
     configs (256 or 128 rows on two 4-warp groups), filtered by the
     validity predicate. The conformance gate screens them (``--subset candidates``) before
     ``benchmarks/tune_fwd.py`` times them on the device."""
@@ -304,9 +312,9 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
     for (tm, w), tn, st, qr, ml in product(((128, 8), (64, 4), (128, 4)), (32, 48, 64, 128), (2, 3), (False, True),
                                            MAINLOOPS):
         # without the fragment prefetch only where registers are the limit (32 rows/warp)
-        for pf, ov in product((True, False) if tm // w == 32 else (True,), (False, True)):
+        for pf, ov, mbr in product((True, False) if tm // w == 32 else (True,), (False, True), (False, True)):
             cfg = FwdConfig(tile_m=tm, tile_n=tn, num_warps=w, num_stages=st, q_in_regs=qr, mainloop=ml,
-                            frag_prefetch=pf, overlap=ov)
+                            frag_prefetch=pf, overlap=ov, mbarrier_release=mbr)
             if is_valid(spec, cfg, model):
                 out.append(cfg)
     # ping-pong: two 4-warp groups of 32 or 16 rows per warp, overlapped steps, TMA loads; persistent or not
