@@ -10,14 +10,13 @@ drawn first), so ``--launch-skip`` leaves out the first launches and their cold 
 """
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tune_fwd import SHAPES, parse_config  # noqa: E402
+from tune_fwd import SHAPES, dense_launch, parse_config  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 from flash_attn_4_sm120.compiler import compile_fwd  # noqa: E402
@@ -37,14 +36,9 @@ def main():
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     spec = FwdSpec("bf16", d, d, args.causal)
     fn = compile_fwd(spec, parse_config(args.config), model, model.compile_target)
-    b, s, hq, hkv = SHAPES[d][0]
-    q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
-    o = torch.empty_like(q)
-    lse = torch.empty(b, hq, s, dtype=torch.float32, device="cuda")
+    run, _ = dense_launch(fn, *SHAPES[d][0], d, num_sms)
     for _ in range(args.runs):
-        fn(q, k, v, o, lse, d ** -0.5 / math.log(2.0), 1.0, 0, 0, None, None, None, None, None, s, 1, num_sms)
+        run()
     torch.cuda.synchronize()
 
 

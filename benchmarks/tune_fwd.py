@@ -58,6 +58,18 @@ def parse_config(text: str) -> FwdConfig:
                      persistent=knobs[9:10] == ["1"], mbarrier_release=knobs[10:11] == ["1"])
 
 
+def dense_launch(fn, b: int, s: int, hq: int, hkv: int, d: int, num_sms: int):
+    """Random bf16 inputs of shape (b, s, heads, d) and a no-argument launch of the compiled forward
+    ``fn`` on them (softmax scale d^-1/2, no window, softcap, sink or varlen): (run, (q, k, v, out))."""
+    q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
+    o = torch.empty_like(q)
+    lse = torch.empty(b, hq, s, dtype=torch.float32, device="cuda")
+    scale_log2 = d ** -0.5 / math.log(2.0)
+    return (lambda: fn(q, k, v, o, lse, scale_log2, 1.0, 0, 0, None, None, None, None, None, s, 1, num_sms)), (q, k, v, o)
+
+
 def select(tune_path: str, conformance_path: str) -> dict:
     """Best conforming candidate per (head_dim, causal) -> fwd_table.json."""
     from flash_attn_4_sm120.compiler import Case
@@ -117,14 +129,7 @@ def main():
                 continue
             tflops, ok = [], True
             for b, s, hq, hkv in SHAPES[d]:
-                q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda")
-                k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
-                v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
-                o = torch.empty_like(q)
-                lse = torch.empty(b, hq, s, dtype=torch.float32, device="cuda")
-                scale = d ** -0.5
-                run = lambda: fn(q, k, v, o, lse, scale / math.log(2.0), 1.0, 0, 0,  # noqa: E731
-                                 None, None, None, None, None, s, 1, num_sms)
+                run, (q, k, v, o) = dense_launch(fn, b, s, hq, hkv, d, num_sms)
                 run()
                 ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                      is_causal=causal, enable_gqa=hq != hkv).transpose(1, 2)

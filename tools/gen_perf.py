@@ -14,8 +14,8 @@ DEFAULT = ROOT / "benchmarks" / "results" / "fwd_h100_2026-11-23_s9.json"
 BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
 PEERS = [("ours", "this bundle"), ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
          ("sdpa_cudnn", "SDPA cuDNN (wgmma, H100 ceiling)")]
-#: Peers of the issue's targets (same instruction class as ours); cuDNN's wgmma is not one.
-RATIO_PEERS = ("sdpa_flash_fa2", "fa4_sm120_path")
+#: Peers of the issue's targets (same instruction class as ours) and their ratio columns; cuDNN's wgmma is not one.
+RATIO_PEERS = {"sdpa_flash_fa2": "ours / FA2", "fa4_sm120_path": "ours / FA4 SM120 path"}
 
 
 def _ratio(row: dict, key: str, peer: str):
@@ -30,8 +30,8 @@ def _geomean(values: list) -> float:
 def table(result: dict, source: str) -> str:
     lines = [f"Forward, bf16, {result['device']}, {result['date']} (`{source}`). TFLOPS = 2·B·Hq·Sq·Sk·(D+Dv) (×0.5 causal; window rows use the nominal causal FLOPs); "
              "decode rows show K/V GB/s. Ratios = ours / peer, same run.", "",
-             "| case | " + " | ".join(name for _, name in PEERS) + " | ours / FA2 | ours / FA4 SM120 path |",
-             "|---" * (len(PEERS) + 3) + "|"]
+             "| case | " + " | ".join([name for _, name in PEERS] + list(RATIO_PEERS.values())) + " |",
+             "|---" * (len(PEERS) + len(RATIO_PEERS) + 1) + "|"]
     small = {peer: [] for peer in RATIO_PEERS}  # ratios of the head_dim <= 128 cases
     for row in result["rows"]:
         decode = row["seqlen_q"] == 1
