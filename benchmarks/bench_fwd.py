@@ -8,11 +8,18 @@ Timing: benchmarks/timing.py (median of CUDA-event timings of back-to-back calls
 TFLOPS = 2*B*Hq*Sq*Sk*(D + Dv) (x0.5 causal) / time; window cases use the same nominal FLOPs.
 Decode cases report KV bandwidth instead (bytes of K and V read once / time).
 
-    python benchmarks/bench_fwd.py --out results.json [--quick]
+Two occupancies, both in the same run (``--occupancy``): ``sm120`` runs every kernel at the CTAs per SM an
+SM120 would give it (100 KB of shared memory per SM: ours padded by the package, the peers through the
+context's cache preference, see occupancy.py); ``h100`` at the H100's own (228 KB per SM: two 64-99 KB
+CTAs share an SM and hide each other's softmax, which no SM120 part can do). Rows keep them as
+``results`` and ``results_h100``.
+
+    python benchmarks/bench_fwd.py --out results.json [--quick] [--occupancy both|sm120|h100]
 """
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import sys
@@ -27,6 +34,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 import flash_attn_4_sm120 as fa  # noqa: E402
+from flash_attn_4_sm120.execution_model import OCCUPANCY_ENV  # noqa: E402
+from occupancy import cache_preference, faithful_preference  # noqa: E402
 from timing import median_ms  # noqa: E402
 
 # (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, head_dim, head_dim_v, causal, window_left)
@@ -44,6 +53,36 @@ CASES = [
     ("1x8192 32/8 d128 window 1024", 1, 8192, 8192, 32, 8, 128, 128, True, 1024),
     ("decode 16x(1,8192) 32/8 d128", 16, 1, 8192, 32, 8, 128, 128, False, None),
 ]
+
+
+OCCUPANCY_METHOD = (
+    "sm120: every kernel at the CTAs per SM an SM120 (100 KB of shared memory per SM) would run: ours padded by "
+    "the package (ExecutionModel.occupancy_launch_smem, its default), FA2 and upstream by the CUDA context's cache "
+    "preference that gives their longest kernel the SM120's count (benchmarks/occupancy.py; 'emulation' per row); "
+    "cuDNN (wgmma) is not timed there. h100: every kernel at the H100's own occupancy (ours with "
+    "FA4_SM120_OCCUPANCY=device).")
+#: Peers of the SM120 comparison (cuDNN's wgmma kernels are a ceiling of the H100, not an SM120 peer)
+SM120_PEERS = ("sdpa_flash_fa2", "fa4_sm120_path")
+
+
+def timed(impl: str, call, occ: str, model, emulation: dict) -> dict:
+    """Median ms of ``call`` at occupancy ``occ`` (see OCCUPANCY_METHOD)."""
+    if impl == "ours":
+        saved = os.environ.get(OCCUPANCY_ENV)
+        os.environ[OCCUPANCY_ENV] = "model" if occ == "sm120" else "device"
+        try:
+            return {"ms": median_ms(call)}
+        finally:
+            os.environ.pop(OCCUPANCY_ENV) if saved is None else os.environ.__setitem__(OCCUPANCY_ENV, saved)
+    if occ == "h100":
+        return {"ms": median_ms(call)}
+    if impl not in SM120_PEERS:
+        return {"skipped": "not an SM120 peer"}
+    info = emulation[impl] = faithful_preference(call, model)
+    if info["pref"] is None:
+        return {"skipped": "its occupancy cannot be set to an SM120's (see emulation)"}
+    with cache_preference(info["pref"]):
+        return {"ms": median_ms(call)}
 
 
 def sdpa(backend):
@@ -71,8 +110,13 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cases", nargs="*", help="only the cases whose names contain one of these strings")
+    ap.add_argument("--occupancy", choices=("both", "sm120", "h100"), default="both",
+                    help="sm120: every kernel at an SM120's CTAs per SM (ours padded by the package, peers by the "
+                         "cache preference, see occupancy.py); h100: every kernel at the H100's own")
     args = ap.parse_args()
+    occupancies = ("sm120", "h100") if args.occupancy == "both" else (args.occupancy,)
     dev = torch.cuda.get_device_name()
+    model = fa.dispatch_model(torch.device("cuda"))
     impls = {
         "ours": lambda q, k, v, causal, window: fa.flash_attn_func(
             q, k, v, causal=causal, window_size=(window, 0) if window is not None else (None, None)),
@@ -94,22 +138,29 @@ def main():
         flops = 2 * b * hq * sq * sk * (d + dv) * (0.5 if causal else 1.0)
         kv_bytes = b * sk * hkv * (d + dv) * 2
         row = {"case": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
-               "head_dim": d, "head_dim_v": dv, "causal": causal, "window_left": window, "results": {}}
-        for impl, fn in impls.items():
-            try:
-                ms = median_ms(lambda: fn(q, k, v, causal, window))
-            except Exception as e:
-                row["results"][impl] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
-                continue
-            row["results"][impl] = {"ms": ms, "tflops": flops / ms / 1e9, "kv_gbps": kv_bytes / ms / 1e6}
+               "head_dim": d, "head_dim_v": dv, "causal": causal, "window_left": window}
+        for occ in occupancies:
+            key = "results" if occ == "sm120" else "results_h100"
+            row[key] = {}
+            for impl, fn in impls.items():
+                call = functools.partial(fn, q, k, v, causal, window)
+                try:
+                    row[key][impl] = timed(impl, call, occ, model, row.setdefault("emulation", {}))
+                except Exception as e:
+                    row[key][impl] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                    continue
+                r = row[key][impl]
+                if "ms" in r:
+                    r.update(tflops=flops / r["ms"] / 1e9, kv_gbps=kv_bytes / r["ms"] / 1e6)
+            cells = []
+            for impl, r in row[key].items():
+                metric = (f"{r['kv_gbps']:.0f}GB/s" if sq == 1 else f"{r['tflops']:.0f}TF") if "ms" in r else "-"
+                cells.append(f"{impl}={metric}")
+            print(f"{name:32s} [{occ}] " + " ".join(cells), flush=True)
         rows.append(row)
-        cells = []
-        for impl, r in row["results"].items():
-            metric = (f"{r['kv_gbps']:.0f}GB/s" if sq == 1 else f"{r['tflops']:.0f}TF") if "ms" in r else "err"
-            cells.append(f"{impl}={metric}")
-        print(f"{name:32s} " + " ".join(cells), flush=True)
     result = {"device": dev, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
-              "bundle_version": fa.__version__, "dtype": "bf16", "rows": rows}
+              "bundle_version": fa.__version__, "dtype": "bf16", "occupancies": occupancies,
+              "method": OCCUPANCY_METHOD, "rows": rows}
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tune_fwd import SHAPES, dense_launch, parse_config  # noqa: E402
+from tune_fwd import SHAPES, dense_launch, launch_smem, parse_config  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 from flash_attn_4_sm120.compiler import compile_fwd  # noqa: E402
@@ -30,12 +30,14 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--config", required=True, help="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,...]]]]")
     ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--device-occupancy", action="store_true", help="launch as compiled (the H100's CTAs per SM)")
     args = ap.parse_args()
     d = args.head_dim
     model = dispatch_model(torch.device("cuda"))
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     spec = FwdSpec("bf16", d, d, args.causal)
-    fn = compile_fwd(spec, parse_config(args.config), model, model.compile_target)
+    cfg = parse_config(args.config)
+    fn = compile_fwd(spec, cfg, model, model.compile_target, launch_smem=launch_smem(spec, cfg, args.device_occupancy))
     run, _ = dense_launch(fn, *SHAPES[d][0], d, num_sms)
     for _ in range(args.runs):
         run()

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
-from flash_attn_4_sm120.compiler import compile_fwd  # noqa: E402
-from flash_attn_4_sm120.config import TABLE_PATH, FwdConfig, candidate_fwd_configs, fwd_smem_bytes, STATIC_SMEM_BYTES  # noqa: E402
-from flash_attn_4_sm120.interface import dispatch_model  # noqa: E402
+from flash_attn_4_sm120.compiler import get_fwd_kernel  # noqa: E402
+from flash_attn_4_sm120.config import TABLE_PATH, FwdConfig, candidate_fwd_configs, occupancy_launch_smem  # noqa: E402
+from flash_attn_4_sm120.interface import device_smem, dispatch_model  # noqa: E402
 from flash_attn_4_sm120.problem import FwdSpec  # noqa: E402
 from timing import median_ms  # noqa: E402
 
@@ -34,20 +34,34 @@ SHAPES = {64: [(4, 4096, 16, 16), (16, 1024, 16, 16)], 128: [(4, 4096, 32, 8), (
           96: [(4, 4096, 16, 16)], 192: [(2, 4096, 16, 16)], 256: [(2, 4096, 8, 8)]}
 
 
-#: Shared memory per SM: SM120 parts (RTX 5090 / RTX PRO 6000 / GB10) and the H100 the device has;
-#: each CTA also takes a 1 KB system reservation.
-SM120_SMEM_PER_SM, H100_SMEM_PER_SM, RESERVED_PER_CTA = 100 * 1024, 228 * 1024, 1024
-H100_MAX_DYNAMIC_SMEM = 227 * 1024 - STATIC_SMEM_BYTES
+def launch_smem(spec: FwdSpec, cfg: FwdConfig, device_occupancy: bool) -> int:
+    """Dynamic smem the API launches ``cfg`` with here (``config.occupancy_launch_smem``: padded to the
+    model's CTAs per SM on the H100, whose two co-resident CTAs would hide each other's softmax where an
+    SM120 runs one); 0 with ``device_occupancy`` (the part's own occupancy: measurement only)."""
+    if device_occupancy:
+        return 0
+    model = dispatch_model(torch.device("cuda"))
+    return occupancy_launch_smem(spec, cfg, model, device_smem(torch.cuda.current_device(), "model"))
 
 
-def sm120_launch_smem(smem: int) -> int:
-    """Dynamic smem to launch a kernel of ``smem`` bytes with on the H100 so that as many of its CTAs
-    share an SM as on an SM120 part (registers permitting). The H100 runs two 96 KB CTAs per SM, the
-    SM120 one, and two independent CTAs hide each other's softmax: without this the tuner rewards
-    occupancy the real part does not have."""
-    fixed = STATIC_SMEM_BYTES + RESERVED_PER_CTA  # the static section and the system reservation
-    per_sm = max(1, SM120_SMEM_PER_SM // (smem + fixed))
-    return max(smem, min(H100_SMEM_PER_SM // per_sm - fixed, H100_MAX_DYNAMIC_SMEM))
+def _warm(job) -> str:
+    """Compile one (spec, config, model, target, launch_smem) into the disk compile cache (a worker)."""
+    try:
+        get_fwd_kernel(*job)
+        return ""
+    except Exception as e:  # the main process records it when it compiles the same config
+        return f"{job[1]}: {str(e)[:200]}"
+
+
+def warm_disk_cache(jobs: list, workers: int) -> None:
+    """Compile every job in ``workers`` processes first: the timing loop then loads from disk (the device has 16
+    cores; one compile takes 10-20 s)."""
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+        for err in pool.imap_unordered(_warm, jobs):
+            if err:
+                print("warm-up:", err, flush=True)
 
 
 def parse_config(text: str) -> FwdConfig:
@@ -104,9 +118,10 @@ def main():
     ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,PINGPONG[,PERSISTENT[,MBARRIER_RELEASE]]]]]]",
                     help="time these configs instead of the candidates (exploration; the predicate is not applied)")
     ap.add_argument("--causal", choices=("both", "full", "causal"), default="both")
-    ap.add_argument("--sm120-smem", action="store_true",
-                    help="launch each config with the shared memory that gives it an SM120's CTAs per SM "
-                         "(sm120_launch_smem): what the table would pick on the real part")
+    ap.add_argument("--device-occupancy", action="store_true",
+                    help="launch each config as compiled (the H100's own CTAs per SM) instead of padded to the "
+                         "SM120 model's, as the API launches it (measurement only)")
+    ap.add_argument("--jobs", type=int, default=1, help="compile the configs in this many processes first")
     args = ap.parse_args()
     if args.select:
         print(json.dumps(select(args.select, args.conformance), indent=1))
@@ -117,13 +132,18 @@ def main():
     records, table = [], {}
     masks = {"both": (False, True), "full": (False,), "causal": (True,)}[args.causal]
     explicit = [parse_config(text) for text in args.config]
-    for d, causal in itertools.product(args.head_dims, masks):
-        spec = FwdSpec("bf16", d, d, causal)
+    plan = [(FwdSpec("bf16", d, d, causal), explicit or None) for d, causal in itertools.product(args.head_dims, masks)]
+    plan = [(spec, cfgs or candidate_fwd_configs(spec, model)) for spec, cfgs in plan]
+    jobs = [(spec, cfg, model, target, launch_smem(spec, cfg, args.device_occupancy)) for spec, cfgs in plan for cfg in cfgs]
+    if args.jobs > 1:
+        warm_disk_cache(jobs, args.jobs)
+    jobs = iter(jobs)
+    for spec, cfgs in plan:
+        d, causal = spec.head_dim, spec.causal
         best = None
-        for cfg in explicit or candidate_fwd_configs(spec, model):
+        for cfg in cfgs:
             try:
-                smem = sm120_launch_smem(fwd_smem_bytes(spec, cfg)) if args.sm120_smem else 0
-                fn = compile_fwd(spec, cfg, model, target, launch_smem=smem)
+                fn = get_fwd_kernel(*next(jobs))
             except Exception as e:  # record and move on: a config that does not build never wins
                 records.append({"head_dim": d, "causal": causal, "config": cfg.__dict__, "error": str(e)[:300]})
                 continue
@@ -147,7 +167,7 @@ def main():
         if best:
             table[f"d{d}_{'causal' if causal else 'full'}"] = {**best[1].__dict__, "geomean_tflops": round(best[0], 1)}
     result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-              "model": model.name, "target": target, "sm120_smem": args.sm120_smem, "table": table, "records": records}
+              "model": model.name, "target": target, "occupancy": "device" if args.device_occupancy else "model", "table": table, "records": records}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps(table, indent=1))
 

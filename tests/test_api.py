@@ -191,3 +191,11 @@ def test_flash_attn_fwd_checks_pack_gqa_like_the_other_entry_points():
     q = _t(1, 8, 4, 64)
     with pytest.raises(TypeError, match="pack_gqa"):
         fa.flash_attn_fwd(q, q, q, pack_gqa="yes")
+
+
+def test_occupancy_env_is_checked():
+    from flash_attn_4_sm120 import interface
+
+    assert interface.device_smem(None, "device") is None  # launch as compiled: no device query
+    with pytest.raises(ValueError, match="FA4_SM120_OCCUPANCY='max'"):
+        interface.device_smem(None, "max")

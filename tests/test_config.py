@@ -229,3 +229,17 @@ def test_mbarrier_release_predicate():
     for bad in (replace(good, mainloop="cp_async"), replace(good, mainloop="tma_ws"), replace(good, overlap=True)):
         assert any("mbarrier_release=True" in p and "mainloop=tma without overlap" in p
                    for p in fwd_config_problems(spec, bad, SM120)), bad
+
+
+def test_occupancy_launch_smem_follows_the_model():
+    from flash_attn_4_sm120.config import occupancy_launch_smem
+
+    spec = FwdSpec("bf16", 128, 128, False)
+    one = config.FwdConfig(tile_m=128, tile_n=64, num_warps=4, num_stages=2, mainloop="tma")  # 97 KB: 1 CTA per SM120 SM
+    two = config.FwdConfig(tile_m=128, tile_n=64, num_warps=4, num_stages=2)  # d=64 below: 48 KB, 2 per SM
+    h100 = (233472, 232448)
+    assert occupancy_launch_smem(spec, one, SM120, None) == 0  # no GPU / FA4_SM120_OCCUPANCY=device
+    assert occupancy_launch_smem(spec, one, SM120, (102400, 101376)) == 0  # the SM120 itself
+    assert occupancy_launch_smem(spec, one, SM120, h100) == 232448 - 1024  # alone on an H100 SM
+    spec64 = FwdSpec("bf16", 64, 64, False)
+    assert 233472 // (occupancy_launch_smem(spec64, two, SM120, h100) + 2048) == 2

@@ -57,3 +57,36 @@ def test_models_are_frozen():
 def test_declared_capabilities_cover_primary_parts_first():
     caps = em.declared_cuda_capabilities()
     assert caps[:2] == ["12.0", "12.1"] and "9.0" in caps and len(set(caps)) == len(caps)
+
+
+# Shared memory per SM of the parts the occupancy rule sees (torch: shared_memory_per_multiprocessor /
+# shared_memory_per_block_optin): an H100 (228 KB / 227 KB) and an SM120 part (100 KB / 99 KB).
+H100_SMEM = (233472, 232448)
+SM120_SMEM = (102400, 101376)
+
+
+@pytest.mark.parametrize("smem, ctas", [(100352, 1), (66560, 1), (50177, 1), (50176, 2), (49152, 2), (43008, 2), (33792, 2),
+                                        (32768, 3)])
+def test_ctas_per_sm_by_shared_memory(smem, ctas):
+    # 100 KB per SM, 1 KB reserved per CTA: a CTA of up to 49 KB fits twice, one byte more once.
+    assert em.SM120.ctas_per_sm(smem) == ctas
+
+
+@pytest.mark.parametrize("smem", [100352, 66560, 49152, 43008, 33792, 8192])
+def test_occupancy_padding_gives_a_larger_part_the_models_ctas_per_sm(smem):
+    static = 1024
+    dyn = em.SM120.occupancy_launch_smem(smem, static, *H100_SMEM)
+    assert dyn >= smem - static  # never less than the kernel needs
+    assert dyn + static <= H100_SMEM[1]  # within the part's per-CTA opt-in limit
+    per_sm = H100_SMEM[0] // (dyn + static + em.SMEM_RESERVED_PER_CTA)
+    assert per_sm == em.SM120.ctas_per_sm(smem)
+
+
+@pytest.mark.parametrize("model", em.MODELS, ids=lambda m: m.name)
+def test_no_padding_on_a_part_no_larger_than_the_model(model):
+    # A real SM120 (or Ada, 100 KB) launches exactly what the kernel declares: same cache key as precompile.
+    assert model.occupancy_launch_smem(66560, 1024, *SM120_SMEM) == 0
+
+
+def test_every_model_keeps_the_sm120_smem_per_sm():
+    assert {m.smem_per_sm for m in em.MODELS} == {em.SM120_SMEM_PER_SM}

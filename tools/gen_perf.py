@@ -1,6 +1,6 @@
 """Regenerate the README performance table from a committed benchmark result (benchmarks/results).
 
-    python tools/gen_perf.py [--result benchmarks/results/fwd_h100_2026-11-23_s9.json] [--check]
+    python tools/gen_perf.py [--result benchmarks/results/fwd_h100_2026-11-23_s10.json] [--check]
 """
 
 import argparse
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT / "benchmarks" / "results" / "fwd_h100_2026-11-23_s9.json"
+DEFAULT = ROOT / "benchmarks" / "results" / "fwd_h100_2026-11-23_s10.json"
 BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
 PEERS = [("ours", "this bundle"), ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
          ("sdpa_cudnn", "SDPA cuDNN (wgmma, H100 ceiling)")]
@@ -18,8 +18,19 @@ PEERS = [("ours", "this bundle"), ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_
 RATIO_PEERS = {"sdpa_flash_fa2": "ours / FA2", "fa4_sm120_path": "ours / FA4 SM120 path"}
 
 
-def _ratio(row: dict, key: str, peer: str):
-    ours, other = row["results"].get("ours", {}), row["results"].get(peer, {})
+#: Result keys of bench_fwd.py's two occupancies, with the heading each table gets (older results have only
+#: ``results``, measured at the H100's own occupancy).
+OCCUPANCIES = {
+    "results": "At an SM120's CTAs per SM (100 KB of shared memory per SM): ours padded by the package, "
+               "FA2 and upstream through the CUDA context's cache preference (benchmarks/occupancy.py). "
+               "What an RTX 5090 / RTX PRO 6000 runs; cuDNN (wgmma) is not an SM120 peer and is not timed here.",
+    "results_h100": "At the H100's own occupancy (228 KB per SM: two 64-99 KB CTAs of any of these kernels share "
+                    "an SM and hide each other's softmax, which no SM120 part can do).",
+}
+
+
+def _ratio(results: dict, key: str, peer: str):
+    ours, other = results.get("ours", {}), results.get(peer, {})
     return ours[key] / other[key] if key in ours and key in other else None
 
 
@@ -27,23 +38,22 @@ def _geomean(values: list) -> float:
     return math.exp(sum(map(math.log, values)) / len(values))
 
 
-def table(result: dict, source: str) -> str:
-    lines = [f"Forward, bf16, {result['device']}, {result['date']} (`{source}`). TFLOPS = 2·B·Hq·Sq·Sk·(D+Dv) (×0.5 causal; window rows use the nominal causal FLOPs); "
-             "decode rows show K/V GB/s. Ratios = ours / peer, same run.", "",
-             "| case | " + " | ".join([name for _, name in PEERS] + list(RATIO_PEERS.values())) + " |",
+def _one_table(result: dict, field: str) -> list:
+    lines = ["| case | " + " | ".join([name for _, name in PEERS] + list(RATIO_PEERS.values())) + " |",
              "|---" * (len(PEERS) + len(RATIO_PEERS) + 1) + "|"]
     small = {peer: [] for peer in RATIO_PEERS}  # ratios of the head_dim <= 128 cases
     for row in result["rows"]:
+        results = row.get(field, {})
         decode = row["seqlen_q"] == 1
         key = "kv_gbps" if decode else "tflops"
 
         def cell(impl):
-            r = row["results"].get(impl, {})
+            r = results.get(impl, {})
             return f"{r[key]:.0f}" if key in r else "n/a"
 
         ratios = []
         for peer in RATIO_PEERS:
-            r = _ratio(row, key, peer)
+            r = _ratio(results, key, peer)
             ratios.append(f"{r:.2f}×" if r else "n/a")
             if r and max(row["head_dim"], row["head_dim_v"]) <= 128 and row["window_left"] is None:
                 small[peer].append(r)
@@ -51,6 +61,17 @@ def table(result: dict, source: str) -> str:
                      + " | " + " | ".join(ratios) + " |")
     lines += ["", "Geometric mean of the ratios over the head_dim <= 128 cases (window excluded): "
               + ", ".join(f"{_geomean(v):.2f}× vs {dict(PEERS)[p]} ({len(v)} cases)" for p, v in small.items() if v) + "."]
+    return lines
+
+
+def table(result: dict, source: str) -> str:
+    lines = [f"Forward, bf16, {result['device']}, {result['date']} (`{source}`). TFLOPS = 2·B·Hq·Sq·Sk·(D+Dv) (×0.5 causal; window rows use the nominal causal FLOPs); "
+             "decode rows show K/V GB/s. Ratios = ours / peer, same run."]
+    fields = [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]
+    for field in fields:
+        if len(fields) > 1:
+            lines += ["", f"**{OCCUPANCIES[field]}**"]
+        lines += [""] + _one_table(result, field)
     return "\n".join(lines)
 
 

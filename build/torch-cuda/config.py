@@ -17,6 +17,7 @@ import re
 from functools import lru_cache
 from itertools import product
 from pathlib import Path
+from typing import Optional
 
 BYTES_PER_ELEM = 2  # bf16 / fp16 operands
 #: Head-dim classes of the tile table: a spec uses the smallest class >= max(head_dim, head_dim_v).
@@ -116,6 +117,16 @@ def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
             + aligned(stages * cfg.tile_n * dv * BYTES_PER_ELEM))
 
 
+def occupancy_launch_smem(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel,
+                          device_smem: Optional[tuple[int, int]]) -> int:
+    """Dynamic shared memory to launch ``cfg`` with so that the part holds the model's CTAs per SM
+    (``ExecutionModel.occupancy_launch_smem``); ``device_smem`` is the part's (per SM, opt-in per CTA),
+    None to launch as compiled (no GPU: precompile on a build box, or ``FA4_SM120_OCCUPANCY=device``)."""
+    if device_smem is None:
+        return 0
+    return model.occupancy_launch_smem(fwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES, STATIC_SMEM_BYTES, *device_smem)
+
+
 def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) -> tuple[str, ...]:
     """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
     out = []
@@ -180,6 +191,12 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     if acc_regs > 192:
         out.append(f"{acc_regs} accumulator registers per thread (O + S{' + P' if cfg.overlap else ''}) "
                    f"leave too few for operands")
+    # Q in registers (16-bit: half a register per element) beside a row gather (packed GQA, varlen Q): at
+    # d=256 (64x32: 144 + 64) every such sm_120a build spilled while the dense one fits (2026-11-23).
+    q_regs = cfg.tile_m * padded_head_dim(spec.head_dim, cfg) // cfg.num_threads // 2 if cfg.q_in_regs else 0
+    if q_regs and (spec.pack_gqa or spec.varlen_q) and acc_regs + q_regs > 192:
+        out.append(f"q_in_regs with {'packed GQA' if spec.pack_gqa else 'varlen Q'}: {acc_regs} accumulator + "
+                   f"{q_regs} Q registers per thread beside the row gather leave too few for operands")
     return tuple(out)
 
 

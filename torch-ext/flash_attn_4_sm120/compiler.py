@@ -104,8 +104,8 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
     ``spec.split_kv`` out/lse are the fp32 (num_splits, ...) partial workspaces. ``max_ctas`` caps the
     grid of persistent configs (``config.persistent``: one CTA per SM, so the SM count); others ignore it. ``check_valid=False``
     skips the kernel's own check (the conformance gate compiles configs that break a rule on purpose).
-    ``launch_smem`` (measurement harnesses only): launch with at least this much dynamic shared memory,
-    which pins how many CTAs share an SM (see ``benchmarks/tune_fwd.py --sm120-smem``)."""
+    ``launch_smem``: launch with at least this much dynamic shared memory, which pins how many CTAs
+    share an SM (``config.occupancy_launch_smem``: the model's CTAs per SM on a larger part)."""
     import cutlass.cute as cute
 
     cls = fwd_kernel_class(config)
@@ -118,13 +118,14 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
     return cute.compile(kernel, *_fake_fwd_args(spec), options=options)
 
 
-def get_fwd_kernel(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target: str):
-    """The compiled forward kernel from the compile cache (memory, then disk, then compile)."""
+def get_fwd_kernel(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target: str, launch_smem: int = 0):
+    """The compiled forward kernel from the compile cache (memory, then disk, then compile).
+    ``launch_smem``: ``config.occupancy_launch_smem`` of the part it will run on (0 on the model's own)."""
     from .compile_cache import default_cache
 
     return default_cache().get(
-        ("fwd", spec, config, model, target),
-        lambda: compile_fwd(spec, config, model, target),
+        ("fwd", spec, config, model, target, launch_smem),
+        lambda: compile_fwd(spec, config, model, target, launch_smem=launch_smem),
     )
 
 

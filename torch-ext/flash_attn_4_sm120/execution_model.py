@@ -15,7 +15,9 @@ Two targets are kept apart:
   * the *compile* target: what ``cute.compile`` emits (``model.compile_target``, or the
     ``FA4_SM120_COMPILE_TARGET`` override, e.g. ``sm_120a`` for conformance checks on a CPU).
 Both overrides are read by the public API at call time and passed down as arguments, so they are
-part of every compile-cache key.
+part of every compile-cache key. So is the occupancy rule (``FA4_SM120_OCCUPANCY``): by default a part
+with more shared memory per SM than the model (the H100 proxy) pads each launch so it holds the model's
+CTAs per SM, since the SM120 runs one 99 KB CTA per SM where an H100 would run two.
 """
 
 from __future__ import annotations
@@ -26,10 +28,20 @@ from typing import Optional
 
 DISPATCH_ENV = "FA4_SM120_DISPATCH_ARCH"
 COMPILE_TARGET_ENV = "FA4_SM120_COMPILE_TARGET"
+#: ``model`` (default): a part with more shared memory per SM than the model runs each forward kernel at
+#: the model's CTAs per SM (``ExecutionModel.occupancy_launch_smem``); ``device``: at the part's own
+#: (measurement only: what the H100 proxy gives when it is allowed its 228 KB).
+OCCUPANCY_ENV = "FA4_SM120_OCCUPANCY"
+OCCUPANCY_MODES = ("model", "device")
 
 #: Shared memory one CTA may use under the SM120 execution model (99 KB: RTX 5090, RTX PRO 6000,
 #: GB10). ``cutlass.memory.get_smem_capacity_in_bytes("sm_120")`` reports the same number.
 SM120_SMEM_PER_CTA = 101376
+#: Shared memory of one SM120 SM (100 KB of its 128 KB L1/shared), and what the hardware reserves per
+#: resident CTA on every part since Ampere (1 KB). Together with ``SM120_SMEM_PER_CTA`` they set how
+#: many CTAs of a kernel share an SM, which decides how much of one CTA's softmax the others hide.
+SM120_SMEM_PER_SM = 102400
+SMEM_RESERVED_PER_CTA = 1024
 
 
 class MmaKind(enum.Enum):
@@ -74,6 +86,9 @@ class ExecutionModel:
     has_wgmma: bool = False
     has_tmem: bool = False
     max_regs_per_thread: int = 255
+    #: Shared memory per SM under the model: a part with more (an H100 has 228 KB) launches each
+    #: kernel padded so that it holds no more CTAs per SM than this does (``occupancy_launch_smem``).
+    smem_per_sm: int = SM120_SMEM_PER_SM
     #: True for the parts the bundle is built for; False for parts that merely run the same model.
     primary: bool = False
 
@@ -83,6 +98,24 @@ class ExecutionModel:
 
     def supports(self, copy: CopyKind) -> bool:
         return copy in self.g2s_copies
+
+    def ctas_per_sm(self, smem: int) -> int:
+        """CTAs of ``smem`` bytes (dynamic + static) one SM of the model holds, by shared memory alone
+        (registers bind the same way on every part here: 64K per SM)."""
+        return max(1, self.smem_per_sm // (smem + SMEM_RESERVED_PER_CTA))
+
+    def occupancy_launch_smem(self, smem: int, static_smem: int, device_smem_per_sm: int,
+                              device_max_smem_per_cta: int) -> int:
+        """Dynamic shared memory to launch a kernel that needs ``smem`` bytes (dynamic + ``static_smem``)
+        with on a part of ``device_smem_per_sm`` (``device_max_smem_per_cta`` opt-in limit), so that the
+        part runs as many of its CTAs per SM as the model does; 0 (no padding) on a part no larger than
+        the model. Two co-resident CTAs hide each other's softmax, so this decides what the part measures:
+        without it an H100 runs two 99 KB CTAs per SM where an SM120 runs one."""
+        if device_smem_per_sm <= self.smem_per_sm:
+            return 0
+        per_sm = self.ctas_per_sm(smem)
+        padded = min(device_smem_per_sm // per_sm - SMEM_RESERVED_PER_CTA, device_max_smem_per_cta) - static_smem
+        return max(padded, smem - static_smem)
 
     def __hash__(self) -> int:
         # The model is in every compile-cache and config-memo key looked up per call; hashing all

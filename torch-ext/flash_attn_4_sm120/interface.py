@@ -18,10 +18,12 @@ import torch
 
 from . import compiler, manifest
 from ._ops import add_op_namespace_prefix
-from .config import num_splits_for, select_fwd_config, use_pack_gqa
+from .config import num_splits_for, occupancy_launch_smem, select_fwd_config, use_pack_gqa
 from .execution_model import (
     COMPILE_TARGET_ENV,
     DISPATCH_ENV,
+    OCCUPANCY_ENV,
+    OCCUPANCY_MODES,
     ExecutionModel,
     resolve_compile_target,
     resolve_dispatch_model,
@@ -39,6 +41,29 @@ def _model_and_target(device_index: Optional[int], dispatch_override: Optional[s
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: Optional[int]) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def device_smem(device_index: Optional[int], mode: Optional[str]) -> Optional[tuple[int, int]]:
+    """(shared memory per SM, opt-in per CTA) of the part, the input of ``config.occupancy_launch_smem``;
+    None under ``FA4_SM120_OCCUPANCY=device`` (launch as compiled: the part's own CTAs per SM)."""
+    mode = mode or OCCUPANCY_MODES[0]
+    if mode not in OCCUPANCY_MODES:
+        raise ValueError(f"{OCCUPANCY_ENV}={mode!r}: expected one of {', '.join(OCCUPANCY_MODES)}")
+    if mode == "device":
+        return None
+    props = torch.cuda.get_device_properties(device_index)
+    return props.shared_memory_per_multiprocessor, props.shared_memory_per_block_optin
+
+
+@functools.lru_cache(maxsize=None)
+def _launch_smem(spec, cfg, model, device_index: Optional[int], mode: Optional[str]) -> int:
+    return occupancy_launch_smem(spec, cfg, model, device_smem(device_index, mode))
+
+
+def _fwd_kernel(spec, cfg, model, target, device_index: Optional[int], mode: Optional[str]):
+    """The compiled forward kernel for this call, padded to the model's CTAs per SM on a larger part."""
+    return compiler.get_fwd_kernel(spec, cfg, model, target, _launch_smem(spec, cfg, model, device_index, mode))
 
 
 def dispatch_model(device: torch.device) -> ExecutionModel:
@@ -140,9 +165,10 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
     split_cfg = config or select_fwd_config(split_spec, model)
     splits = _splits(num_splits, spec, shape, cfg, split_cfg.tile_n, device)
     cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
+    mode = os.environ.get(OCCUPANCY_ENV)
     scalars = (params.scale_log2, params.softcap_scale, params.window_left, params.window_right)
     if splits == 1:
-        launches = [(compiler.get_fwd_kernel(spec, cfg, model, target),
+        launches = [(_fwd_kernel(spec, cfg, model, target, device.index, mode),
                      (q, k, v, out, lse, *scalars, params.sink, cu_q, cu_k, used_q, used_k, shape.seqlen_q, 1,
                       max_ctas or _num_sms(device.index)))]
     else:
@@ -150,7 +176,7 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
         o_part = torch.empty((splits, *out_shape), dtype=torch.float32, device=device)
         lse_part = torch.empty((splits, *lse_shape), dtype=torch.float32, device=device)
         launches = [
-            (compiler.get_fwd_kernel(split_spec, split_cfg, model, target),
+            (_fwd_kernel(split_spec, split_cfg, model, target, device.index, mode),
              (q, k, v, o_part, lse_part, *scalars, None, cu_q, cu_k, used_q, used_k, shape.seqlen_q, splits, 0)),
             (compiler.get_combine_kernel(combine_spec, model, target),
              (o_part, lse_part, out, lse, params.sink, cu_q, used_q, shape.seqlen_q)),

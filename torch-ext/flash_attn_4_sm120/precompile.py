@@ -54,9 +54,10 @@ import time
 from typing import Iterable, Optional, Sequence, Union
 
 from . import compiler, manifest
-from .config import select_fwd_config
+from .config import occupancy_launch_smem, select_fwd_config
 from .execution_model import (
     COMPILE_TARGET_ENV,
+    OCCUPANCY_ENV,
     ExecutionModel,
     UnsupportedDeviceError,
     model_for_arch_string,
@@ -143,6 +144,21 @@ def resolve_model(model: Union[None, str, ExecutionModel] = None) -> ExecutionMo
         ) from None
 
 
+def _device_smem_for(model: ExecutionModel) -> Optional[tuple[int, int]]:
+    """The current GPU's shared memory (``interface.device_smem``) when ``model`` is what it dispatches
+    to, so the keys are the ones the API looks up there; None on a build box compiling for another part
+    (its kernels launch as compiled on the model's own part)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from .interface import device_smem, dispatch_model
+
+    if dispatch_model(torch.device("cuda")) != model:
+        return None
+    return device_smem(torch.cuda.current_device(), os.environ.get(OCCUPANCY_ENV))
+
+
 def spec_name(spec: FwdSpec) -> str:
     extra = ("_packgqa" if spec.pack_gqa else "") + ("_splitkv" if spec.split_kv else "")
     return f"fwd_{spec.dtype}_d{spec.head_dim}x{spec.head_dim_v}_{'causal' if spec.causal else 'full'}{extra}"
@@ -178,10 +194,12 @@ def precompile(dtypes: Iterable = ("bf16",), head_dims: Iterable[int] = (64, 128
         specs += [variant for spec in specs for variant in decode_specs(spec)]
     # (name, spec dict, config dict, compile-or-load thunk) per kernel
     plans = []
+    smem = _device_smem_for(model)
     for spec in specs:
         cfg = select_fwd_config(spec, model)
+        launch_smem = occupancy_launch_smem(spec, cfg, model, smem)
         plans.append((spec_name(spec), dataclasses.asdict(spec), dataclasses.asdict(cfg),
-                      lambda spec=spec, cfg=cfg: compiler.get_fwd_kernel(spec, cfg, model, target)))
+                      lambda spec=spec, cfg=cfg, ls=launch_smem: compiler.get_fwd_kernel(spec, cfg, model, target, ls)))
     if decode:
         for cspec in dict.fromkeys(CombineSpec.of(spec, False) for spec in specs):
             plans.append((f"combine_{cspec.dtype}_dv{cspec.head_dim_v}", dataclasses.asdict(cspec), {},
