@@ -160,21 +160,23 @@ def test_split_spec_with_a_sink_is_refused_by_the_predicate():
     assert any("sink enters once" in p for p in problems)
 
 
-@pytest.mark.parametrize("requested, ctas, blocks, sms, batch, want", [
-    (1, 8, 128, 132, 1, 1),          # 1 never splits
-    (None, 128, 128, 132, 16, 2),    # decode 16 x 8 KV heads: to 2 CTAs per SM
-    (0, 128, 128, 132, 16, 2),       # 0 is automatic too
-    (None, 256, 128, 132, 16, 1),    # decode 16 x 16 heads: nearly 2 per SM already
-    (None, 32, 128, 132, 4, 8),      # decode 4 x 8 KV heads
-    (None, 4096, 64, 132, 4, 1),     # prefill fills the GPU: no split
-    (None, 8, 6, 132, 1, 1),         # too few key blocks for 4 per split
-    (None, 8, 40, 132, 1, 10),       # ... at most blocks // 4 splits
-    (None, 1, 4096, 132, 1, 128),    # at most MAX_SPLITS
-    (500, 8, 7, 132, 1, 7),          # an explicit count is clamped to the key blocks
-    (200, 8, 4096, 132, 1000, 65),   # ... and to the grid's z extent (batch * splits <= 65535)
+@pytest.mark.parametrize("requested, ctas, blocks, sms, batch, per_sm, want", [
+    (1, 8, 128, 132, 1, 1, 1),          # 1 never splits
+    (None, 128, 128, 132, 16, 1, 1),    # decode 16 x 8 KV heads, one 80 KB CTA per SM: one wave already
+    (None, 128, 128, 132, 16, 2, 2),    # ... a tile two of which share an SM: to two per SM
+    (0, 128, 128, 132, 16, 2, 2),       # 0 is automatic too
+    (None, 64, 128, 132, 16, 1, 2),     # decode 16 x 4 KV heads (7-way GQA)
+    (None, 256, 128, 132, 16, 2, 1),    # decode 16 x 16 heads: nearly 2 per SM already
+    (None, 32, 128, 132, 4, 1, 4),      # decode 4 x 8 KV heads
+    (None, 4096, 64, 132, 4, 1, 1),     # prefill fills the GPU: no split
+    (None, 8, 6, 132, 1, 1, 1),         # too few key blocks for 4 per split
+    (None, 8, 40, 132, 1, 1, 10),       # ... at most blocks // 4 splits
+    (None, 1, 4096, 132, 1, 1, 128),    # at most MAX_SPLITS
+    (500, 8, 7, 132, 1, 1, 7),          # an explicit count is clamped to the key blocks
+    (200, 8, 4096, 132, 1000, 1, 65),   # ... and to the grid's z extent (batch * splits <= 65535)
 ])
-def test_num_splits_choice(requested, ctas, blocks, sms, batch, want):
-    assert config.num_splits_for(requested, ctas, blocks, sms, batch) == want
+def test_num_splits_choice(requested, ctas, blocks, sms, batch, per_sm, want):
+    assert config.num_splits_for(requested, ctas, blocks, sms, batch, per_sm) == want
 
 
 def test_overlap_predicate():

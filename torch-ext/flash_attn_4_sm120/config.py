@@ -221,27 +221,23 @@ MAX_SPLITS = 128
 #: Fewest key blocks one split gets from the automatic choice: each split pays a prologue (Q load,
 #: pipeline fill) and writes an fp32 partial row that the combine reads back.
 MIN_BLOCKS_PER_SPLIT = 4
-#: The automatic choice splits until the grid has this many CTAs per SM: with one CTA per SM a
-#: split-free decode grid streams K/V from one 4-warp CTA per SM, too little in flight to reach
-#: the memory bandwidth (measured on the device, see notes/perf.md).
-SPLIT_TARGET_CTAS_PER_SM = 2
-
-
-def num_splits_for(requested, num_ctas: int, num_n_blocks: int, num_sms: int, batch: int) -> int:
+def num_splits_for(requested, num_ctas: int, num_n_blocks: int, num_sms: int, batch: int, ctas_per_sm: int) -> int:
     """Key-range splits for a call: ``requested`` (the caller's num_splits; None or 0 = automatic),
     clamped to the key blocks of the longest tile (a split must have a block to visit), to
     ``MAX_SPLITS`` and to the grid's z extent (batch * splits <= 65535).
 
-    Automatic: the split count that brings the grid (``num_ctas`` unsplit) nearest to
-    ``SPLIT_TARGET_CTAS_PER_SM`` CTAs per SM (rounded: a grid already at 1.5 CTAs per SM or more
-    stays whole), each split keeping at least ``MIN_BLOCKS_PER_SPLIT`` key blocks (decode: one query
-    tile per KV head and sequence over thousands of keys)."""
+    Automatic: the split count that brings the grid (``num_ctas`` unsplit) nearest to one wave of the
+    split kernel's resident CTAs, ``ctas_per_sm`` per SM under the execution model (rounded: a grid
+    already at 1.5 waves stays whole), each split keeping at least ``MIN_BLOCKS_PER_SPLIT`` key blocks
+    (decode: one query tile per KV head and sequence over thousands of keys). Measured at the SM120's
+    occupancy (split_sweep_h100_2026-11-23_sm120occ.json): 16 x 8 KV heads of an 80 KB tile (one per
+    SM) stream fastest unsplit, 64 tiles with 2 splits, 8 tiles with 16."""
     cap = max(1, min(MAX_SPLITS, num_n_blocks, 65535 // max(batch, 1)))
     if requested is not None and requested > 0:
         return min(int(requested), cap)
     if num_ctas <= 0:
         return 1
-    want = (2 * SPLIT_TARGET_CTAS_PER_SM * num_sms + num_ctas) // (2 * num_ctas)  # round(target / num_ctas)
+    want = (2 * ctas_per_sm * num_sms + num_ctas) // (2 * num_ctas)  # round(slots / num_ctas)
     return max(1, min(want, cap, num_n_blocks // MIN_BLOCKS_PER_SPLIT))
 
 

@@ -18,7 +18,14 @@ import torch
 
 from . import compiler, manifest
 from ._ops import add_op_namespace_prefix
-from .config import num_splits_for, occupancy_launch_smem, select_fwd_config, use_pack_gqa
+from .config import (
+    STATIC_SMEM_BYTES,
+    fwd_smem_bytes,
+    num_splits_for,
+    occupancy_launch_smem,
+    select_fwd_config,
+    use_pack_gqa,
+)
 from .execution_model import (
     COMPILE_TARGET_ENV,
     DISPATCH_ENV,
@@ -102,16 +109,22 @@ def _check_options(num_splits, pack_gqa) -> None:
         raise TypeError(f"pack_gqa must be True, False or None (automatic), got {pack_gqa!r}")
 
 
-def _splits(requested, spec, shape, cfg, split_tile_n: int, device) -> int:
+@functools.lru_cache(maxsize=None)
+def _ctas_per_sm(spec, cfg, model) -> int:
+    return model.ctas_per_sm(fwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES)
+
+
+def _splits(requested, spec, shape, cfg, split_spec, split_cfg, model, device) -> int:
     """KV splits for this call (``config.num_splits_for``), from the grid the unsplit launch (``cfg``)
-    would have and the key blocks of the split kernel's tiles (``split_tile_n``)."""
+    would have, the key blocks of the split kernel's tiles and its CTAs per SM under the model."""
     if requested == 1:
         return 1
     group = shape.num_heads // shape.num_heads_kv
     rows = shape.seqlen_q * group if spec.pack_gqa else shape.seqlen_q
     heads = shape.num_heads_kv if spec.pack_gqa else shape.num_heads
     num_ctas = -(-rows // cfg.tile_m) * heads * shape.batch
-    return num_splits_for(requested, num_ctas, -(-shape.seqlen_k // split_tile_n), _num_sms(device.index), shape.batch)
+    return num_splits_for(requested, num_ctas, -(-shape.seqlen_k // split_cfg.tile_n), _num_sms(device.index),
+                          shape.batch, _ctas_per_sm(split_spec, split_cfg, model))
 
 
 def _with_packing(spec, shape, pack_gqa: Optional[bool]):
@@ -163,7 +176,7 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
     # The split-KV forward is its own spec with its own table entry (an exact-dims entry can differ)
     split_spec, combine_spec = _split_specs(spec, params.sink is not None)
     split_cfg = config or select_fwd_config(split_spec, model)
-    splits = _splits(num_splits, spec, shape, cfg, split_cfg.tile_n, device)
+    splits = _splits(num_splits, spec, shape, cfg, split_spec, split_cfg, model, device)
     cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
     mode = os.environ.get(OCCUPANCY_ENV)
     scalars = (params.scale_log2, params.softcap_scale, params.window_left, params.window_right)
