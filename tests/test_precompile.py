@@ -254,3 +254,20 @@ def test_decode_precompile_serves_split_and_packed_decode_without_compiling():
     fa.flash_attn_func(q, kv, kv)  # MHA decode: split, not packed
     torch.cuda.synchronize()
     assert default_cache().stats.compiles == before
+
+
+def test_precompile_keys_ignore_a_gpu_that_is_not_the_models(monkeypatch):
+    """A build box compiling for sm_120 uses the SM120's own launch (no padding), whatever GPU it has."""
+    import torch
+
+    from flash_attn_4_sm120 import execution_model, interface, precompile as pc
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def unsupported(device):
+        raise execution_model.UnsupportedDeviceError("compute capability 10.0 cannot run the SM120 execution model")
+
+    monkeypatch.setattr(interface, "dispatch_model", unsupported)
+    assert pc._device_smem_for(execution_model.SM120) is None
+    monkeypatch.setattr(interface, "dispatch_model", lambda device: execution_model.SM90)
+    assert pc._device_smem_for(execution_model.SM120) is None

@@ -3,7 +3,9 @@
 ``precompile(dtypes, head_dims, causal, head_dim_v, target, model)`` compiles every forward kernel the
 dispatcher would pick for those specs (``config.select_fwd_config``) through the compile cache, so the
 first ``flash_attn_func`` call of each spec in a later process loads an object from disk instead of
-compiling (see ``compile_cache``: the key is spec, config, execution model and compile target, plus the
+compiling (see ``compile_cache``: the key is spec, config, execution model, compile target and the launch's
+occupancy padding (``config.occupancy_launch_smem``: 0 on an SM120; computed for the current GPU when the model is
+its own, else 0), plus the
 package, cutlass-dsl and tvm-ffi versions, the host CPU and a digest of the package sources; a cache
 filled on a build box serves a GPU node only when all of those agree). Precompile with the very build
 you serve: a Hub build's ``_ops.py`` carries its namespace, so a cache filled from a ``torch-ext``
@@ -154,7 +156,10 @@ def _device_smem_for(model: ExecutionModel) -> Optional[tuple[int, int]]:
         return None
     from .interface import device_smem, dispatch_model
 
-    if dispatch_model(torch.device("cuda")) != model:
+    try:
+        if dispatch_model(torch.device("cuda")) != model:
+            return None
+    except UnsupportedDeviceError:  # a build box whose GPU cannot run the model compiles for another part
         return None
     return device_smem(torch.cuda.current_device(), os.environ.get(OCCUPANCY_ENV))
 
