@@ -1,9 +1,10 @@
 """Can the H100 run every kernel (ours and the peers') at an SM120's CTAs per SM? (a script, not a test)
 
 An SM120 SM has 100 KB of shared memory, an H100 SM 228 KB: a 64-99 KB forward CTA runs twice per H100 SM
-and once per SM120 SM, and two co-resident CTAs hide each other's softmax. ``tune_fwd.py --sm120-smem``
-pads our own launches; the peers' launches cannot be padded, and a co-resident "holder" kernel does not
-work (session 8). This probe tries the context's cache-configuration preference instead
+and once per SM120 SM, and two co-resident CTAs hide each other's softmax. The package pads our own
+launches (``ExecutionModel.occupancy_launch_smem``); the peers' launches cannot be padded, and a co-resident
+"holder" kernel does not work (session 8). This probe (session 10, which confirmed it:
+``benchmarks/results/carveout_probe_h100_2026-11-23.json``; ``occupancy.py`` is what the benchmark uses) tries the context's cache-configuration preference instead
 (``cuCtxSetCacheConfig``): with L1 preferred, the driver should give each kernel the smallest shared-memory
 carveout its CTA fits in, which for a 64-99 KB CTA is the 100 KB configuration an SM120 has.
 
@@ -11,7 +12,7 @@ carveout its CTA fits in, which for a 64-99 KB CTA is the 100 KB configuration a
     ncu --metrics launch__shared_mem_config_size,... python benchmarks/carveout_probe.py --ncu
 
 Per case and preference it times ours (table entry, natural launch), ours padded to SM120 occupancy
-(``tune_fwd.launch_smem``, as the package launches it by default), SDPA flash (FA2) and upstream flash-attn-4's SM120 path.
+(``tune_fwd.launch_smem``, as the package launches by default), SDPA flash (FA2) and upstream flash-attn-4's SM120 path.
 """
 
 import argparse
