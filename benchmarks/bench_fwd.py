@@ -24,6 +24,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from unittest import mock
 
 os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_120")  # upstream FA4: its SM120 path, before import
 os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
@@ -68,12 +69,8 @@ SM120_PEERS = ("sdpa_flash_fa2", "fa4_sm120_path")
 def timed(impl: str, call, occ: str, model, emulation: dict) -> dict:
     """Median ms of ``call`` at occupancy ``occ`` (see OCCUPANCY_METHOD)."""
     if impl == "ours":
-        saved = os.environ.get(OCCUPANCY_ENV)
-        os.environ[OCCUPANCY_ENV] = "model" if occ == "sm120" else "device"
-        try:
+        with mock.patch.dict(os.environ, {OCCUPANCY_ENV: "model" if occ == "sm120" else "device"}):
             return {"ms": median_ms(call)}
-        finally:
-            os.environ.pop(OCCUPANCY_ENV) if saved is None else os.environ.__setitem__(OCCUPANCY_ENV, saved)
     if occ == "h100":
         return {"ms": median_ms(call)}
     if impl not in SM120_PEERS:

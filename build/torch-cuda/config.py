@@ -117,6 +117,13 @@ def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
             + aligned(stages * cfg.tile_n * dv * BYTES_PER_ELEM))
 
 
+@lru_cache(maxsize=None)
+def fwd_ctas_per_sm(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) -> int:
+    """CTAs of ``cfg`` one SM of ``model`` holds, by shared memory (the static section included).
+    Memoized: the split-KV choice asks on every decode call."""
+    return model.ctas_per_sm(fwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES)
+
+
 def occupancy_launch_smem(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel,
                           device_smem: Optional[tuple[int, int]]) -> int:
     """Dynamic shared memory to launch ``cfg`` with so that the part holds the model's CTAs per SM

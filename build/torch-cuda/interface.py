@@ -19,8 +19,7 @@ import torch
 from . import compiler, manifest
 from ._ops import add_op_namespace_prefix
 from .config import (
-    STATIC_SMEM_BYTES,
-    fwd_smem_bytes,
+    fwd_ctas_per_sm,
     num_splits_for,
     occupancy_launch_smem,
     select_fwd_config,
@@ -109,11 +108,6 @@ def _check_options(num_splits, pack_gqa) -> None:
         raise TypeError(f"pack_gqa must be True, False or None (automatic), got {pack_gqa!r}")
 
 
-@functools.lru_cache(maxsize=None)
-def _ctas_per_sm(spec, cfg, model) -> int:
-    return model.ctas_per_sm(fwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES)
-
-
 def _splits(requested, spec, shape, cfg, split_spec, split_cfg, model, device) -> int:
     """KV splits for this call (``config.num_splits_for``), from the grid the unsplit launch (``cfg``)
     would have, the key blocks of the split kernel's tiles and its CTAs per SM under the model."""
@@ -124,7 +118,7 @@ def _splits(requested, spec, shape, cfg, split_spec, split_cfg, model, device) -
     heads = shape.num_heads_kv if spec.pack_gqa else shape.num_heads
     num_ctas = -(-rows // cfg.tile_m) * heads * shape.batch
     return num_splits_for(requested, num_ctas, -(-shape.seqlen_k // split_cfg.tile_n), _num_sms(device.index),
-                          shape.batch, _ctas_per_sm(split_spec, split_cfg, model))
+                          shape.batch, fwd_ctas_per_sm(split_spec, split_cfg, model))
 
 
 def _with_packing(spec, shape, pack_gqa: Optional[bool]):
