@@ -1,8 +1,10 @@
-"""Time table-entry candidates the tuner cannot (a sliding window, a packed-GQA split-KV decode) through the API
-with a config override, at both occupancies (a script, not a test). Session 10 chose d128_causal_local with it.
+"""Time table-entry candidates the tuner cannot (a sliding window, a packed-GQA split-KV decode, softcap,
+prefill split-KV, MHA decode) through the API with a config override, at both occupancies (a script, not
+a test). Session 10 chose d128_causal_local with it; session 11 timed the softcap / split-KV entries.
 
-    python benchmarks/entry_sweep.py      # writes $OUT/explore.json (or ./explore.json)
+    python benchmarks/entry_sweep.py [--sets window decode softcap splitkv]   # writes $OUT/explore.json
 """
+import argparse
 import json
 import os
 import sys
@@ -23,42 +25,70 @@ def cp_async(tm: int, tn: int, stages: int, q_in_regs: bool) -> FwdConfig:
     return FwdConfig(tile_m=tm, tile_n=tn, num_warps=4, num_stages=stages, q_in_regs=q_in_regs, mainloop="cp_async")
 
 
+def pingpong(tm: int, tn: int, q_in_regs: bool) -> FwdConfig:
+    return FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=2, q_in_regs=q_in_regs, mainloop="tma",
+                     overlap=True, pingpong=True)
+
+
 #: None = the table's own entry
-CANDIDATES = [None, cp_async(64, 64, 2, True), cp_async(64, 32, 2, True), cp_async(64, 32, 2, False),
-              cp_async(64, 64, 2, False), cp_async(64, 32, 3, True)]
-# (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, window_left)
-CASES = [("window1024", 1, 8192, 8192, 32, 8, 1024), ("causal8192", 1, 8192, 8192, 32, 8, None),
-         ("decode", 16, 1, 8192, 32, 8, None)]
+SMALL_TILES = [None, cp_async(64, 64, 2, True), cp_async(64, 32, 2, True), cp_async(64, 32, 2, False),
+               cp_async(64, 64, 2, False), cp_async(64, 32, 3, True)]
+#: the d128x128 ping-pong entries (full, causal) against the d128 class entries softcap / split-KV fall back to
+PINGPONG = [None, pingpong(256, 32, False), pingpong(128, 64, True)]
+# set -> [(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, causal, window_left, softcap, num_splits, candidates)]
+SETS = {
+    "window": [("window1024", 1, 8192, 8192, 32, 8, True, 1024, 0.0, None, SMALL_TILES),
+               ("causal8192", 1, 8192, 8192, 32, 8, True, None, 0.0, None, [None])],
+    "decode": [("decode", 16, 1, 8192, 32, 8, False, None, 0.0, None, SMALL_TILES)],
+    "softcap": [("softcap_full", 4, 4096, 4096, 32, 8, False, None, 30.0, None, PINGPONG),
+                ("softcap_causal", 4, 4096, 4096, 32, 8, True, None, 30.0, None, PINGPONG)],
+    "splitkv": [("splitkv4_full", 1, 1024, 16384, 8, 8, False, None, 0.0, 4, PINGPONG),
+                ("splitkv4_causal", 1, 1024, 16384, 8, 8, True, None, 0.0, 4, PINGPONG),
+                ("mha_decode", 16, 1, 8192, 32, 32, False, None, 0.0, None, PINGPONG + SMALL_TILES[1:3])],
+}
 
 
 def label(cfg) -> str:
     if cfg is None:
         return "table"
-    return f"{cfg.tile_m}x{cfg.tile_n}s{cfg.num_stages}" + ("q" if cfg.q_in_regs else "")
+    return (f"{cfg.tile_m}x{cfg.tile_n}w{cfg.num_warps}s{cfg.num_stages}" + ("q" if cfg.q_in_regs else "")
+            + ("pp" if cfg.pingpong else "") + ("" if cfg.mainloop == "cp_async" else f"_{cfg.mainloop}"))
 
 
 def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sets", nargs="+", choices=sorted(SETS), default=sorted(SETS))
+    args = ap.parse_args()
     out = {}
     for occ in ("model", "device"):
         os.environ[OCCUPANCY_ENV] = occ
-        for name, b, sq, sk, hq, hkv, win in CASES:
+        for name, b, sq, sk, hq, hkv, causal, win, cap, splits, cands in (c for s in args.sets for c in SETS[s]):
             q = torch.randn(b, sq, hq, 128, dtype=torch.bfloat16, device="cuda")
             k = torch.randn(b, sk, hkv, 128, dtype=torch.bfloat16, device="cuda")
             v = torch.randn(b, sk, hkv, 128, dtype=torch.bfloat16, device="cuda")
-            spec, shape, params = validate_fwd(q, k, v, None, sq > 1, (win, 0) if win else (None, None))
+            spec, shape, params = validate_fwd(q, k, v, None, causal, (win, 0) if win else (None, None), cap)
             spec = _with_packing(spec, shape, None)
-            for cfg in CANDIDATES if name != "causal8192" else [None]:
+            if sq == 1 and occ == "model":  # what reading K and V once costs with PyTorch's own reduction
+                ms = median_ms(lambda: (k.sum(), v.sum()))
+                out[f"{name}|read_ceiling|torch.sum"] = {"ms": ms, "metric": b * sk * hkv * 256 * 2 / ms / 1e6}
+                print(f"{name}|read_ceiling|torch.sum", round(b * sk * hkv * 256 * 2 / ms / 1e6), flush=True)
+            ref = None
+            for cfg in cands:
                 try:
-                    ms = median_ms(lambda: _launch_fwd(q, k, v, spec, shape, params, config=cfg))
+                    call = lambda: _launch_fwd(q, k, v, spec, shape, params, config=cfg, num_splits=splits)  # noqa: E731
+                    o = call()[0]
+                    ref = o if ref is None else ref  # the table's output: every candidate must agree with it
+                    err = (o.float() - ref.float()).abs().max().item()
+                    ms = median_ms(call)
                 except Exception as e:
-                    print(name, occ, cfg, "ERR", str(e)[:150])
+                    print(name, occ, label(cfg), "ERR", str(e)[:150], flush=True)
                     continue
-                if name == "decode":  # K/V GB/s
+                if sq == 1:  # decode: K/V GB/s
                     metric = b * sk * hkv * 256 * 2 / ms / 1e6
-                else:  # nominal causal TFLOPS
-                    metric = 4 * b * hq * sq * sk * 128 * 0.5 / ms / 1e9
-                out[f"{name}|{occ}|{label(cfg)}"] = {"ms": ms, "metric": metric}
-                print(f"{name}|{occ}|{label(cfg)}", round(metric), flush=True)
+                else:  # nominal TFLOPS (causal: half the square, as the benchmark counts it)
+                    metric = 4 * b * hq * sq * sk * 128 * (0.5 if causal else 1.0) / ms / 1e9
+                out[f"{name}|{occ}|{label(cfg)}"] = {"ms": ms, "metric": metric, "max_diff_vs_table": err}
+                print(f"{name}|{occ}|{label(cfg)}", round(metric), f"diff={err:.2e}", flush=True)
     Path(os.environ.get("OUT", "."), "explore.json").write_text(json.dumps(out, indent=1))
 
 

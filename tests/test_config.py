@@ -137,7 +137,8 @@ def test_pack_gqa_selection_rule():
     assert use_pack_gqa(None, 32, 8, 1)  # decode, GQA: packed
     assert use_pack_gqa(None, 32, 1, PACK_GQA_MAX_SEQLEN_Q - 1)  # MQA short query: packed
     assert not use_pack_gqa(None, 32, 8, PACK_GQA_MAX_SEQLEN_Q)  # full tiles already
-    assert not use_pack_gqa(None, 16, 16, 1) and not use_pack_gqa(True, 16, 16, 1)  # MHA: nothing to pack
+    assert use_pack_gqa(None, 16, 16, 1) and use_pack_gqa(True, 16, 16, 1)  # MHA decode: the 64-row short-query tile
+    assert not use_pack_gqa(None, 16, 16, PACK_GQA_MAX_SEQLEN_Q)  # MHA prefill: the prefill tiles
     assert use_pack_gqa(True, 28, 4, 4096) and not use_pack_gqa(False, 32, 8, 1)  # the caller decides
 
 

@@ -1,6 +1,6 @@
 """Packed GQA on a GPU: query heads of a KV group folded into the M tile, forced on and off, against
 the fp32 reference (NaN-poisoned outputs): decode and short queries, ratios that do not divide the
-tile (7-way, 3-way), MQA, causal with seqlen_q != seqlen_k, windows, softcap, sinks, fp16, and varlen."""
+tile (7-way, 3-way), MQA, MHA (a group of one: short queries take the 64-row short-query tile), causal with seqlen_q != seqlen_k, windows, softcap, sinks, fp16, and varlen."""
 
 import pytest
 import torch
@@ -14,7 +14,7 @@ def _check(q, k, v, pack_gqa, causal=False, **features):
     check_fwd(q, k, v, causal, {"pack_gqa": pack_gqa}, **features)
 
 
-HEADS = [(32, 8), (28, 4), (6, 2), (32, 1)]  # 4-way, 7-way, 3-way, MQA
+HEADS = [(32, 8), (28, 4), (6, 2), (32, 1), (8, 8)]  # 4-way, 7-way, 3-way, MQA, MHA
 SHAPES = [(2, 1, 1000), (3, 5, 300), (1, 37, 37), (2, 113, 239), (1, 130, 64)]  # (b, sq, sk)
 
 
@@ -51,6 +51,32 @@ def test_pack_gqa_with_masks_and_features(head_dim, dtype, features):
     k = torch.randn(2, 333, hkv, head_dim, dtype=dtype, device="cuda")
     v = torch.randn(2, 333, hkv, head_dim, dtype=dtype, device="cuda")
     _check(q, k, v, True, causal, **features)
+
+
+@pytest.mark.parametrize("features", [
+    pytest.param({}, id="plain"),
+    pytest.param({"softcap": 30.0, "learnable_sink": "sink"}, id="softcap-sink"),
+    pytest.param({"window_size": (100, 0)}, id="window"),
+    pytest.param({"num_splits": 3}, id="split3"),  # a kernel option, not a feature of the reference
+])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_mha_decode_takes_the_short_query_entry(head_dim, features):
+    """MHA decode under the automatic choice (no pack_gqa argument): the packed spec with a group of one
+    and the 64-row short-query entry, with the features a serving call combines."""
+    from flash_attn_4_sm120.config import select_fwd_config
+    from flash_attn_4_sm120.execution_model import SM120
+    from flash_attn_4_sm120.problem import FwdSpec
+
+    assert select_fwd_config(FwdSpec("bf16", head_dim, head_dim, False, pack_gqa=True), SM120).tile_m == 64
+    torch.manual_seed(head_dim)
+    features = dict(features)
+    options = {"num_splits": features.pop("num_splits")} if "num_splits" in features else {}
+    if features.get("learnable_sink") == "sink":
+        features["learnable_sink"] = torch.randn(12, device="cuda")
+    q = torch.randn(3, 1, 12, head_dim, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(3, 1500, 12, head_dim, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(3, 1500, 12, head_dim, dtype=torch.bfloat16, device="cuda")
+    check_fwd(q, k, v, False, options, **features)
 
 
 def test_pack_gqa_varlen_decode_batch():

@@ -216,7 +216,8 @@ def test_precompiled_kernel_serves_the_api_call_without_compiling():
     assert r["source"] in ("memory", "disk", "compile")
     stats = default_cache().stats
     before = dataclasses.replace(stats)
-    q, k, v = (torch.randn(1, 113, 2, 128, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    # a prefill-length query (seqlen_q < 128 packs, MHA included: the --decode variants serve those)
+    q, k, v = (torch.randn(1, 313, 2, 128, dtype=torch.bfloat16, device="cuda") for _ in range(3))
     fa.flash_attn_func(q, k, v, causal=True)
     torch.cuda.synchronize()
     assert (stats.compiles, stats.disk_hits) == (before.compiles, before.disk_hits)

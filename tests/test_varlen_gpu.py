@@ -101,7 +101,8 @@ def test_packed_with_seqused_q_leaves_unused_rows_zero():
 
 def test_one_compile_serves_every_batch_layout():
     """Lengths never add compilations: once the unsplit forward and the split-KV forward + combine
-    are compiled, no batch layout compiles anything, whatever split count it is given."""
+    are compiled, for prefill and for short queries (max_seqlen_q < 128 packs, MHA included), no batch
+    layout compiles anything, whatever split count it is given."""
     import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120.compile_cache import default_cache
 
@@ -110,8 +111,9 @@ def test_one_compile_serves_every_batch_layout():
         cu = _cu(lens)
         fa.flash_attn_varlen_func(q, q, q, cu, cu, max(lens), max(lens), causal=True, num_splits=num_splits)
 
-    call([1000], num_splits=1)
-    call([1000], num_splits=2)
+    for warm in ([1000], [5]):
+        call(warm, num_splits=1)
+        call(warm, num_splits=2)
     before = default_cache().stats.compiles
     for lens in ([3, 5], [1000], [1, 2, 3, 4, 5, 6, 7], [0, 4097, 12], [333] * 9, [8191, 1]):
         for num_splits in (None, 1, 7):

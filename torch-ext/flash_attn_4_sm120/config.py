@@ -124,6 +124,22 @@ def fwd_ctas_per_sm(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) -> int
     return model.ctas_per_sm(fwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES)
 
 
+#: The fewest registers per thread a forward build is asked to fit in (``fwd_min_ctas_per_sm``): below
+#: this the 32-rows-per-warp accumulators cannot live in registers at all.
+MIN_REGS_PER_THREAD = 128
+
+
+@lru_cache(maxsize=None)
+def fwd_min_ctas_per_sm(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel, launch_threads: int) -> int:
+    """The CTAs per SM a build promises ptxas (the launch's ``min_blocks_per_mp``, ``.minnctapersm``):
+    as many as shared memory lets the model hold, but never so many that a thread of a
+    ``launch_threads`` CTA gets fewer than ``MIN_REGS_PER_THREAD`` registers. Without it ptxas spends
+    up to 255 registers per thread, and a small 8-warp tile that shared memory lets two to an SM runs
+    one (registers bind first). A 4-warp CTA keeps the 255 cap at two CTAs per SM."""
+    by_regs = model.regs_per_sm // (launch_threads * MIN_REGS_PER_THREAD)
+    return max(1, min(fwd_ctas_per_sm(spec, cfg, model), by_regs))
+
+
 def occupancy_launch_smem(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel,
                           device_smem: Optional[tuple[int, int]]) -> int:
     """Dynamic shared memory to launch ``cfg`` with so that the part holds the model's CTAs per SM
@@ -215,9 +231,10 @@ PACK_GQA_MAX_SEQLEN_Q = 128
 
 def use_pack_gqa(requested, num_heads: int, num_heads_kv: int, seqlen_q: int) -> bool:
     """Whether a call packs GQA rows: ``requested`` (the caller's pack_gqa: True, False or None for
-    automatic), honoured only when query heads share a KV head (packing a group of 1 changes nothing)."""
-    if num_heads == num_heads_kv:
-        return False
+    automatic). Short queries of MHA pack too (a group of one): the gather is an identity, but the
+    packed spec takes the 64-row short-query entry (``d{class}_packgqa``) instead of the prefill
+    tiles, whose 128-256 rows would hold one query each (MHA decode, 16 x 32 heads over 8192 keys:
+    1537 GB/s on the 256-row prefill tile, 2956 on the 64-row one; entry_sweep_h100_2026-11-23_s11.json)."""
     if requested is None:
         return seqlen_q < PACK_GQA_MAX_SEQLEN_Q
     return bool(requested)

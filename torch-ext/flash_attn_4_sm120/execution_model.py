@@ -86,6 +86,8 @@ class ExecutionModel:
     has_wgmma: bool = False
     has_tmem: bool = False
     max_regs_per_thread: int = 255
+    #: 32-bit registers per SM (64K on every part here: registers bind CTAs per SM the same way).
+    regs_per_sm: int = 65536
     #: Shared memory per SM under the model: a part with more (an H100 has 228 KB) launches each
     #: kernel padded so that it holds no more CTAs per SM than this does (``occupancy_launch_smem``).
     smem_per_sm: int = SM120_SMEM_PER_SM

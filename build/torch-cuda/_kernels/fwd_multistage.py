@@ -44,7 +44,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..config import FwdConfig, atom_cols, fwd_config_problems, fwd_smem_bytes, padded_head_dim
+from ..config import FwdConfig, atom_cols, fwd_config_problems, fwd_min_ctas_per_sm, fwd_smem_bytes, padded_head_dim
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
 from . import CUTLASS_DTYPES, block_info
@@ -311,9 +311,11 @@ class FlashFwdMultistage:
             grid=grid,
             block=[self.launch_threads, 1, 1],
             smem=max(self.SharedStorage.size_in_bytes(), self.launch_smem),
-            # One CTA per SM is all the model promises (99 KB of smem per SM): let ptxas spend registers
-            # instead of aiming at 3 CTAs/SM (it capped some 128-thread builds at 168 and spilled).
-            min_blocks_per_mp=1,
+            # The CTAs per SM shared memory allows, down to 128 registers a thread (config.fwd_min_ctas_per_sm)
+            min_blocks_per_mp=fwd_min_ctas_per_sm(self.spec, self.config, self.model, self.launch_threads),
+            # -1 = CU_SHAREDMEM_CARVEOUT_DEFAULT, the attribute's own default; giving it keeps the DSL from
+            # asking the driver for the build machine's smem per SM when min_blocks_per_mp > 1
+            preferred_smem_carveout=-1,
             stream=stream,
         )
 
