@@ -2,7 +2,8 @@
 prefill split-KV, MHA decode) through the API with a config override, at both occupancies (a script, not
 a test). Session 10 chose d128_causal_local with it; session 11 timed the softcap / split-KV entries.
 
-    python benchmarks/entry_sweep.py [--sets window decode softcap splitkv]   # writes $OUT/explore.json
+    python benchmarks/entry_sweep.py [--sets window decode shortq softcap splitkv] [--repeat N] [--occupancy model]
+    # writes $OUT/explore.json
 """
 import argparse
 import json
@@ -40,6 +41,8 @@ SETS = {
     "window": [("window1024", 1, 8192, 8192, 32, 8, True, 1024, 0.0, None, SMALL_TILES),
                ("causal8192", 1, 8192, 8192, 32, 8, True, None, 0.0, None, [None])],
     "decode": [("decode", 16, 1, 8192, 32, 8, False, None, 0.0, None, SMALL_TILES)],
+    "shortq": [("shortq64_causal", 4, 64, 8192, 32, 8, True, None, 0.0, None, SMALL_TILES),
+               ("shortq16", 8, 16, 4096, 32, 8, False, None, 0.0, None, SMALL_TILES)],
     "softcap": [("softcap_full", 4, 4096, 4096, 32, 8, False, None, 30.0, None, PINGPONG),
                 ("softcap_causal", 4, 4096, 4096, 32, 8, True, None, 30.0, None, PINGPONG)],
     "splitkv": [("splitkv4_full", 1, 1024, 16384, 8, 8, False, None, 0.0, 4, PINGPONG),
@@ -58,9 +61,12 @@ def label(cfg) -> str:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--sets", nargs="+", choices=sorted(SETS), default=sorted(SETS))
+    ap.add_argument("--repeat", type=int, default=1, help="time every candidate this many rounds (A/B interleaved)")
+    ap.add_argument("--occupancy", nargs="+", choices=("model", "device"), default=["model", "device"])
+    ap.add_argument("--labels", nargs="+", help="only these candidates (labels as printed; the table's entry always runs)")
     args = ap.parse_args()
     out = {}
-    for occ in ("model", "device"):
+    for rnd, occ in ((r, o) for r in range(args.repeat) for o in args.occupancy):
         os.environ[OCCUPANCY_ENV] = occ
         for name, b, sq, sk, hq, hkv, causal, win, cap, splits, cands in (c for s in args.sets for c in SETS[s]):
             q = torch.randn(b, sq, hq, 128, dtype=torch.bfloat16, device="cuda")
@@ -68,12 +74,12 @@ def main():
             v = torch.randn(b, sk, hkv, 128, dtype=torch.bfloat16, device="cuda")
             spec, shape, params = validate_fwd(q, k, v, None, causal, (win, 0) if win else (None, None), cap)
             spec = _with_packing(spec, shape, None)
-            if sq == 1 and occ == "model":  # what reading K and V once costs with PyTorch's own reduction
+            if sq == 1 and occ == "model" and rnd == 0:  # what reading K and V once costs with PyTorch's own reduction
                 ms = median_ms(lambda: (k.sum(), v.sum()))
                 out[f"{name}|read_ceiling|torch.sum"] = {"ms": ms, "metric": b * sk * hkv * 256 * 2 / ms / 1e6}
                 print(f"{name}|read_ceiling|torch.sum", round(b * sk * hkv * 256 * 2 / ms / 1e6), flush=True)
             ref = None
-            for cfg in cands:
+            for cfg in (c for c in cands if c is None or not args.labels or label(c) in args.labels):
                 try:
                     call = lambda: _launch_fwd(q, k, v, spec, shape, params, config=cfg, num_splits=splits)  # noqa: E731
                     o = call()[0]
@@ -87,8 +93,9 @@ def main():
                     metric = b * sk * hkv * 256 * 2 / ms / 1e6
                 else:  # nominal TFLOPS (causal: half the square, as the benchmark counts it)
                     metric = 4 * b * hq * sq * sk * 128 * (0.5 if causal else 1.0) / ms / 1e9
-                out[f"{name}|{occ}|{label(cfg)}"] = {"ms": ms, "metric": metric, "max_diff_vs_table": err}
-                print(f"{name}|{occ}|{label(cfg)}", round(metric), f"diff={err:.2e}", flush=True)
+                key = f"{name}|{occ}|{label(cfg)}" + (f"|round{rnd}" if args.repeat > 1 else "")
+                out[key] = {"ms": ms, "metric": metric, "max_diff_vs_table": err}
+                print(key, round(metric), f"diff={err:.2e}", flush=True)
     Path(os.environ.get("OUT", "."), "explore.json").write_text(json.dumps(out, indent=1))
 
 
