@@ -65,11 +65,12 @@ def warm_disk_cache(jobs: list, workers: int) -> None:
 
 
 def parse_config(text: str) -> FwdConfig:
-    """``TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,PINGPONG[,PERSISTENT[,MBARRIER_RELEASE]]]]]]`` -> FwdConfig."""
+    """``TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,PINGPONG[,PERSISTENT[,MBARRIER_RELEASE[,MASK_SELECT]]]]]]]`` -> FwdConfig."""
     knobs = text.split(",")
     return FwdConfig(*map(int, knobs[:4]), q_in_regs=knobs[4:5] == ["1"], mainloop=(knobs[5:] or ["cp_async"])[0],
                      frag_prefetch=knobs[6:7] != ["0"], overlap=knobs[7:8] == ["1"], pingpong=knobs[8:9] == ["1"],
-                     persistent=knobs[9:10] == ["1"], mbarrier_release=knobs[10:11] == ["1"])
+                     persistent=knobs[9:10] == ["1"], mbarrier_release=knobs[10:11] == ["1"],
+                     mask_select=knobs[11:12] != ["0"])
 
 
 def dense_launch(fn, b: int, s: int, hq: int, hkv: int, d: int, num_sms: int):
@@ -115,7 +116,7 @@ def main():
     ap.add_argument("--head-dims", type=int, nargs="+", default=[64, 128])
     ap.add_argument("--select", metavar="TUNE_JSON")
     ap.add_argument("--conformance", metavar="GATE_JSON")
-    ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,PINGPONG[,PERSISTENT[,MBARRIER_RELEASE]]]]]]",
+    ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,PINGPONG[,PERSISTENT[,MBARRIER_RELEASE[,MASK_SELECT]]]]]]]",
                     help="time these configs instead of the candidates (exploration; the predicate is not applied)")
     ap.add_argument("--causal", choices=("both", "full", "causal"), default="both")
     ap.add_argument("--device-occupancy", action="store_true",

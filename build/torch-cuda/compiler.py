@@ -203,6 +203,7 @@ class Case:
         ml += "_pp" if c.pingpong else ""
         ml += "_ps" if c.persistent else ""
         ml += "_mbr" if c.mbarrier_release else ""
+        ml += "" if c.mask_select else "_mstore"
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:

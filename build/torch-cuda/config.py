@@ -70,6 +70,12 @@ class FwdConfig:
     #: mainloop="tma" without overlap: each warp hands a K/V stage back on the stage's "empty" mbarrier
     #: (warp 0 waits for all four before the refill) instead of a CTA barrier ending every step.
     mbarrier_release: bool = False
+    #: How masked score entries become -inf (``mask.mask_scores``): one select per element (True), or a
+    #: store under a condition, which ptxas compiles into chains of 64-bit register-pair selects (about
+    #: 40% more instructions in a masked step; d64 causal +3-4% at 4096 tokens and +8-11% at 1024 with
+    #: selects, 2026-11-23) but packs registers differently: the bf16 d96 ping-pong entry spills with
+    #: selects and not without.
+    mask_select: bool = True
 
     @property
     def uses_tma(self) -> bool:

@@ -603,7 +603,7 @@ class FlashFwdMultistage:
             mask_scores(
                 acc_rows_cols(acc_S), ctx.tScS_rc, ctx.t0ScS_rc, ctx.m_block, n_block, ctx.seqlen_q, ctx.seqlen_k,
                 ctx.window_left, ctx.window_right, self.tile_m, self.tile_n, self.causal, self.spec.local,
-                ctx.group,
+                ctx.group, self.config.mask_select,
             )
         return acc_S
 

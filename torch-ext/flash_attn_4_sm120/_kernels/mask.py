@@ -34,9 +34,13 @@ def mask_scores(
     causal: cutlass.Constexpr[bool],
     local: cutlass.Constexpr[bool],
     group: Int32 = None,
+    select: cutlass.Constexpr[bool] = True,
 ):
     """Set masked entries of this thread's (rows, cols) score view to -inf. With ``group`` (packed
-    GQA) tile row p is query row p // group."""
+    GQA) tile row p is query row p // group. ``select`` (``FwdConfig.mask_select``): write every
+    element through a select; else store -inf under a condition, which ptxas turns into chains of
+    64-bit pair selects (the accumulator lives in register pairs) but which packs registers
+    differently."""
     thr_row0 = tScS_rc[0, 0][0]
     thr_col0 = tScS_rc[0, 0][1]
     # Limits relative to this thread's first column of this block.
@@ -56,9 +60,11 @@ def mask_scores(
                 col_lo = diag - window_left
         for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
             col = t0ScS_rc[0, c][1]
-            if cutlass.const_expr(local):
-                if col >= col_hi or col < col_lo:
-                    acc_S_rc[r, c] = -Float32.inf
+            hidden = (col >= col_hi or col < col_lo) if cutlass.const_expr(local) else col >= col_hi
+            if cutlass.const_expr(select):
+                # one FSEL per element (the d64 causal masked step: 1091 -> 790 instructions on sm_120a)
+                s = acc_S_rc[r, c]
+                acc_S_rc[r, c] = -Float32.inf if hidden else s
             else:
-                if col >= col_hi:
+                if hidden:
                     acc_S_rc[r, c] = -Float32.inf
