@@ -1,8 +1,10 @@
 """Time table-entry candidates the tuner cannot (a sliding window, a packed-GQA split-KV decode, softcap,
 prefill split-KV, MHA decode) through the API with a config override, at both occupancies (a script, not
-a test). Session 10 chose d128_causal_local with it; session 11 timed the softcap / split-KV entries.
+a test). Session 10 chose d128_causal_local with it; session 11 timed the softcap / split-KV entries, session 12
+the d192 class.
 
-    python benchmarks/entry_sweep.py [--sets window decode shortq softcap splitkv] [--repeat N] [--occupancy model]
+    python benchmarks/entry_sweep.py [--sets window decode shortq softcap splitkv d192 d160 d192x192] [--repeat N]
+                                     [--occupancy model]
     # writes $OUT/explore.json
 """
 import argparse
@@ -36,7 +38,10 @@ SMALL_TILES = [None, cp_async(64, 64, 2, True), cp_async(64, 32, 2, True), cp_as
                cp_async(64, 64, 2, False), cp_async(64, 32, 3, True)]
 #: the d128x128 ping-pong entries (full, causal) against the d128 class entries softcap / split-KV fall back to
 PINGPONG = [None, pingpong(256, 32, False), pingpong(128, 64, True)]
+#: the d192 class: its cp.async tile against the Q-in-registers ping-pong tile (session 12)
+D192 = [None, cp_async(64, 32, 2, True), pingpong(128, 32, True)]
 # set -> [(name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, causal, window_left, softcap, num_splits, candidates)]
+# at head dims 128/128 unless the set is listed in SET_HEAD_DIMS
 SETS = {
     "window": [("window1024", 1, 8192, 8192, 32, 8, True, 1024, 0.0, None, SMALL_TILES),
                ("causal8192", 1, 8192, 8192, 32, 8, True, None, 0.0, None, [None])],
@@ -48,7 +53,19 @@ SETS = {
     "splitkv": [("splitkv4_full", 1, 1024, 16384, 8, 8, False, None, 0.0, 4, PINGPONG),
                 ("splitkv4_causal", 1, 1024, 16384, 8, 8, True, None, 0.0, 4, PINGPONG),
                 ("mha_decode", 16, 1, 8192, 32, 32, False, None, 0.0, None, PINGPONG + SMALL_TILES[1:3])],
+    # the d192 class (192/128, 160/160): its cp.async entry against the 16-rows-per-warp Q-in-registers ping-pong
+    "d192": [("d192x128_full", 4, 4096, 4096, 16, 16, False, None, 0.0, None, D192),
+             ("d192x128_causal", 4, 4096, 4096, 16, 16, True, None, 0.0, None, D192),
+             ("d192x128_softcap_causal", 4, 4096, 4096, 16, 16, True, None, 30.0, None, D192),
+             ("d192x128_splitkv4_causal", 1, 1024, 16384, 8, 8, True, None, 0.0, 4, D192),
+             ("d192x128_window1024", 1, 8192, 8192, 16, 16, True, 1024, 0.0, None, D192)],
+    "d160": [("d160_full", 4, 4096, 4096, 16, 16, False, None, 0.0, None, D192),
+             ("d160_causal", 4, 4096, 4096, 16, 16, True, None, 0.0, None, D192)],
+    "d192x192": [("d192x192_full", 2, 4096, 4096, 16, 16, False, None, 0.0, None, D192),
+                 ("d192x192_causal", 2, 4096, 4096, 16, 16, True, None, 0.0, None, D192)],
 }
+#: (head_dim, head_dim_v) of the sets not at 128/128
+SET_HEAD_DIMS = {"d192": (192, 128), "d160": (160, 160), "d192x192": (192, 192)}
 
 
 def label(cfg) -> str:
@@ -68,16 +85,17 @@ def main():
     out = {}
     for rnd, occ in ((r, o) for r in range(args.repeat) for o in args.occupancy):
         os.environ[OCCUPANCY_ENV] = occ
-        for name, b, sq, sk, hq, hkv, causal, win, cap, splits, cands in (c for s in args.sets for c in SETS[s]):
-            q = torch.randn(b, sq, hq, 128, dtype=torch.bfloat16, device="cuda")
-            k = torch.randn(b, sk, hkv, 128, dtype=torch.bfloat16, device="cuda")
-            v = torch.randn(b, sk, hkv, 128, dtype=torch.bfloat16, device="cuda")
+        for name, b, sq, sk, hq, hkv, causal, win, cap, splits, cands, (d, dv) in (
+                (*c, SET_HEAD_DIMS.get(s, (128, 128))) for s in args.sets for c in SETS[s]):
+            q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
+            k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+            v = torch.randn(b, sk, hkv, dv, dtype=torch.bfloat16, device="cuda")
             spec, shape, params = validate_fwd(q, k, v, None, causal, (win, 0) if win else (None, None), cap)
             spec = _with_packing(spec, shape, None)
             if sq == 1 and occ == "model" and rnd == 0:  # what reading K and V once costs with PyTorch's own reduction
                 ms = median_ms(lambda: (k.sum(), v.sum()))
-                out[f"{name}|read_ceiling|torch.sum"] = {"ms": ms, "metric": b * sk * hkv * 256 * 2 / ms / 1e6}
-                print(f"{name}|read_ceiling|torch.sum", round(b * sk * hkv * 256 * 2 / ms / 1e6), flush=True)
+                out[f"{name}|read_ceiling|torch.sum"] = {"ms": ms, "metric": b * sk * hkv * (d + dv) * 2 / ms / 1e6}
+                print(f"{name}|read_ceiling|torch.sum", round(b * sk * hkv * (d + dv) * 2 / ms / 1e6), flush=True)
             ref = None
             for cfg in (c for c in cands if c is None or not args.labels or label(c) in args.labels):
                 try:
@@ -90,9 +108,9 @@ def main():
                     print(name, occ, label(cfg), "ERR", str(e)[:150], flush=True)
                     continue
                 if sq == 1:  # decode: K/V GB/s
-                    metric = b * sk * hkv * 256 * 2 / ms / 1e6
+                    metric = b * sk * hkv * (d + dv) * 2 / ms / 1e6
                 else:  # nominal TFLOPS (causal: half the square, as the benchmark counts it)
-                    metric = 4 * b * hq * sq * sk * 128 * (0.5 if causal else 1.0) / ms / 1e9
+                    metric = 2 * b * hq * sq * sk * (d + dv) * (0.5 if causal else 1.0) / ms / 1e9
                 key = f"{name}|{occ}|{label(cfg)}" + (f"|round{rnd}" if args.repeat > 1 else "")
                 out[key] = {"ms": ms, "metric": metric, "max_diff_vs_table": err}
                 print(key, round(metric), f"diff={err:.2e}", flush=True)

@@ -18,6 +18,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -73,13 +74,15 @@ def parse_config(text: str) -> FwdConfig:
                      mask_select=knobs[11:12] != ["0"])
 
 
-def dense_launch(fn, b: int, s: int, hq: int, hkv: int, d: int, num_sms: int):
-    """Random bf16 inputs of shape (b, s, heads, d) and a no-argument launch of the compiled forward
-    ``fn`` on them (softmax scale d^-1/2, no window, softcap, sink or varlen): (run, (q, k, v, out))."""
+def dense_launch(fn, b: int, s: int, hq: int, hkv: int, d: int, num_sms: int, dv: Optional[int] = None):
+    """Random bf16 inputs of shape (b, s, heads, d) (V and O: ``dv``, default d) and a no-argument launch of
+    the compiled forward ``fn`` on them (softmax scale d^-1/2, no window, softcap, sink or varlen):
+    (run, (q, k, v, out))."""
+    dv = dv or d
     q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
-    v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
-    o = torch.empty_like(q)
+    v = torch.randn(b, s, hkv, dv, dtype=torch.bfloat16, device="cuda")
+    o = torch.empty(b, s, hq, dv, dtype=torch.bfloat16, device="cuda")
     lse = torch.empty(b, hq, s, dtype=torch.float32, device="cuda")
     scale_log2 = d ** -0.5 / math.log(2.0)
     return (lambda: fn(q, k, v, o, lse, scale_log2, 1.0, 0, 0, None, None, None, None, None, s, 1, num_sms)), (q, k, v, o)
@@ -97,10 +100,13 @@ def select(tune_path: str, conformance_path: str) -> dict:
         if not rec.get("correct"):
             continue
         cfg = FwdConfig(**rec["config"])
-        names = [Case(FwdSpec(dt, rec["head_dim"], rec["head_dim"], rec["causal"]), cfg).name for dt in ("bf16", "fp16")]
+        dv = rec.get("head_dim_v", rec["head_dim"])
+        names = [Case(FwdSpec(dt, rec["head_dim"], dv, rec["causal"]), cfg).name for dt in ("bf16", "fp16")]
         if not all(n in passed for n in names):
             continue
         key = f"d{rec['head_dim']}_{'causal' if rec['causal'] else 'full'}"
+        if dv != rec["head_dim"]:  # an exact-head-dims entry (config.exact_key)
+            key = f"d{rec['head_dim']}x{dv}_{'causal' if rec['causal'] else 'full'}"
         if key not in table or rec["geomean"] > table[key][0]:
             table[key] = (rec["geomean"], cfg)
     out = {"device": tune["device"], "date": tune["date"], "model": tune["model"],
@@ -118,6 +124,7 @@ def main():
     ap.add_argument("--conformance", metavar="GATE_JSON")
     ap.add_argument("--config", action="append", default=[], metavar="TM,TN,WARPS,STAGES,QREG[,MAINLOOP[,PREFETCH[,OVERLAP[,PINGPONG[,PERSISTENT[,MBARRIER_RELEASE[,MASK_SELECT]]]]]]]",
                     help="time these configs instead of the candidates (exploration; the predicate is not applied)")
+    ap.add_argument("--head-dim-v", type=int, help="V's head dim when it differs from Q/K's (e.g. 192/128)")
     ap.add_argument("--causal", choices=("both", "full", "causal"), default="both")
     ap.add_argument("--device-occupancy", action="store_true",
                     help="launch each config as compiled (the H100's own CTAs per SM) instead of padded to the "
@@ -133,14 +140,14 @@ def main():
     records, table = [], {}
     masks = {"both": (False, True), "full": (False,), "causal": (True,)}[args.causal]
     explicit = [parse_config(text) for text in args.config]
-    plan = [(FwdSpec("bf16", d, d, causal), explicit or None) for d, causal in itertools.product(args.head_dims, masks)]
+    plan = [(FwdSpec("bf16", d, args.head_dim_v or d, causal), explicit or None) for d, causal in itertools.product(args.head_dims, masks)]
     plan = [(spec, cfgs or candidate_fwd_configs(spec, model)) for spec, cfgs in plan]
     jobs = [(spec, cfg, model, target, launch_smem(spec, cfg, args.device_occupancy)) for spec, cfgs in plan for cfg in cfgs]
     if args.jobs > 1:
         warm_disk_cache(jobs, args.jobs)
     jobs = iter(jobs)
     for spec, cfgs in plan:
-        d, causal = spec.head_dim, spec.causal
+        d, dv, causal = spec.head_dim, spec.head_dim_v, spec.causal
         best = None
         for cfg in cfgs:
             try:
@@ -150,7 +157,7 @@ def main():
                 continue
             tflops, ok = [], True
             for b, s, hq, hkv in SHAPES[d]:
-                run, (q, k, v, o) = dense_launch(fn, b, s, hq, hkv, d, num_sms)
+                run, (q, k, v, o) = dense_launch(fn, b, s, hq, hkv, d, num_sms, dv)
                 run()
                 ref = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                      is_causal=causal, enable_gqa=hq != hkv).transpose(1, 2)
@@ -158,15 +165,15 @@ def main():
                 if not err < 0.05:
                     ok = False
                 ms = median_ms(run)
-                tflops.append(4 * b * hq * s * s * d * (0.5 if causal else 1.0) / ms / 1e9)
+                tflops.append(2 * b * hq * s * s * (d + dv) * (0.5 if causal else 1.0) / ms / 1e9)
             geo = math.exp(sum(map(math.log, tflops)) / len(tflops))
-            records.append({"head_dim": d, "causal": causal, "config": cfg.__dict__, "tflops": tflops,
+            records.append({"head_dim": d, "head_dim_v": dv, "causal": causal, "config": cfg.__dict__, "tflops": tflops,
                             "geomean": geo, "correct": ok})
-            print(f"d={d} causal={causal} {cfg} -> {[round(t) for t in tflops]} geo={geo:.0f} ok={ok}", flush=True)
+            print(f"d={d}/{dv} causal={causal} {cfg} -> {[round(t) for t in tflops]} geo={geo:.0f} ok={ok}", flush=True)
             if ok and (best is None or geo > best[0]):
                 best = (geo, cfg)
         if best:
-            table[f"d{d}_{'causal' if causal else 'full'}"] = {**best[1].__dict__, "geomean_tflops": round(best[0], 1)}
+            table[f"d{d}x{dv}_{'causal' if causal else 'full'}" if dv != d else f"d{d}_{'causal' if causal else 'full'}"] = {**best[1].__dict__, "geomean_tflops": round(best[0], 1)}
     result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
               "model": model.name, "target": target, "occupancy": "device" if args.device_occupancy else "model", "table": table, "records": records}
     Path(args.out).write_text(json.dumps(result, indent=1))

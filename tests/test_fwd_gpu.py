@@ -76,7 +76,8 @@ def test_fwd_matches_reference(dtype, head_dim, heads, shape, causal):
                                    pytest.param((1, 1, 799), id="1x799")])
 @pytest.mark.parametrize(
     "head_dim, head_dim_v",
-    [(8, 8), (40, 40), (72, 72), (96, 96), (160, 160), (192, 128), (128, 64), (64, 128), (200, 200), (256, 256)],
+    [(8, 8), (40, 40), (72, 72), (96, 96), (160, 160), (192, 128), (192, 192), (128, 64), (64, 128), (200, 200),
+     (256, 256)],
     ids=lambda x: str(x),
 )
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -104,11 +104,14 @@ def test_tma_refuses_varlen_k():
         assert any("dense K/V" in p for p in problems), problems
 
 
-PINGPONG_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n); 8 warps in two turn-taking groups
-    pytest.param((torch.bfloat16, 128, 128, 256, 32), id="bf16-d128-m256n32"),
-    pytest.param((torch.float16, 64, 64, 256, 64), id="fp16-d64-m256n64"),
-    pytest.param((torch.bfloat16, 96, 96, 256, 32), id="bf16-d96-m256n32"),
-    pytest.param((torch.bfloat16, 72, 72, 128, 64), id="bf16-d72-m128n64-padded"),
+PINGPONG_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n, q_in_regs); 8 warps in two turn-taking groups
+    pytest.param((torch.bfloat16, 128, 128, 256, 32, False), id="bf16-d128-m256n32"),
+    pytest.param((torch.float16, 64, 64, 256, 64, False), id="fp16-d64-m256n64"),
+    pytest.param((torch.bfloat16, 96, 96, 256, 32, False), id="bf16-d96-m256n32"),
+    pytest.param((torch.bfloat16, 72, 72, 128, 64, False), id="bf16-d72-m128n64-padded"),
+    # the Q-in-registers tiles of the d128x128_causal and d192x{128,192} table entries (16 rows per warp)
+    pytest.param((torch.float16, 128, 128, 128, 64, True), id="fp16-d128-m128n64-qreg"),
+    pytest.param((torch.bfloat16, 192, 128, 128, 32, True), id="bf16-d192x128-m128n32-qreg"),
 ]
 
 
@@ -122,8 +125,9 @@ def test_pingpong_mainloop(cfg, shape, features, causal, num_splits):
     see every refill, and the buffers must not be refilled while the other group still reads them."""
     from flash_attn_4_sm120.config import FwdConfig
 
-    dtype, d, dv, tm, tn = cfg
-    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=2, mainloop="tma", overlap=True, pingpong=True)
+    dtype, d, dv, tm, tn, qreg = cfg
+    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=2, q_in_regs=qreg, mainloop="tma", overlap=True,
+                       pingpong=True)
     _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 3 + tn + len(features) + num_splits,
                   num_splits=num_splits)
 
@@ -143,9 +147,9 @@ def test_persistent_pingpong(cfg, shape, features, causal, max_ctas):
     each group's next Q rows load under the tile's tail, O is stored from registers."""
     from flash_attn_4_sm120.config import FwdConfig
 
-    dtype, d, dv, tm, tn = cfg
-    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=2, mainloop="tma", overlap=True, pingpong=True,
-                       persistent=True)
+    dtype, d, dv, tm, tn, qreg = cfg
+    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=2, q_in_regs=qreg, mainloop="tma", overlap=True,
+                       pingpong=True, persistent=True)
     # (num_splits=1: a forced config would serve the split kernel too, which persistent tiles refuse)
     _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 11 + tn + len(features),
                   num_splits=1, max_ctas=max_ctas)
