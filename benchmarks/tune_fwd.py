@@ -88,6 +88,13 @@ def dense_launch(fn, b: int, s: int, hq: int, hkv: int, d: int, num_sms: int, dv
     return (lambda: fn(q, k, v, o, lse, scale_log2, 1.0, 0, 0, None, None, None, None, None, s, 1, num_sms)), (q, k, v, o)
 
 
+def tuned_key(d: int, dv: int, causal: bool) -> str:
+    """The table key a tuned (head_dim, head_dim_v, causal) result fills: the class-style key when the head dims
+    agree, the exact-head-dims key (``config.exact_key``) when they differ."""
+    mask = "causal" if causal else "full"
+    return f"d{d}_{mask}" if dv == d else f"d{d}x{dv}_{mask}"
+
+
 def select(tune_path: str, conformance_path: str) -> dict:
     """Best conforming candidate per (head_dim, causal) -> fwd_table.json."""
     from flash_attn_4_sm120.compiler import Case
@@ -104,9 +111,7 @@ def select(tune_path: str, conformance_path: str) -> dict:
         names = [Case(FwdSpec(dt, rec["head_dim"], dv, rec["causal"]), cfg).name for dt in ("bf16", "fp16")]
         if not all(n in passed for n in names):
             continue
-        key = f"d{rec['head_dim']}_{'causal' if rec['causal'] else 'full'}"
-        if dv != rec["head_dim"]:  # an exact-head-dims entry (config.exact_key)
-            key = f"d{rec['head_dim']}x{dv}_{'causal' if rec['causal'] else 'full'}"
+        key = tuned_key(rec["head_dim"], dv, rec["causal"])
         if key not in table or rec["geomean"] > table[key][0]:
             table[key] = (rec["geomean"], cfg)
     out = {"device": tune["device"], "date": tune["date"], "model": tune["model"],
@@ -173,7 +178,7 @@ def main():
             if ok and (best is None or geo > best[0]):
                 best = (geo, cfg)
         if best:
-            table[f"d{d}x{dv}_{'causal' if causal else 'full'}" if dv != d else f"d{d}_{'causal' if causal else 'full'}"] = {**best[1].__dict__, "geomean_tflops": round(best[0], 1)}
+            table[tuned_key(d, dv, causal)] = {**best[1].__dict__, "geomean_tflops": round(best[0], 1)}
     result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
               "model": model.name, "target": target, "occupancy": "device" if args.device_occupancy else "model", "table": table, "records": records}
     Path(args.out).write_text(json.dumps(result, indent=1))
