@@ -1,8 +1,10 @@
 """Reference attention for the tests (fp32 or the input dtype), with the bundle's masking rules.
 
-Visibility (bottom-right aligned, off = seqlen_k - seqlen_q): key j is visible to query i iff
-causal: j <= i + off; window (left, right): i + off - left <= j <= i + off + right (None = unbounded;
-causal + window means right = 0). Logits are scale * q.k, or softcap * tanh(scale * q.k / softcap).
+Visibility (bottom-right aligned, off = seqlen_k - seqlen_q), FlashAttention-4's convention: key j is
+visible to query i iff j >= i + off - left (unless left is None) and j <= i + off + right (unless right
+is None); causal sets right = 0; negative bounds are real offsets ((None, -2) ends each row two keys
+before the diagonal); only a pair with both bounds given and left + right < 0 means no window (FA2's
+(-1, -1)). Logits are scale * q.k, or softcap * tanh(scale * q.k / softcap).
 A learnable sink adds exp(sink_h) to each row's denominator and LSE. A row that sees no key (and has
 no sink) has output 0 and LSE -inf.
 """
@@ -33,17 +35,7 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, upcast=True, window
         scores = softcap * torch.tanh(scores * (scale / softcap))
     else:
         scores = torch.einsum("bqhd,bkhd->bhqk", q * scale, k).float()
-    left, right = ((None if x is None or x < 0 else x) for x in window_size)
-    if causal:
-        right = 0
-    i = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
-    j = torch.arange(sk, device=q.device)[None, :]
-    masked = torch.zeros(sq, sk, dtype=torch.bool, device=q.device)
-    if right is not None:
-        masked |= j > i + right
-    if left is not None:
-        masked |= j < i - left
-    scores = scores.masked_fill(masked, float("-inf"))
+    scores = scores.masked_fill(~visible(sq, sk, causal, window_size, q.device), float("-inf"))
     if learnable_sink is not None:
         sink = learnable_sink.float().view(1, hq, 1, 1).expand(b, hq, sq, 1)
         lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1)
@@ -54,6 +46,23 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, upcast=True, window
     p = p.masked_fill(empty[..., None], 0.0)
     out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
     return out.to(dtype_out), lse
+
+
+def visible(sq, sk, causal, window_size, device=None):
+    """(sq, sk) bool: which keys each query sees (the convention in the module docstring)."""
+    left, right = window_size if window_size is not None else (None, None)
+    if causal:
+        right = 0
+    if left is not None and right is not None and left + right < 0:
+        left, right = None, (0 if causal else None)  # "no window": causal stays causal
+    diag = torch.arange(sq, device=device)[:, None] + (sk - sq)
+    j = torch.arange(sk, device=device)[None, :]
+    seen = torch.ones(sq, sk, dtype=torch.bool, device=device)
+    if right is not None:
+        seen &= j <= diag + right
+    if left is not None:
+        seen &= j >= diag - left
+    return seen
 
 
 def check_fwd(q, k, v, causal=False, options=None, **features):

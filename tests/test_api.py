@@ -22,15 +22,42 @@ def _t(*shape, dtype=torch.bfloat16):
                      id="heads-not-divisible"),
         pytest.param(lambda: (_t(1, 8, 4, 64), _t(2, 8, 4, 64), _t(2, 8, 4, 64)), ValueError, "batch", id="batch-mismatch"),
         pytest.param(lambda: (_t(1, 8, 4, 64), _t(1, 8, 4, 32), _t(1, 8, 4, 64)), ValueError, "head_dim", id="qk-dim-mismatch"),
-        pytest.param(lambda: (_t(1, 8, 4, 128)[..., ::2],) * 3, ValueError, "contiguous in its last dimension",
-                     id="strided-last-dim"),
-        pytest.param(lambda: (_t(1, 8, 4, 72)[..., 4:68],) * 3, ValueError, "16-byte aligned", id="misaligned-pointer"),
         pytest.param(lambda: (_t(1, 8, 4, 64),) * 3, ValueError, "CUDA tensors", id="cpu-tensors"),
     ],
 )
 def test_invalid_inputs_raise_clear_errors(make, exc, match):
     with pytest.raises(exc, match=match):
         fa.flash_attn_func(*make())
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        pytest.param(lambda: _t(1, 8, 4, 128)[..., ::2], id="strided-last-dim"),
+        pytest.param(lambda: _t(1, 64, 4, 8).transpose(1, 3), id="transposed-view"),
+        pytest.param(lambda: _t(1, 8, 4, 72)[..., 4:68], id="misaligned-pointer"),
+        pytest.param(lambda: _t(1, 8, 4, 66)[..., :64], id="misaligned-row-stride"),
+    ],
+)
+def test_layouts_the_kernels_cannot_read_are_copied(make):
+    """Like upstream FlashAttention-4, inputs the kernels cannot read in place are copied, not refused:
+    validation passes (only the device is wrong here) and the copy is contiguous and aligned."""
+    from flash_attn_4_sm120.problem import kernel_layout
+
+    t = make()
+    copy = kernel_layout(t)
+    assert copy is not t and copy.is_contiguous() and copy.data_ptr() % 16 == 0 and torch.equal(copy, t)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        fa.flash_attn_func(t, t, t)
+
+
+def test_readable_layouts_are_not_copied():
+    """Contiguous tensors and 16-byte-aligned views (a slice of the sequence, a head subset) go in as is."""
+    from flash_attn_4_sm120.problem import kernel_layout
+
+    t = _t(2, 8, 4, 64)
+    for view in (t, t[:, 3:5], t[:, :, 1:3], t.transpose(1, 2)):
+        assert kernel_layout(view) is view
 
 
 @pytest.mark.parametrize("head_dim", [100, 4, 264], ids=["not-multiple-of-8", "too-small", "too-large"])
@@ -199,3 +226,21 @@ def test_occupancy_env_is_checked():
     assert interface.device_smem(None, "device") is None  # launch as compiled: no device query
     with pytest.raises(ValueError, match="FA4_SM120_OCCUPANCY='max'"):
         interface.device_smem(None, "max")
+
+
+@pytest.mark.parametrize("entry", ["dense", "varlen"])
+def test_torch_compile_traces_both_entries_without_graph_breaks(entry):
+    """fullgraph=True with dynamic shapes: Dynamo traces through the namespaced custom ops (no
+    'builtin operator mod' break); on CPU tensors the op's own validation then raises at run time."""
+    q = _t(2, 8, 4, 64)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+
+    def f(q):
+        if entry == "dense":
+            return fa.flash_attn_func(q, q, q, window_size=(None, -2), return_lse=True)
+        packed = q.reshape(16, 4, 64)
+        return fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 5, 5, causal=True, return_lse=True)
+
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        torch.compile(f, fullgraph=True, dynamic=True, backend="eager")(q)

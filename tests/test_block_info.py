@@ -24,6 +24,13 @@ MASKS = [
     pytest.param(False, True, 0, 0, id="window0-0"),
     pytest.param(False, True, 37, 70, id="window37-70"),
     pytest.param(False, True, 1000, 5, id="window1000-5"),
+    # FlashAttention-4's negative offsets (an unbounded side is clamped to sq + sk by the host)
+    pytest.param(False, True, 40, -9, id="window40-minus9"),
+    pytest.param(False, True, -6, 50, id="window-minus6-50"),
+    pytest.param(False, True, 600, -70, id="windowNone-minus70"),
+    pytest.param(False, True, -70, 600, id="window-minus70-None"),
+    pytest.param(False, True, -10, 5, id="window-empty"),
+    pytest.param(False, True, -600, 600, id="window-hides-everything"),
 ]
 
 
@@ -35,6 +42,7 @@ def test_block_ranges_match_brute_force(causal, local, left, right, tile_m, tile
             rows = range(m * tile_m, min((m + 1) * tile_m, sq))
             start, u_start, u_end, end = block_range(m, sq, sk, tile_m, tile_n, causal, local, left, right)
             assert 0 <= start <= u_start <= u_end <= end
+            assert start == end or end <= (sk + tile_n - 1) // tile_n, "a non-empty range past the keys"
             for n in range((sk + tile_n - 1) // tile_n):
                 cols = range(n * tile_n, (n + 1) * tile_n)
                 vis = [_visible(i, j, sq, sk, causal, local, left, right) for i in rows for j in cols]

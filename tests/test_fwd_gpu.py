@@ -257,3 +257,56 @@ def test_cuda_graph_capture_and_replay(case):
         torch.cuda.synchronize()
         ref_out, ref_lse = fa.flash_attn_func(q, k, v, causal=causal, return_lse=True)
         assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_torch_compile_fullgraph_varlen(dynamic):
+    """flash_attn_varlen_func (transformers' entry for padded batches) traces into one graph through
+    its namespaced custom op, with dynamic shapes too; compiled and eager outputs are equal, also
+    after the lengths change."""
+    import flash_attn_4_sm120 as fa
+
+    torch._dynamo.reset()
+
+    def f(q, k, v, cu_q, cu_k, max_q: int, max_k: int):
+        out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, window_size=(64, None),
+                                             return_lse=True)
+        return out.float() * 2, lse
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=dynamic)
+    for lens_q, lens_k in (([5, 0, 113], [7, 3, 250]), ([300, 17], [300, 40])):
+        cu = lambda lens: torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), dtype=torch.int32, device="cuda")  # noqa: E731
+        q = torch.randn(sum(lens_q), 4, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(sum(lens_k), 2, 64, dtype=torch.bfloat16, device="cuda")
+        v = torch.randn(sum(lens_k), 2, 64, dtype=torch.bfloat16, device="cuda")
+        args = (q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k))
+        out, lse = compiled(*args)
+        ref_out, ref_lse = f(*args)
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+def test_torch_compile_passes_pack_gqa_and_windows():
+    """The compiled flash_attn_func keeps pack_gqa, num_splits and FA4 windows (negative bounds)."""
+    import flash_attn_4_sm120 as fa
+
+    torch._dynamo.reset()
+    q = torch.randn(2, 3, 8, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 900, 2, 128, dtype=torch.bfloat16, device="cuda")
+
+    def f(q, k):
+        return fa.flash_attn_func(q, k, k, window_size=(None, -5), pack_gqa=False, num_splits=3, return_lse=True)
+
+    out, lse = torch.compile(f, fullgraph=True)(q, k)
+    ref_out, ref_lse = f(q, k)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+
+def test_non_contiguous_inputs_are_copied():
+    """A transposed view (last dim not contiguous) gives the result of its contiguous copy."""
+    import flash_attn_4_sm120 as fa
+
+    base = torch.randn(2, 4, 64, 200, dtype=torch.bfloat16, device="cuda")
+    q = base.transpose(1, 3).transpose(2, 3)  # (2, 200, 4, 64) with stride(-1) == 200
+    assert q.stride(-1) != 1
+    out = fa.flash_attn_func(q, q, q, causal=True)[0]
+    assert torch.equal(out, fa.flash_attn_func(q.contiguous(), q.contiguous(), q.contiguous(), causal=True)[0])

@@ -8,6 +8,7 @@ Pure host code: no CUDA calls, no allocation.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 from typing import Optional
 
@@ -113,6 +114,19 @@ def _check_tensor(name: str, t, expected_rank: int = 4) -> None:
         )
 
 
+def kernel_layout(t):
+    """``t`` itself, or a contiguous copy when the kernels cannot read it in place: a last dimension
+    that is not contiguous (a transposed view), or a base address or row stride that is not a multiple
+    of 16 bytes. Upstream FlashAttention-4 copies such inputs too; the copy costs one pass over the
+    tensor (and its memory), so callers that care pass contiguous tensors. Anything else is returned
+    as is and left to validation."""
+    if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.numel() == 0 or t.dtype not in _DTYPES:
+        return t
+    if t.stride(-1) != 1 or t.data_ptr() % 16 or misaligned_row_dim(t) is not None:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
 def misaligned_row_dim(t) -> Optional[int]:
     """The first dim (of size > 1, last excluded) whose stride is not a multiple of 16 bytes, or None:
     the kernels load and store rows as 16-byte vectors."""
@@ -141,13 +155,43 @@ class FwdParams:
 _LOG2_E = 1.0 / math.log(2.0)
 
 
-def _window_bound(x) -> Optional[int]:
-    """None or a negative value means unbounded (flash-attn's -1 convention)."""
+def _window_entry(x) -> Optional[int]:
+    """None or an integer (Python, NumPy or a 0-d integer tensor: anything with ``__index__``)."""
     if x is None:
         return None
-    if isinstance(x, bool) or not isinstance(x, int):
-        raise TypeError(f"window_size entries must be int or None, got {x!r}")
-    return None if x < 0 else x
+    if not isinstance(x, bool):
+        try:
+            return operator.index(x)
+        except TypeError:
+            pass
+    raise TypeError(f"window_size entries must be int or None, got {x!r}")
+
+
+def resolve_window(causal: bool, window_size) -> tuple[bool, bool, Optional[int], Optional[int]]:
+    """FlashAttention-4's window convention: ``(causal_mask, local, left, right)`` for the user's
+    ``causal`` and ``window_size=(left, right)``; None is unbounded.
+
+    Query row i sees key j iff ``i + off - left <= j <= i + off + right`` (``off = seqlen_k - seqlen_q``),
+    a missing bound dropping its side. A negative bound is a real offset: ``(None, -w)`` ends each
+    row's keys w before the diagonal, ``(-w, None)`` starts them w after it. ``causal`` sets
+    ``right = 0``. Only when both bounds are given and ``left + right < 0`` does the pair mean "no
+    window" (so FA2's ``(-1, -1)`` stays unbounded, also with ``causal``). ``(None, 0)`` is the causal
+    mask."""
+    if window_size is None:
+        window_size = (None, None)
+    window_size = tuple(window_size)
+    if len(window_size) != 2:
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
+    left, right = (_window_entry(x) for x in window_size)
+    if causal:
+        right = 0
+    if left is not None and right is not None and left + right < 0:
+        left = right = None
+    if left is None and right == 0:
+        return True, False, None, None
+    if left is None and right is None:
+        return bool(causal), False, None, None
+    return False, True, left, right
 
 
 def _check_heads_and_dims(q, k, v, heads_q: int, heads_kv: int) -> None:
@@ -171,14 +215,7 @@ def _runtime_params(q, num_heads, softmax_scale, causal, window_size, softcap, l
     softcap = float(softcap or 0.0)
     if not math.isfinite(softcap) or softcap < 0.0:
         raise ValueError(f"softcap must be 0 (off) or a finite positive number, got {softcap}")
-    if window_size is None:
-        window_size = (None, None)
-    if len(tuple(window_size)) != 2:
-        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
-    left, right = (_window_bound(x) for x in window_size)
-    if causal:
-        right = 0  # causal + window = a local window ending on the diagonal
-    local = left is not None or (right is not None and not causal)
+    causal_mask, local, left, right = resolve_window(causal, window_size)
     sink = None
     if learnable_sink is not None:
         if not isinstance(learnable_sink, torch.Tensor) or learnable_sink.shape != (num_heads,):
@@ -193,11 +230,18 @@ def _runtime_params(q, num_heads, softmax_scale, causal, window_size, softcap, l
         softmax_scale=softmax_scale,
         scale_log2=(softcap if softcap > 0.0 else softmax_scale) * _LOG2_E,
         softcap_scale=softmax_scale / softcap if softcap > 0.0 else 0.0,
-        window_left=min(left, unbounded) if left is not None else unbounded,
-        window_right=min(right, unbounded) if right is not None else unbounded,
+        window_left=_clamp_bound(left, unbounded),
+        window_right=_clamp_bound(right, unbounded),
         sink=sink,
     )
-    return params, local, bool(causal) and not local, softcap > 0.0
+    return params, local, causal_mask, softcap > 0.0
+
+
+def _clamp_bound(x: Optional[int], unbounded: int) -> int:
+    """A window bound in the kernel's Int32 range: None, and anything wider than every sequence the
+    tensors can hold (``unbounded`` = rows of Q plus rows of K), become ``unbounded``; a bound more
+    negative than that hides every key, as ``-unbounded`` does."""
+    return unbounded if x is None else max(-unbounded, min(x, unbounded))
 
 
 def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool, window_size=(None, None),
@@ -267,8 +311,11 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     max_k = longest(cu_seqlens_k, k, max_seqlen_k)
     if max_q < 0 or max_k < 0:
         raise ValueError("max_seqlen_q / max_seqlen_k must be non-negative")
+    # Window bounds are clamped against the rows the tensors hold, not max_seqlen_*: the kernels clamp
+    # every sequence to those extents, so no (even corrupt) metadata makes a clamped bound too narrow.
+    extent = (q.shape[0] if packed_q else q.shape[1]) + (k.shape[0] if packed_k else k.shape[1])
     params, local, causal_mask, capped = _runtime_params(q, heads_q, softmax_scale, causal, window_size, softcap,
-                                                         learnable_sink, max_q + max_k)
+                                                         learnable_sink, extent)
     spec = FwdSpec(dtype=_DTYPES[q.dtype], head_dim=q.shape[-1], head_dim_v=v.shape[-1], causal=causal_mask,
                    local=local, softcap=capped, has_sink=params.sink is not None, varlen_q=packed_q,
                    varlen_k=packed_k, seqused_q=seqused_q is not None, seqused_k=seqused_k is not None)

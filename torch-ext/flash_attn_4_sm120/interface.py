@@ -17,6 +17,7 @@ from typing import Optional
 import torch
 
 from . import compiler, manifest
+from .metadata import check_requested, check_varlen_metadata
 from ._ops import add_op_namespace_prefix
 from .config import (
     fwd_ctas_per_sm,
@@ -34,7 +35,7 @@ from .execution_model import (
     resolve_compile_target,
     resolve_dispatch_model,
 )
-from .problem import CombineSpec, misaligned_row_dim, validate_fwd, validate_varlen
+from .problem import CombineSpec, kernel_layout, misaligned_row_dim, validate_fwd, validate_varlen
 
 @functools.lru_cache(maxsize=None)
 def _model_and_target(device_index: Optional[int], dispatch_override: Optional[str],
@@ -94,6 +95,7 @@ def flash_attn_fwd(
     """Low-level forward without autograd: writes into ``out``/``lse`` when given, returns both.
     ``num_splits``: KV splits (None or 0 automatic, 1 off)."""
     _check_options(num_splits, pack_gqa)
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
     return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, out, lse,
                        num_splits=num_splits)
@@ -215,17 +217,43 @@ def _check_output(name, t, shape, dtype, device) -> None:
         raise ValueError(f"out strides {tuple(t.stride())} are not multiples of 16 bytes; pass a contiguous out")
 
 
-def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool,
-              window_left: int, window_right: int, softcap: float,
-              learnable_sink: Optional[torch.Tensor], num_splits: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
+              window_left: Optional[int], window_right: Optional[int], softcap: float,
+              learnable_sink: Optional[torch.Tensor], num_splits: int,
+              pack_gqa: Optional[bool]) -> tuple[torch.Tensor, torch.Tensor]:
     return flash_attn_fwd(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, learnable_sink,
-                          num_splits=num_splits)
+                          pack_gqa=pack_gqa, num_splits=num_splits)
 
 
-def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits):
+def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits,
+              pack_gqa):
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse
+
+
+def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+                 cu_seqlens_k: Optional[torch.Tensor], seqused_q: Optional[torch.Tensor],
+                 seqused_k: Optional[torch.Tensor], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+                 softmax_scale: Optional[float], causal: bool, window_left: Optional[int],
+                 window_right: Optional[int], softcap: float, learnable_sink: Optional[torch.Tensor],
+                 num_splits: int, pack_gqa: Optional[bool],
+                 check_metadata: Optional[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
+    spec, shape, params, varlen = _validate_varlen_call(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale,
+        causal, (window_left, window_right), softcap, learnable_sink, check_metadata)
+    return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen=varlen,
+                       num_splits=num_splits)
+
+
+def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                 softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits, pack_gqa,
+                 check_metadata):
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    heads = q.shape[-2]
+    lse_shape = (heads, q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], heads, q.shape[1])
+    return out, q.new_empty(lse_shape, dtype=torch.float32)
 
 
 def _fwd_backward(ctx, dout, dlse):
@@ -246,20 +274,29 @@ class _FlashAttnFunc(torch.autograd.Function):
         return _fwd_backward(ctx, dout, dlse)
 
 
-def _register_fwd_op():
-    """Register this build's op once per process. The name carries the build's namespace, so two
-    builds never collide; the same build imported twice (clone import + get_kernel) reuses it."""
-    qualname = add_op_namespace_prefix("fwd")
-    namespace, name = qualname.split("::")
-    if hasattr(getattr(torch.ops, namespace), name):
-        return getattr(getattr(torch.ops, namespace), name).default
-    op = torch.library.custom_op(qualname, mutates_args=())(_fwd_impl)
-    op.register_fake(_fwd_fake)
+def _register_op(name: str, impl, fake):
+    """Register this build's op ``name`` once per process. The name carries the build's namespace,
+    so two builds never collide; the same build imported twice (clone import + get_kernel) reuses it."""
+    qualname = add_op_namespace_prefix(name)
+    namespace, short = qualname.split("::")
+    if hasattr(getattr(torch.ops, namespace), short):
+        return getattr(getattr(torch.ops, namespace), short).default
+    op = torch.library.custom_op(qualname, mutates_args=())(impl)
+    op.register_fake(fake)
     op.register_autograd(_fwd_backward)
     return op
 
 
-_fwd_op = _register_fwd_op()
+_fwd_op = _register_op("fwd", _fwd_impl, _fwd_fake)
+_varlen_op = _register_op("varlen_fwd", _varlen_impl, _varlen_fake)
+
+
+def _window_entries(window_size) -> tuple:
+    """The user's (left, right) as the custom ops take them (resolved inside the op, at run time)."""
+    window = tuple(window_size) if window_size is not None else (None, None)
+    if len(window) != 2:
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
+    return window
 
 
 def _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, extra) -> None:
@@ -323,9 +360,13 @@ def flash_attn_func(
     Returns ``(out, lse)``: out (batch, seqlen_q, heads, d) in q's dtype; lse (batch, heads, seqlen_q)
     fp32 natural-log sum-exp of the scaled scores when ``return_lse`` is set or a gradient is
     required, else None. ``softmax_scale`` defaults to 1/sqrt(d). ``causal`` aligns the diagonal to
-    the bottom-right corner when seqlen_q != seqlen_k. ``window_size=(left, right)`` (None or -1 =
-    unbounded) restricts query i to keys [i + off - left, i + off + right] (off = seqlen_k - seqlen_q;
-    with ``causal`` right is 0); key blocks outside the window are skipped. ``softcap > 0`` caps the
+    the bottom-right corner when seqlen_q != seqlen_k. ``window_size=(left, right)`` restricts query i
+    to keys [i + off - left, i + off + right] (off = seqlen_k - seqlen_q; None = that side unbounded;
+    with ``causal`` right is 0); bounds may be negative (``(None, -w)`` ends the keys w before the
+    diagonal); a pair with left + right < 0, such as FA2's (-1, -1), means no window
+    (``problem.resolve_window``). Key blocks outside the window are skipped. A row that sees no key
+    gets out = 0 and lse = -inf (or the sink). q/k/v that the kernels cannot read in place (a
+    non-contiguous last dim, 16-byte misalignment) are copied first. ``softcap > 0`` caps the
     logits as softcap * tanh(logit / softcap). ``learnable_sink`` (num_heads,) adds exp(sink_h) to
     every row's softmax denominator (gpt-oss) and to the LSE. ``num_splits``: split each query
     tile's key range over this many CTAs and merge the fp32 partials in a combine kernel (flash
@@ -336,11 +377,10 @@ def flash_attn_func(
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
-        scale = softmax_scale if softmax_scale is not None else q.shape[-1] ** -0.5
-        left, right = ((-1 if x is None else x) for x in (window_size or (None, None)))
-        out, lse = _fwd_op(q, k, v, float(scale), bool(causal), left, right, float(softcap or 0.0), learnable_sink,
-                           num_splits or 0)
+        out, lse = _fwd_op(q, k, v, softmax_scale, bool(causal), *_window_entries(window_size),
+                           float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa)
         return out, (lse if (return_lse or _needs_grad(q, k, v)) else None)
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, return_lse)
 
@@ -367,6 +407,7 @@ def flash_attn_varlen_func(
     score_mod=None,
     mask_mod=None,
     return_lse: bool = False,
+    check_metadata: Optional[bool] = None,
     **kwargs,
 ):
     """Attention over a batch of sequences of different lengths, flash-attn-4's varlen convention.
@@ -378,15 +419,37 @@ def flash_attn_varlen_func(
     allowed. Returns ``(out, lse)``; out has q's layout, lse is (heads, total_q) when q is packed,
     else (batch, heads, seqlen_q); lse is None unless ``return_lse`` or a gradient is required.
     Masks, windows, softcap and sinks are as in ``flash_attn_func``, per sequence.
+
+    The kernels clamp every sequence to the tensors' extents, so no metadata reaches memory outside
+    them. ``check_metadata=True`` (or ``FA4_SM120_CHECK_METADATA=1``) also checks ``cu_seqlens``,
+    ``seqused`` and ``max_seqlen_*`` on the host (one sync) and raises ``ValueError`` naming the first
+    bad entry (``metadata.py``).
     """
     if page_table is not None:
         manifest.require("paged_kv")
     _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, kwargs)
+    if torch.compiler.is_compiling():
+        # Like flash_attn_func: graphs see the namespaced custom op; validation runs inside it.
+        out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                              softmax_scale, bool(causal), *_window_entries(window_size), float(softcap or 0.0),
+                              learnable_sink, num_splits or 0, pack_gqa, check_metadata)
+        return out, (lse if (return_lse or _needs_grad(q, k, v)) else None)
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
+    spec, shape, params, varlen = _validate_varlen_call(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
+        window_size, softcap, learnable_sink, check_metadata)
+    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse)
+
+
+def _validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                          softmax_scale, causal, window_size, softcap, learnable_sink, check_metadata):
+    """``validate_varlen`` plus the opt-in metadata check; returns (spec, shape, params, varlen tensors)."""
     spec, shape, params = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           seqused_q, seqused_k, softmax_scale, causal, window_size, softcap,
                                           learnable_sink)
-    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse)
+    if check_requested(check_metadata):
+        check_varlen_metadata(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    return spec, shape, params, (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
 
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_fwd", "dispatch_model"]

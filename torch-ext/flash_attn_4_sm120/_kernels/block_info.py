@@ -11,7 +11,8 @@ The mainloop walks them from the last down. ``[unmasked_end, end)`` touch the ri
 end or diagonal) and ``[start, unmasked_start)`` the left edge of a window: those need an element
 mask; blocks in between are visible to every row of the tile.
 
-Plain integer arithmetic on non-negative values: runs on the host (tests, Python ints) and in
+Plain integer arithmetic (window bounds may be negative: ``(None, -w)`` ends a row's keys w before
+the diagonal; a non-empty range lies within ``[0, ceil(seqlen_k / tile_n)]``): runs on the host (tests, Python ints) and in
 ``@cute.jit`` code (``Int32``).
 """
 
@@ -35,8 +36,8 @@ def block_range(m_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: b
     """(start, unmasked_start, unmasked_end, end) with start <= unmasked_start <= unmasked_end <= end,
     for the query rows ``[m_block * tile_m, (m_block + 1) * tile_m)``.
 
-    ``window_left``/``window_right`` are used when ``local`` (non-negative; the host clamps
-    "unbounded" to seqlen_q + seqlen_k)."""
+    ``window_left``/``window_right`` are used when ``local``: offsets from the diagonal, negative ones
+    included (FlashAttention-4's convention); the host clamps "unbounded" to the rows Q and K hold."""
     return block_range_rows(m_block * tile_m, (m_block + 1) * tile_m, seqlen_q, seqlen_k, tile_n, causal, local,
                             window_left, window_right)
 
@@ -65,6 +66,8 @@ def block_range_rows(row_lo, row_hi, seqlen_q, seqlen_k, tile_n: int, causal: bo
         # First row sees keys >= row_lo + off - left; the last row >= row_hi - 1 + off - left.
         start = _max(row_lo + off - window_left, 0) // tile_n
         unmasked_start = ceil_div(_max(row_hi - 1 + off - window_left, 0), tile_n)
+    # A band that misses every key of the tile gives an empty range [start, start), which may lie past
+    # the keys: nothing in it is loaded (every load checks n >= start).
     end = _max(end, start)
     unmasked_end = _min(_max(unmasked_end, start), end)
     unmasked_start = _min(_max(unmasked_start, start), unmasked_end)

@@ -4,6 +4,11 @@ Dense tensors are (batch, seqlen, heads, d); packed ones are (total, heads, d) w
 (batch + 1,) holding each sequence's first row. ``seqused`` (batch,) caps a sequence's length (e.g. the
 filled part of a preallocated KV cache). Everything downstream sees a 2-D view starting at the
 sequence's first row and a runtime length: the mainloop is the same for both layouts.
+
+Bounds safety: metadata is never trusted. A packed sequence's start is clamped into ``[0, total]``,
+its end into ``[start, total]``, and ``seqused`` into ``[0, rows left]`` (dense: ``[0, seqlen]``), so
+every row a kernel derives lies inside the tensor it indexes, whatever the metadata holds (corrupt
+entries give wrong rows, never out-of-bounds accesses; ``metadata.py`` checks them on request).
 """
 
 import cutlass
@@ -11,17 +16,31 @@ import cutlass.cute as cute
 
 
 @cute.jit
+def clamp(x, lo, hi):
+    """``x`` limited to ``[lo, hi]`` (``hi >= lo``)."""
+    return cutlass.min(cutlass.max(x, lo), hi)
+
+
+@cute.jit
+def packed_start(mCuSeqlens: cute.Tensor, batch, total):
+    """``cu_seqlens[batch]`` clamped into the ``total`` rows of the packed tensor."""
+    return clamp(mCuSeqlens[batch], 0, total)
+
+
+@cute.jit
 def sequence_heads(mX: cute.Tensor, batch, mCuSeqlens, mSeqUsed):
-    """(view (rows, heads, d), length) of sequence ``batch``."""
+    """(view (rows, heads, d), length) of sequence ``batch``; the length never runs past the tensor."""
     if cutlass.const_expr(mCuSeqlens is None):
         view = mX[batch, None, None, None]
         length = mX.shape[1]
     else:
-        start = mCuSeqlens[batch]
+        total = mX.shape[0]
+        start = packed_start(mCuSeqlens, batch, total)
         view = cute.domain_offset((start, 0, 0), mX)
-        length = mCuSeqlens[batch + 1] - start
+        length = clamp(mCuSeqlens[batch + 1], start, total) - start
     if cutlass.const_expr(mSeqUsed is not None):
-        length = mSeqUsed[batch]
+        room = mX.shape[1] if cutlass.const_expr(mCuSeqlens is None) else mX.shape[0] - start
+        length = clamp(mSeqUsed[batch], 0, room)
     return view, length
 
 
@@ -47,7 +66,7 @@ def lse_row(mLSE: cute.Tensor, batch, head, mCuSeqlensQ):
     if cutlass.const_expr(mCuSeqlensQ is None):
         row = mLSE[batch, head, None]
     else:
-        row = cute.domain_offset((mCuSeqlensQ[batch],), mLSE[head, None])
+        row = cute.domain_offset((packed_start(mCuSeqlensQ, batch, mLSE.shape[1]),), mLSE[head, None])
     return row
 
 
