@@ -228,7 +228,7 @@ def test_occupancy_env_is_checked():
         interface.device_smem(None, "max")
 
 
-@pytest.mark.parametrize("entry", ["dense", "varlen"])
+@pytest.mark.parametrize("entry", ["dense", "dense-split", "varlen"])
 def test_torch_compile_traces_both_entries_without_graph_breaks(entry):
     """fullgraph=True with dynamic shapes: Dynamo traces through the namespaced custom ops (no
     'builtin operator mod' break); on CPU tensors the op's own validation then raises at run time."""
@@ -236,11 +236,20 @@ def test_torch_compile_traces_both_entries_without_graph_breaks(entry):
     cu = torch.tensor([0, 3, 8], dtype=torch.int32)
 
     def f(q):
-        if entry == "dense":
-            return fa.flash_attn_func(q, q, q, window_size=(None, -2), return_lse=True)
+        if entry.startswith("dense"):
+            splits = 3 if entry == "dense-split" else None
+            return fa.flash_attn_func(q, q, q, window_size=(None, -2), num_splits=splits, pack_gqa=False,
+                                      return_lse=True)
         packed = q.reshape(16, 4, 64)
         return fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 5, 5, causal=True, return_lse=True)
 
     torch._dynamo.reset()
     with pytest.raises(ValueError, match="CUDA tensors"):
         torch.compile(f, fullgraph=True, dynamic=True, backend="eager")(q)
+
+
+def test_torch_compile_still_refuses_planned_features():
+    q = _t(1, 8, 4, 64)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="not yet available"):
+        torch.compile(lambda q: fa.flash_attn_func(q, q, q, deterministic=True), fullgraph=True, backend="eager")(q)

@@ -313,14 +313,26 @@ def _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_m
     if score_mod is not None or mask_mod is not None:
         requested.append("score_mod")
     if requested:
-        _check_combination(tuple(requested))
+        refusal = _refusal(tuple(requested))
+        if refusal is not None:
+            raise NotImplementedError(refusal)
 
 
-@functools.lru_cache(maxsize=None)
-def _check_combination(requested: tuple) -> None:
-    """``manifest.check_combination``, memoized (the manifest does not change at run time; a refusal
-    raises and is not cached)."""
-    manifest.check_combination(list(requested))
+_REFUSALS: dict = {}
+
+
+@torch.compiler.assume_constant_result
+def _refusal(requested: tuple) -> Optional[str]:
+    """The manifest's refusal message for this combination, or None (``manifest.check_combination``).
+    Memoized, and a constant to Dynamo (a plain function: Dynamo traces into an lru_cache wrapper):
+    the manifest does not change at run time, and reading it inside a traced region breaks the graph."""
+    if requested not in _REFUSALS:
+        try:
+            manifest.check_combination(list(requested))
+            _REFUSALS[requested] = None
+        except NotImplementedError as e:
+            _REFUSALS[requested] = str(e)
+    return _REFUSALS[requested]
 
 
 def _needs_grad(q, k, v) -> bool:

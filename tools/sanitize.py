@@ -1,0 +1,233 @@
+"""compute-sanitizer over every kernel family, with good and corrupt metadata (run on a GPU machine).
+
+    python tools/sanitize.py [--json PATH] [--families NAME ...] [--tools memcheck racecheck synccheck]
+
+Each family is a small workload (``FAMILIES``): a mainloop forced by config (cp.async, TMA, TMA with
+mbarrier release, TMA warp-specialized, overlapped, ping-pong, persistent ping-pong), the table's
+packed-GQA decode, split-KV + combine, varlen (packed and dense with seqused), and the public
+combine. Every family first runs with good inputs, then (where it takes metadata) with corrupt
+metadata: cu_seqlens past the packed rows, negative or decreasing offsets, seqused past the tensor
+or negative, max_seqlen too small. Corrupt metadata may give wrong rows; it must never touch memory
+outside the tensors, so the bar is 0 errors in every run.
+
+The driver first runs every family once without a sanitizer (compiling into a shared disk cache),
+then runs ``compute-sanitizer --tool T python tools/sanitize.py --run FAMILY`` per family and tool
+(memcheck on all; racecheck and synccheck on the families with warp specialization, named
+barriers or mbarriers) and records each run's "ERROR SUMMARY" count in the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS)
+SYNC_FAMILIES = ("tma_mbarrier", "tma_ws", "pingpong", "persistent")
+
+
+def _i32(xs, device="cuda"):
+    import torch
+
+    return torch.tensor(xs, dtype=torch.int32, device=device)
+
+
+def _config(kind):
+    from flash_attn_4_sm120.config import FwdConfig
+
+    return {
+        "cp_async": FwdConfig(64, 64, 4, 2),
+        "tma": FwdConfig(128, 48, 4, 2, mainloop="tma"),
+        "tma_mbarrier": FwdConfig(128, 48, 4, 2, mainloop="tma", mbarrier_release=True),
+        "tma_ws": FwdConfig(128, 48, 4, 2, mainloop="tma_ws"),
+        "overlap": FwdConfig(64, 64, 4, 2, overlap=True),
+        "pingpong": FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True),
+        "persistent": FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True, persistent=True),
+    }[kind]
+
+
+def _dense_config_run(kind):
+    """A forced mainloop on dense GQA inputs: full, causal and a window with a negative bound."""
+    import torch
+
+    from flash_attn_4_sm120.interface import _launch_fwd
+    from flash_attn_4_sm120.problem import validate_fwd
+
+    torch.manual_seed(0)
+    q = torch.randn(2, 333, 6, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 517, 2, 128, dtype=torch.bfloat16, device="cuda")
+    for causal, window in ((False, (None, None)), (True, (None, None)), (False, (100, -7))):
+        spec, shape, params = validate_fwd(q, k, k, None, causal, window)
+        _launch_fwd(q, k, k, spec, shape, params, config=_config(kind), num_splits=1,
+                    max_ctas=5 if kind == "persistent" else None)
+    torch.cuda.synchronize()
+
+
+def _varlen_runs(num_splits, pack_gqa):
+    """Packed and dense-with-seqused varlen calls, good and corrupt metadata."""
+    import torch
+
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(1)
+    hq, hkv, d = 8, 2, 128
+    lens_q, lens_k = [5, 0, 113, 1, 70], [700, 3, 250, 9, 300]
+    cu_q = _i32([0, 5, 5, 118, 119, 189])
+    cu_k = _i32([0, 700, 703, 953, 962, 1262])
+    q = torch.randn(sum(lens_q), hq, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(sum(lens_k), hkv, d, dtype=torch.bfloat16, device="cuda")
+    qd = torch.randn(5, 120, hq, d, dtype=torch.bfloat16, device="cuda")
+    kd = torch.randn(5, 700, hkv, d, dtype=torch.bfloat16, device="cuda")
+    opts = dict(num_splits=num_splits, pack_gqa=pack_gqa, causal=True, return_lse=True, check_metadata=False)
+    packed = [  # (label, cu_q, cu_k, seqused_q, seqused_k, max_q, max_k)
+        ("good", cu_q, cu_k, None, None, 113, 700),
+        ("cu_k past the rows", cu_q, _i32([0, 700, 703, 953, 962, 50_000]), None, None, 113, 700),
+        ("cu_q past the rows", _i32([0, 5, 5, 118, 119, 4000]), cu_k, None, None, 113, 700),
+        ("negative cu", _i32([-300, 5, 5, 118, 119, 189]), _i32([-9, 700, 703, 953, 962, 1262]), None, None, 113, 700),
+        ("decreasing cu", _i32([0, 50, 5, 118, 119, 189]), _i32([0, 900, 3, 953, 962, 1262]), None, None, 113, 700),
+        ("seqused past the sequence", cu_q, cu_k, _i32([5, 0, 113, 900, 70]), _i32([700, 3, 250, 100_000, 300]),
+         113, 700),
+        ("negative seqused", cu_q, cu_k, _i32([-5, 0, 113, 1, 70]), _i32([-1, 3, 250, 9, 300]), 113, 700),
+        ("max_seqlen too small", cu_q, cu_k, None, None, 7, 20),
+    ]
+    for label, cq, ck, uq, uk, mq, mk in packed:
+        fa.flash_attn_varlen_func(q, k, k, cq, ck, mq, mk, seqused_q=uq, seqused_k=uk, **opts)
+    dense = [  # dense q and k with seqused
+        ("good", _i32([120, 0, 7, 1, 50]), _i32([700, 1, 600, 9, 300])),
+        ("seqused past the dense seqlen", _i32([500, 0, 7, 1, 50]), _i32([2_000_000, 1, 600, 9, 300])),
+        ("negative seqused", _i32([120, -4, 7, 1, 50]), _i32([700, -1, 600, 9, 300])),
+    ]
+    for label, uq, uk in dense:
+        fa.flash_attn_varlen_func(qd, kd, kd, seqused_q=uq, seqused_k=uk, max_seqlen_q=120, max_seqlen_k=700, **opts)
+    torch.cuda.synchronize()
+
+
+def _decode_run():
+    """The table's decode path: packed GQA, automatic splits (split-KV + combine), sink and window."""
+    import torch
+
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(2)
+    q = torch.randn(4, 1, 32, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(4, 8192, 8, 128, dtype=torch.bfloat16, device="cuda")
+    sink = torch.randn(32, device="cuda")
+    for window in ((None, None), (1024, 0), (None, -100)):
+        fa.flash_attn_func(q, k, k, window_size=window, learnable_sink=sink, return_lse=True)
+    torch.cuda.synchronize()
+
+
+def _combine_run():
+    """The public combine (when this build has it), dense and varlen with corrupt cu_seqlens / seqused."""
+    import torch
+
+    import flash_attn_4_sm120 as fa
+
+    if not hasattr(fa, "flash_attn_combine"):
+        print("no flash_attn_combine in this build: skipped")
+        return
+    torch.manual_seed(3)
+    o = torch.randn(3, 2, 77, 4, 128, device="cuda")
+    lse = torch.randn(3, 2, 77, 4, device="cuda")
+    fa.flash_attn_combine(o, lse, out_dtype=torch.bfloat16)
+    ov, lv = torch.randn(3, 150, 4, 128, device="cuda"), torch.randn(3, 150, 4, device="cuda")
+    for cu, used in ((_i32([0, 50, 150]), None), (_i32([0, 50, 9000]), None), (_i32([-7, 50, 150]), _i32([900, -2]))):
+        fa.flash_attn_combine(ov, lv, out_dtype=torch.bfloat16, cu_seqlens=cu, seqused=used)
+    torch.cuda.synchronize()
+
+
+FAMILIES = {
+    **{kind: (lambda kind=kind: _dense_config_run(kind))
+       for kind in ("cp_async", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "persistent")},
+    "varlen": lambda: _varlen_runs(1, False),
+    "varlen_packgqa": lambda: _varlen_runs(1, True),
+    "varlen_splitkv": lambda: _varlen_runs(4, True),
+    "decode": _decode_run,
+    "combine": _combine_run,
+}
+
+
+def _run_family(name: str) -> None:
+    sys.path.insert(0, str(ROOT / "torch-ext"))
+    FAMILIES[name]()
+    print(f"family {name}: done")
+
+
+def _sanitizer() -> str:
+    import shutil
+
+    found = shutil.which(os.environ.get("COMPUTE_SANITIZER", "compute-sanitizer"))
+    found = found or next((p for p in ("/usr/local/cuda/bin/compute-sanitizer",) if os.path.exists(p)), None)
+    if not found:
+        raise SystemExit("compute-sanitizer not found (set COMPUTE_SANITIZER)")
+    return found
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", metavar="FAMILY", help="run one family's workload in this process (the child)")
+    ap.add_argument("--families", nargs="*", default=list(FAMILIES))
+    ap.add_argument("--tools", nargs="*", default=["memcheck", "racecheck", "synccheck"])
+    ap.add_argument("--json", type=Path, help="write the results here")
+    ap.add_argument("--log-dir", type=Path, help="keep each sanitizer run's output here")
+    args = ap.parse_args()
+    if args.run:
+        _run_family(args.run)
+        return 0
+
+    import torch
+
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.setdefault("FA4_SM120_CACHE_DIR", str(Path("/tmp") / "fa4sm120-sanitize-cache"))
+    me = [sys.executable, str(Path(__file__).resolve())]
+    # Warm the disk cache without a sanitizer: the sanitized children only load kernels.
+    for fam in args.families:
+        res = subprocess.run(me + ["--run", fam], env=env, capture_output=True, text=True)
+        if res.returncode:
+            print(res.stdout[-3000:], res.stderr[-3000:])
+            raise SystemExit(f"family {fam} fails without a sanitizer (rc {res.returncode})")
+    tool_bin = _sanitizer()
+    runs = []
+    for tool in args.tools:
+        fams = [f for f in args.families if tool == "memcheck" or f in SYNC_FAMILIES]
+        for fam in fams:
+            t0 = time.time()
+            cmd = [tool_bin, "--tool", tool, "--error-exitcode", "0", "--print-limit", "20"]
+            if tool == "racecheck":
+                cmd += ["--racecheck-report", "all"]
+            res = subprocess.run(cmd + me + ["--run", fam], env=env, capture_output=True, text=True)
+            text = res.stdout + res.stderr
+            m = re.search(r"ERROR SUMMARY: (\d+) error", text)
+            hazards = re.search(r"RACECHECK SUMMARY: (\d+) hazard", text)
+            entry = {"tool": tool, "family": fam, "errors": int(m.group(1)) if m else None,
+                     "racecheck_hazards": int(hazards.group(1)) if hazards else None,
+                     "workload_done": f"family {fam}: done" in text, "rc": res.returncode,
+                     "seconds": round(time.time() - t0, 1)}
+            runs.append(entry)
+            print(json.dumps(entry), flush=True)
+            if args.log_dir:
+                args.log_dir.mkdir(parents=True, exist_ok=True)
+                (args.log_dir / f"{tool}_{fam}.log").write_text(text[-200_000:])
+            if entry["errors"] != 0 or not entry["workload_done"]:
+                print(text[-4000:])
+    clean = all(r["errors"] == 0 and r["workload_done"] for r in runs)
+    report = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
+              "sanitizer": subprocess.run([tool_bin, "--version"], capture_output=True, text=True).stdout.strip()
+              .splitlines()[-1:], "clean": clean, "runs": runs}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"{'CLEAN' if clean else 'ERRORS'}: {sum(1 for r in runs if r['errors'] == 0)}/{len(runs)} runs with 0 errors")
+    return 0 if clean else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
