@@ -4,7 +4,7 @@ automatic choice and SDPA flash (FA2, at the H100's occupancy) in one run, to ch
 Reports KV bandwidth (bytes of K and V read once / time) per split count; timing as in
 benchmarks/timing.py.
 
-    python benchmarks/split_sweep.py --out results.json
+    python benchmarks/explore/split_sweep.py --out results.json
 """
 
 import argparse
@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "torch-ext"))
 import flash_attn_4_sm120 as fa  # noqa: E402
 from flash_attn_4_sm120.interface import _num_sms  # noqa: E402
 from timing import median_ms  # noqa: E402

@@ -2,7 +2,7 @@
 # Session 12 exploration on the device (tune_fwd --config sets at the SM120 model's occupancy):
 # d192/128 (never tuned on the device), d96 / d64 causal with FwdConfig.mask_select, d64 full.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 export FA4_SM120_CACHE_DIR=$PWD/.cache/fa4
 T="python3 benchmarks/tune_fwd.py --jobs 16"
 run() { name=$1; shift; echo "== $name"; $T --out "$OUT/$name.json" "$@" 2>&1 | grep -v Warning; }

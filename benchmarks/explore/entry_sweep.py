@@ -3,8 +3,8 @@ prefill split-KV, MHA decode) through the API with a config override, at both oc
 a test). Session 10 chose d128_causal_local with it; session 11 timed the softcap / split-KV entries, session 12
 the d192 class.
 
-    python benchmarks/entry_sweep.py [--sets window decode shortq softcap splitkv d192 d160 d192x192] [--repeat N]
-                                     [--occupancy model]
+    python benchmarks/explore/entry_sweep.py [--sets window decode shortq softcap splitkv d192 d160 d192x192] [--repeat N]
+                                             [--occupancy model]
     # writes $OUT/explore.json
 """
 import argparse
@@ -13,8 +13,8 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "torch-ext"))
 import torch  # noqa: E402
 
 from flash_attn_4_sm120.config import FwdConfig  # noqa: E402

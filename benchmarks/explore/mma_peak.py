@@ -16,8 +16,8 @@ Every warp of every CTA does the same work; the grid is ``ctas_per_sm`` CTAs per
 TFLOPS = 2*16*8*16 * mma_count / time, mma_count = CTAs * warps * iters * unroll * atoms per gemm;
 time from benchmarks/timing.py (median of CUDA-event timings after warm-up).
 
-    python benchmarks/mma_peak.py [--warps 8] [--warp-tile 32 32] [--unroll 16] [--ctas-per-sm 4]
-                                  [--iters 4096] [--sweep] [--out results.json]
+    python benchmarks/explore/mma_peak.py [--warps 8] [--warp-tile 32 32] [--unroll 16] [--ctas-per-sm 4]
+                                          [--iters 4096] [--sweep] [--out results.json]
 
 ``--sweep`` times a small grid of warps x warp tiles x CTAs per SM and reports the best. ``compile_mma_peak``
 works without a GPU (``tests/test_mma_peak_compiles.py`` checks the sm_120a SASS on the CPU).
@@ -113,7 +113,7 @@ def compile_mma_peak(kernel: MmaPeak, target: str, extra_options: str = ""):
 def measure(kernel: MmaPeak, ctas_per_sm: int, iters: int, target: str) -> dict:
     import torch
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
     from timing import median_ms
 
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count

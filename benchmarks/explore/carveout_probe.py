@@ -4,12 +4,12 @@ An SM120 SM has 100 KB of shared memory, an H100 SM 228 KB: a 64-99 KB forward C
 and once per SM120 SM, and two co-resident CTAs hide each other's softmax. The package pads our own
 launches (``ExecutionModel.occupancy_launch_smem``); the peers' launches cannot be padded, and a co-resident
 "holder" kernel does not work (session 8). This probe (session 10, which confirmed it:
-``benchmarks/results/carveout_probe_h100_2026-11-23.json``; ``occupancy.py`` is what the benchmark uses) tries the context's cache-configuration preference instead
+``benchmarks/results/carveout_probe_h100_2026-11-23.json``; ``benchmarks/occupancy.py`` is what the benchmark uses) tries the context's cache-configuration preference instead
 (``cuCtxSetCacheConfig``): with L1 preferred, the driver should give each kernel the smallest shared-memory
 carveout its CTA fits in, which for a 64-99 KB CTA is the 100 KB configuration an SM120 has.
 
-    python benchmarks/carveout_probe.py --out probe.json           # timings per preference
-    ncu --metrics launch__shared_mem_config_size,... python benchmarks/carveout_probe.py --ncu
+    python benchmarks/explore/carveout_probe.py --out probe.json           # timings per preference
+    ncu --metrics launch__shared_mem_config_size,... python benchmarks/explore/carveout_probe.py --ncu
 
 Per case and preference it times ours (table entry, natural launch), ours padded to SM120 occupancy
 (``tune_fwd.launch_smem``, as the package launches by default), SDPA flash (FA2) and upstream flash-attn-4's SM120 path.
@@ -27,14 +27,14 @@ os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
 
 import torch  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from bench_fwd import sdpa, upstream_fa4  # noqa: E402
 from timing import median_ms  # noqa: E402
 from occupancy import PREFERENCES, set_cache_config  # noqa: E402
 from tune_fwd import dense_launch, launch_smem  # noqa: E402
 from torch.nn.attention import SDPBackend  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "torch-ext"))
 from flash_attn_4_sm120.compiler import compile_fwd  # noqa: E402
 from flash_attn_4_sm120.config import select_fwd_config  # noqa: E402
 from flash_attn_4_sm120.interface import dispatch_model  # noqa: E402
@@ -97,7 +97,7 @@ def main():
     if args.out:
         Path(args.out).write_text(json.dumps({
             "device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-            "method": "benchmarks/carveout_probe.py (cuCtxSetCacheConfig preference per block of timings)",
+            "method": "benchmarks/explore/carveout_probe.py (cuCtxSetCacheConfig preference per block of timings)",
             "records": records}, indent=1))
 
 

@@ -1,9 +1,9 @@
 """Run one forward config a few times so a profiler can read its pipes (a script, not a test).
 
-Under Nsight Compute, per config (same knobs as ``tune_fwd.py --config``):
+Under Nsight Compute, per config (same knobs as ``benchmarks/tune_fwd.py --config``):
     ncu --kernel-name regex:Flash --launch-skip 2 --launch-count 1 --section ComputeWorkloadAnalysis \
         --section WarpStateStats --page raw --csv \
-        python benchmarks/profile_fwd.py --head-dim 64 --config 128,64,4,3,0,cp_async [--causal]
+        python benchmarks/explore/profile_fwd.py --head-dim 64 --config 128,64,4,3,0,cp_async [--causal]
 
 It launches the kernel ``--runs`` times on one shape (no other kernel runs between them; inputs are
 drawn first), so ``--launch-skip`` leaves out the first launches and their cold caches.
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
 from tune_fwd import SHAPES, dense_launch, launch_smem, parse_config  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "torch-ext"))
 from flash_attn_4_sm120.compiler import compile_fwd  # noqa: E402
 from flash_attn_4_sm120.interface import dispatch_model  # noqa: E402
 from flash_attn_4_sm120.problem import FwdSpec  # noqa: E402
