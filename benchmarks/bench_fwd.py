@@ -14,7 +14,7 @@ context's cache preference, see occupancy.py); ``h100`` at the H100's own (228 K
 CTAs share an SM and hide each other's softmax, which no SM120 part can do). Rows keep them as
 ``results`` and ``results_h100``.
 
-    python benchmarks/bench_fwd.py --out results.json [--quick] [--occupancy both|sm120|h100]
+    python benchmarks/bench_fwd.py --out results.json [--quick] [--occupancy both|sm120|h100] [--matrix]
 """
 
 import argparse
@@ -28,6 +28,9 @@ from unittest import mock
 
 os.environ.setdefault("FLASH_ATTENTION_ARCH", "sm_120")  # upstream FA4: its SM120 path, before import
 os.environ.setdefault("FLASH_ATTENTION_NUM_SMS", "132")
+# upstream's own disk compile cache (file-locked), so warm_cache.py can compile its kernels ahead, in parallel
+os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
+os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "/tmp/fa4-upstream-cache")
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -54,6 +57,38 @@ CASES = [
     ("1x8192 32/8 d128 window 1024", 1, 8192, 8192, 32, 8, 128, 128, True, 1024),
     ("decode 16x(1,8192) 32/8 d128", 16, 1, 8192, 32, 8, 128, 128, False, None),
 ]
+
+
+
+def matrix_cases() -> list:
+    """The generalization matrix (issue 17): every head-dim class and the dims between them, causal and
+    full, MHA / GQA 32:8 / an odd 7:1 ratio, long (2-4 x 2048-4096) and short odd (500-1000 tokens,
+    batch 8-16) sequences, odd head counts, and decode. Names start with "m " so --cases can pick them."""
+    dims = [(64, 64), (80, 80), (96, 96), (112, 112), (128, 128), (160, 160), (192, 128), (192, 192), (256, 256)]
+    cases = []
+    for d, dv in dims:
+        tag = f"d{d}" if d == dv else f"d{d}/{dv}"
+        mha = 32 if d <= 96 else 16  # about 2-3k of hidden width, as models pair heads and dims
+        heads = {"mha": (mha, mha), "gqa": (32, 8), "gqa7": (28, 4)}
+        for i, (kind, (hq, hkv)) in enumerate(heads.items()):
+            b, s = ((4, 2048), (2, 4096), (3, 3072))[i]
+            if d >= 192:  # keep the largest dims' cases near the others' FLOPs
+                hq, hkv = hq // 2, max(hkv // 2, 1)
+            for causal in (False, True):
+                cases.append((f"m {b}x{s} {hq}/{hkv} {tag}{' causal' if causal else ''}", b, s, s, hq, hkv, d, dv,
+                              causal, None))
+    short = [(16, 537, 20, 20, 64, False), (12, 777, 24, 8, 96, True), (8, 999, 32, 8, 128, False),
+             (16, 613, 40, 8, 128, True), (10, 901, 12, 3, 80, False), (8, 555, 25, 5, 112, True),
+             (12, 700, 18, 6, 192, True), (8, 1000, 16, 4, 256, False),
+             (4, 4096, 20, 20, 80, True)]  # (the issue's d=80 shape)
+    for b, s, hq, hkv, d, causal in short:
+        dv = 128 if d == 192 else d
+        cases.append((f"m {b}x{s} {hq}/{hkv} d{d}{'' if dv == d else f'/{dv}'}{' causal' if causal else ''}", b, s, s,
+                      hq, hkv, d, dv, causal, None))
+    for b, sk, hq, hkv, d in [(16, 8192, 32, 8, 128), (1, 32768, 32, 8, 128), (8, 4096, 64, 8, 64),
+                              (32, 2048, 40, 8, 128), (4, 8192, 16, 4, 256)]:
+        cases.append((f"m decode {b}x(1,{sk}) {hq}/{hkv} d{d}", b, 1, sk, hq, hkv, d, d, False, None))
+    return cases
 
 
 OCCUPANCY_METHOD = (
@@ -107,6 +142,9 @@ def main():
     ap.add_argument("--out", default=None)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cases", nargs="*", help="only the cases whose names contain one of these strings")
+    ap.add_argument("--matrix", action="store_true",
+                    help="also the generalization matrix (matrix_cases: every head-dim class and the dims between, "
+                         "masks, head layouts, short odd lengths, decode)")
     ap.add_argument("--occupancy", choices=("both", "sm120", "h100"), default="both",
                     help="sm120: every kernel at an SM120's CTAs per SM (ours padded by the package, peers by the "
                          "cache preference, see occupancy.py); h100: every kernel at the H100's own")
@@ -124,7 +162,8 @@ def main():
     if up is not None:
         impls["fa4_sm120_path"] = up
     rows = []
-    cases = [c for c in CASES if not args.cases or any(s in c[0] for s in args.cases)]
+    cases = CASES + (matrix_cases() if args.matrix else [])
+    cases = [c for c in cases if not args.cases or any(s in c[0] for s in args.cases)]
     for name, b, sq, sk, hq, hkv, d, dv, causal, window in cases[: 2 if args.quick else None]:
         torch.manual_seed(0)
         q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
@@ -155,11 +194,11 @@ def main():
                 cells.append(f"{impl}={metric}")
             print(f"{name:32s} [{occ}] " + " ".join(cells), flush=True)
         rows.append(row)
-    result = {"device": dev, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
-              "bundle_version": fa.__version__, "dtype": "bf16", "occupancies": occupancies,
-              "method": OCCUPANCY_METHOD, "rows": rows}
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        result = {"device": dev, "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+                  "bundle_version": fa.__version__, "dtype": "bf16", "occupancies": occupancies,
+                  "method": OCCUPANCY_METHOD, "rows": rows}
+        if args.out:  # after every row: a run stopped early keeps what it measured
+            Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

@@ -68,7 +68,8 @@ def test_predicate_names_each_problem(cfg, fragment):
     assert any(fragment in p for p in problems), problems
 
 
-@pytest.mark.parametrize("d, dv, klass", [(8, 8, 64), (64, 64, 64), (72, 72, 128), (192, 128, 192), (128, 192, 192),
+@pytest.mark.parametrize("d, dv, klass", [(8, 8, 64), (64, 64, 64), (72, 72, 96), (96, 96, 96), (104, 96, 128),
+                                          (192, 128, 192), (128, 192, 192),
                                           (200, 200, 256), (256, 256, 256)])
 def test_head_dim_classes(d, dv, klass):
     assert config.head_dim_class(FwdSpec("bf16", d, dv, False)) == klass

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import json
 import os
 import re
@@ -86,7 +87,9 @@ def _varlen_runs(num_splits, pack_gqa):
     k = torch.randn(sum(lens_k), hkv, d, dtype=torch.bfloat16, device="cuda")
     qd = torch.randn(5, 120, hq, d, dtype=torch.bfloat16, device="cuda")
     kd = torch.randn(5, 700, hkv, d, dtype=torch.bfloat16, device="cuda")
-    opts = dict(num_splits=num_splits, pack_gqa=pack_gqa, causal=True, return_lse=True, check_metadata=False)
+    opts = dict(num_splits=num_splits, pack_gqa=pack_gqa, causal=True, return_lse=True)
+    if "check_metadata" in inspect.signature(fa.flash_attn_varlen_func).parameters:  # (older builds lack it)
+        opts["check_metadata"] = False
     packed = [  # (label, cu_q, cu_k, seqused_q, seqused_k, max_q, max_k)
         ("good", cu_q, cu_k, None, None, 113, 700),
         ("cu_k past the rows", cu_q, _i32([0, 700, 703, 953, 962, 50_000]), None, None, 113, 700),
@@ -155,8 +158,8 @@ FAMILIES = {
 }
 
 
-def _run_family(name: str) -> None:
-    sys.path.insert(0, str(ROOT / "torch-ext"))
+def _run_family(name: str, torch_ext: Path) -> None:
+    sys.path.insert(0, str(torch_ext))
     FAMILIES[name]()
     print(f"family {name}: done")
 
@@ -178,46 +181,65 @@ def main() -> int:
     ap.add_argument("--tools", nargs="*", default=["memcheck", "racecheck", "synccheck"])
     ap.add_argument("--json", type=Path, help="write the results here")
     ap.add_argument("--log-dir", type=Path, help="keep each sanitizer run's output here")
+    ap.add_argument("--jobs", type=int, default=6, help="processes at a time (compiles, sanitizer runs)")
+    ap.add_argument("--torch-ext", type=Path, default=ROOT / "torch-ext",
+                    help="the package source to test (e.g. an older checkout's, to see the check fail there)")
     args = ap.parse_args()
     if args.run:
-        _run_family(args.run)
+        _run_family(args.run, args.torch_ext)
         return 0
 
     import torch
+    from concurrent.futures import ThreadPoolExecutor
 
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    env.setdefault("FA4_SM120_CACHE_DIR", str(Path("/tmp") / "fa4sm120-sanitize-cache"))
-    me = [sys.executable, str(Path(__file__).resolve())]
-    # Warm the disk cache without a sanitizer: the sanitized children only load kernels.
-    for fam in args.families:
-        res = subprocess.run(me + ["--run", fam], env=env, capture_output=True, text=True)
+    me = [sys.executable, str(Path(__file__).resolve()), "--torch-ext", str(args.torch_ext.resolve())]
+    cache_root = Path(os.environ.get("FA4_SM120_CACHE_DIR", "/tmp/fa4sm120-sanitize-cache"))
+
+    def env_for(fam):  # one compile cache per family: parallel processes never write one entry
+        return dict(os.environ, PYTHONUNBUFFERED="1", FA4_SM120_CACHE_DIR=str(cache_root / fam))
+
+    def warm(fam):
+        t0 = time.time()
+        res = subprocess.run(me + ["--run", fam], env=env_for(fam), capture_output=True, text=True)
+        print(f"warm {fam}: rc {res.returncode}, {time.time() - t0:.0f} s", flush=True)
         if res.returncode:
-            print(res.stdout[-3000:], res.stderr[-3000:])
-            raise SystemExit(f"family {fam} fails without a sanitizer (rc {res.returncode})")
+            print(res.stdout[-3000:], res.stderr[-3000:], flush=True)
+        return res.returncode
+
+    # Compile without a sanitizer first (in parallel): the sanitized children only load kernels.
+    with ThreadPoolExecutor(args.jobs) as pool:
+        failed = [fam for fam, rc in zip(args.families, pool.map(warm, args.families)) if rc]
+    if failed:
+        raise SystemExit(f"families fail without a sanitizer: {failed}")
     tool_bin = _sanitizer()
-    runs = []
-    for tool in args.tools:
-        fams = [f for f in args.families if tool == "memcheck" or f in SYNC_FAMILIES]
-        for fam in fams:
-            t0 = time.time()
-            cmd = [tool_bin, "--tool", tool, "--error-exitcode", "0", "--print-limit", "20"]
-            if tool == "racecheck":
-                cmd += ["--racecheck-report", "all"]
-            res = subprocess.run(cmd + me + ["--run", fam], env=env, capture_output=True, text=True)
-            text = res.stdout + res.stderr
-            m = re.search(r"ERROR SUMMARY: (\d+) error", text)
-            hazards = re.search(r"RACECHECK SUMMARY: (\d+) hazard", text)
-            entry = {"tool": tool, "family": fam, "errors": int(m.group(1)) if m else None,
-                     "racecheck_hazards": int(hazards.group(1)) if hazards else None,
-                     "workload_done": f"family {fam}: done" in text, "rc": res.returncode,
-                     "seconds": round(time.time() - t0, 1)}
-            runs.append(entry)
-            print(json.dumps(entry), flush=True)
-            if args.log_dir:
-                args.log_dir.mkdir(parents=True, exist_ok=True)
-                (args.log_dir / f"{tool}_{fam}.log").write_text(text[-200_000:])
-            if entry["errors"] != 0 or not entry["workload_done"]:
-                print(text[-4000:])
+
+    def sanitize(job):
+        tool, fam = job
+        t0 = time.time()
+        cmd = [tool_bin, "--tool", tool, "--error-exitcode", "0", "--print-limit", "20"]
+        if tool == "racecheck":
+            cmd += ["--racecheck-report", "all"]
+        res = subprocess.run(cmd + me + ["--run", fam], env=env_for(fam), capture_output=True, text=True)
+        text = res.stdout + res.stderr
+        # memcheck / synccheck: "ERROR SUMMARY: N errors"; racecheck: "RACECHECK SUMMARY: H hazards
+        # displayed (N errors, W warnings)"
+        m = re.search(r"ERROR SUMMARY: (\d+) error", text) or re.search(r"RACECHECK SUMMARY: .*\((\d+) error", text)
+        hazards = re.search(r"RACECHECK SUMMARY: (\d+) hazard", text)
+        entry = {"tool": tool, "family": fam, "errors": int(m.group(1)) if m else None,
+                 "racecheck_hazards": int(hazards.group(1)) if hazards else None,
+                 "workload_done": f"family {fam}: done" in text, "rc": res.returncode,
+                 "seconds": round(time.time() - t0, 1)}
+        print(json.dumps(entry), flush=True)
+        if args.log_dir:
+            args.log_dir.mkdir(parents=True, exist_ok=True)
+            (args.log_dir / f"{tool}_{fam}.log").write_text(text[-200_000:])
+        if entry["errors"] != 0 or not entry["workload_done"]:
+            print(text[-4000:], flush=True)
+        return entry
+
+    jobs = [(tool, fam) for tool in args.tools for fam in args.families if tool == "memcheck" or fam in SYNC_FAMILIES]
+    with ThreadPoolExecutor(args.jobs) as pool:
+        runs = list(pool.map(sanitize, jobs))
     clean = all(r["errors"] == 0 and r["workload_done"] for r in runs)
     report = {"date": datetime.date.today().isoformat(), "device": torch.cuda.get_device_name(),
               "sanitizer": subprocess.run([tool_bin, "--version"], capture_output=True, text=True).stdout.strip()

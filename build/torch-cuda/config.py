@@ -21,7 +21,10 @@ from typing import Optional
 
 BYTES_PER_ELEM = 2  # bf16 / fp16 operands
 #: Head-dim classes of the tile table: a spec uses the smallest class >= max(head_dim, head_dim_v).
-HEAD_DIM_CLASSES = (64, 128, 192, 256)
+#: 96 splits the old 65-128 class where the ping-pong tile's K/V block can double: at <= 96 columns a
+#: 256x64 tile fits 99 KB (d80 284 / d96 399 TFLOPS full vs 238 / 307 for the best 4-warp tile, H100 at
+#: SM120 occupancy, 2026-11-24), at 97-128 only 256x32 or 128x64 with Q in registers do.
+HEAD_DIM_CLASSES = (64, 96, 128, 192, 256)
 #: A DSL kernel with dynamic smem also carries a 1024-byte static section (the dynamic block is
 #: 1024-aligned); the conformance gate reads it from the cubin. The per-CTA budget covers both.
 STATIC_SMEM_BYTES = 1024
@@ -240,7 +243,8 @@ def use_pack_gqa(requested, num_heads: int, num_heads_kv: int, seqlen_q: int) ->
     automatic). Short queries of MHA pack too (a group of one): the gather is an identity, but the
     packed spec takes the 64-row short-query entry (``d{class}_packgqa``) instead of the prefill
     tiles, whose 128-256 rows would hold one query each (MHA decode, 16 x 32 heads over 8192 keys:
-    1537 GB/s on the 256-row prefill tile, 2956 on the 64-row one; entry_sweep_h100_2026-11-23_s11.json)."""
+    1537 GB/s on the 256-row prefill tile, 2956 on the 64-row one; entry_sweep_h100_2026-11-23_s11.json,
+    in git history at 5ecca14)."""
     if requested is None:
         return seqlen_q < PACK_GQA_MAX_SEQLEN_Q
     return bool(requested)
@@ -371,7 +375,7 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
 
 #: Head dims the conformance list compiles per class: the class size (the largest tile, most
 #: registers) and a padded one (column predicates). Plus the two common head_dim_v != head_dim shapes.
-REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 128: ((128, 128), (96, 96), (72, 72), (128, 64)),
+REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 96: ((96, 96), (72, 72)), 128: ((128, 128), (112, 112), (128, 64)),
                             192: ((192, 192), (192, 128), (160, 160)), 256: ((256, 256), (232, 232), (200, 200))}
 
 
