@@ -120,8 +120,10 @@ def kernel_layout(t):
     of 16 bytes. Upstream FlashAttention-4 copies such inputs too; the copy costs one pass over the
     tensor (and its memory), so callers that care pass contiguous tensors. Anything else is returned
     as is and left to validation."""
-    if not isinstance(t, torch.Tensor) or t.dim() == 0 or t.numel() == 0 or t.dtype not in _DTYPES:
+    if not isinstance(t, torch.Tensor) or t.dtype not in _DTYPES or t.dim() == 0 or t.numel() == 0:
         return t
+    if t.data_ptr() % 16 == 0 and t.is_contiguous():  # the common case, decided in two cheap calls
+        return t  # (contiguous rows of 8-multiple head dims are 16-byte multiples)
     if t.stride(-1) != 1 or t.data_ptr() % 16 or misaligned_row_dim(t) is not None:
         return t.clone(memory_format=torch.contiguous_format)
     return t

@@ -229,10 +229,13 @@ class CombineCase:
 
 
 def combine_specs() -> list[CombineSpec]:
-    """Every combine code path: both dtypes, a padded and the largest head dim, dense and packed Q
-    (with seqused), with and without the sink."""
-    return [CombineSpec(dtype, dv, varlen, varlen, sink) for dtype in ("bf16", "fp16") for dv in (72, 128, 256)
-            for varlen in (False, True) for sink in (False, True)]
+    """Every combine code path: both dtypes (and the public combine's fp32 output), a padded and the
+    largest head dim, dense and packed Q (with seqused), with and without the sink."""
+    specs = [CombineSpec(dtype, dv, varlen, varlen, sink) for dtype in ("bf16", "fp16") for dv in (72, 128, 256)
+             for varlen in (False, True) for sink in (False, True)]
+    # the public flash_attn_combine: fp32 output (no sink), dense and packed; dense rows capped by seqused
+    return specs + [CombineSpec("fp32", dv, varlen, varlen, False) for dv in (72, 256) for varlen in (False, True)] + [
+        CombineSpec(dtype, 128, False, True, False) for dtype in ("bf16", "fp32")]
 
 
 def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:

@@ -5,5 +5,6 @@ Importing this package imports cutlass; the host side imports it lazily, at firs
 
 import cutlass
 
-#: ``FwdSpec.dtype`` / ``CombineSpec.dtype`` -> the cutlass element type (kernels and fake compile arguments).
-CUTLASS_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16}
+#: ``FwdSpec.dtype`` / ``CombineSpec.dtype`` -> the cutlass element type (kernels and fake compile arguments);
+#: fp32 is an output dtype of the public combine only (``FwdSpec`` takes bf16 / fp16).
+CUTLASS_DTYPES = {"bf16": cutlass.BFloat16, "fp16": cutlass.Float16, "fp32": cutlass.Float32}
