@@ -84,8 +84,12 @@ route; the others are unaffected.) The pytest form is ``tests/test_client_transf
 Without a GPU, ``--device cpu --reference-only`` runs everything but the bundle's forward: the models, the
 fp32 eager reference against the bf16 baseline (and the baseline's generation against the reference's), and
 the resolution of each ``attn_implementation`` to the bundle through ``kernels`` (module loaded, wrapped and
-registered; zero calls). ``--probes`` adds, in fresh interpreters with only this repo id in ``LOCAL_KERNELS``
-and the Hub unreachable, what transformers resolves each candidate name to for each model (no GPU needed)::
+registered; zero calls). ``--probes`` adds (no GPU needed; ``PROBES`` lists them) what transformers resolves
+each candidate name to, per model and entry point (``from_pretrained``, ``set_attn_implementation``,
+``from_config``), each in a fresh interpreter with its own HF cache: with only this repo id (plus the probe's
+alias) in ``LOCAL_KERNELS`` and the Hub unreachable, or with no ``LOCAL_KERNELS`` against a local Hub on
+127.0.0.1 (``tests/support/local_hub.py``) that serves the build from an untrusted publisher, with and
+without ``allow_all_kernels=True``::
 
     PYTHONPATH=/tmp/tsite python tools/client_transformers.py --device cpu --reference-only --probes
 """
@@ -259,6 +263,10 @@ class CallLog:
 
     def snapshot(self) -> dict:
         return dict(self.counts)
+
+    def reset_arguments(self) -> None:
+        for seen in (self.kwarg_names, self.window_sizes, self.causal, self.learnable_sink, self.q_shapes):
+            seen.clear()
 
     def summary(self) -> dict:
         return {
@@ -535,6 +543,8 @@ def _check_model(kind: str, opts: Options, route: Optional[str], report: dict) -
     report["bundle_module"] = bundle["module"].__name__
     report["bundle_version"] = getattr(bundle["module"], "__version__", None)
     log: CallLog = bundle["log"]
+    log.reset_arguments()
+    start = log.snapshot()
 
     if kind == "gpt_oss" and plan["set"] == "flash_attention_4":
         from transformers.utils.import_utils import is_flash_attn_4_available
@@ -631,7 +641,7 @@ def _check_model(kind: str, opts: Options, route: Optional[str], report: dict) -
                                           f"2 * err_baseline + atol = {cmp['decode_bound']:.3e}")
         report["generation"][case] = entry
 
-    report["calls_total"] = log.snapshot()
+    report["calls_total"] = {k: log.counts[k] - start[k] for k in start}
     report["call_arguments"] = log.summary()
     del ref, base, ours
 
@@ -660,30 +670,41 @@ def check_gpt_oss(opts: Optional[Options] = None, route: str = "vllm-fa3-alias")
 
 # -- resolution probes (fresh interpreters; no GPU needed) ---------------------------------------------
 
+# Each probe: model, attn_implementation, how ("load": from_pretrained(attn_implementation=...), "set": load eager
+# then set_attn_implementation, "from_config": AutoModelForCausalLM.from_config), allow_all_kernels, where the
+# bundle comes from ("local": LOCAL_KERNELS with this repo id plus the aliases; "hub-untrusted": a local Hub on
+# 127.0.0.1 (tests/support/local_hub.py) that serves the build with trustedKernelPublisher false, no LOCAL_KERNELS).
 PROBES = [
-    # (model, attn_implementation, how, extra LOCAL_KERNELS aliases)
-    ("llama", REPO_ID, "load", ()),
-    ("gpt_oss", REPO_ID, "load", ()),
-    ("gpt_oss", REPO_ID, "set", ()),
-    ("gpt_oss", "flash_attention_4", "load", (FA4_ID,)),
-    ("gpt_oss", "flash_attention_4", "set", (FA4_ID,)),
-    ("gpt_oss", FA4_ID, "set", (FA4_ID,)),
-    ("gpt_oss", VLLM_FA3_ID, "load", (VLLM_FA3_ID,)),
-    ("gpt_oss", "local/fa4-sm120", "load", ("local/fa4-sm120",)),
+    ("llama", REPO_ID, "load", True, "local", ()),
+    ("llama", REPO_ID, "load", False, "local", ()),
+    ("llama", REPO_ID, "from_config", True, "local", ()),
+    ("llama", REPO_ID, "load", False, "hub-untrusted", ()),
+    ("llama", REPO_ID, "load", True, "hub-untrusted", ()),
+    ("gpt_oss", REPO_ID, "load", True, "local", ()),
+    ("gpt_oss", REPO_ID, "set", True, "local", ()),
+    ("gpt_oss", "flash_attention_4", "load", True, "local", (FA4_ID,)),
+    ("gpt_oss", "flash_attention_4", "set", False, "local", (FA4_ID,)),
+    ("gpt_oss", FA4_ID, "set", True, "local", (FA4_ID,)),
+    ("gpt_oss", VLLM_FA3_ID, "load", False, "local", (VLLM_FA3_ID,)),
+    ("gpt_oss", "local/fa4-sm120", "load", True, "local", ("local/fa4-sm120",)),
 ]
 
 
-def _probe_one(kind: str, impl: str, how: str, ckpt: str) -> dict:
+def _probe_one(kind: str, impl: str, how: str, ckpt: str, allow_all: str) -> dict:
     import transformers.modeling_flash_attention_utils as mfu
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    out: dict[str, Any] = {"model": kind, "requested": impl, "how": how}
+    allow = allow_all == "1"
+    extra = {"allow_all_kernels": True} if allow else {}
+    out: dict[str, Any] = {"model": kind, "requested": impl, "how": how, "allow_all_kernels": allow}
     try:
         if how == "load":
-            model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation=impl, allow_all_kernels=True)
+            model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation=impl, **extra)
+        elif how == "from_config":
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(ckpt), attn_implementation=impl, **extra)
         else:
             model = AutoModelForCausalLM.from_pretrained(ckpt, attn_implementation="eager")
-            model.set_attn_implementation(impl, allow_all_kernels=True)
+            model.set_attn_implementation(impl, **extra)
         out["resolved"] = model.config._attn_implementation
         out["inner_resolved"] = model.model.config._attn_implementation
         out["varlen_fn_module"] = getattr(mfu._flash_varlen_fn, "__module__", None)
@@ -696,25 +717,41 @@ def _probe_one(kind: str, impl: str, how: str, ckpt: str) -> dict:
 
 def run_probes(opts: Options, workdir: Path) -> list:
     """Each probe in a fresh interpreter (transformers caches the loaded flash implementation per process, even
-    after a failed load): only this repo id (plus the probe's aliases) in LOCAL_KERNELS, the Hub unreachable."""
-    import torch  # noqa: F401
-
+    after a failed load), with its own HF cache; "local" probes have only this repo id plus the probe's aliases
+    in LOCAL_KERNELS and the Hub unreachable."""
     ckpts = {kind: save_checkpoint(kind, opts, workdir / "probe") for kind in ("llama", "gpt_oss")}
+    root = Path(opts.repo_root).resolve()
+    hub = None
     results = []
-    for kind, impl, how, aliases in PROBES:
-        env = {k: v for k, v in os.environ.items() if k != "LOCAL_KERNELS" and not k.startswith("HF_")}
-        root = str(Path(opts.repo_root).resolve())
-        env["LOCAL_KERNELS"] = ":".join(f"{rid}={root}" for rid in (REPO_ID, *aliases))
-        env.update(HF_HUB_OFFLINE="1", HF_HOME=str(workdir / "hf_home"), HF_ENDPOINT="http://127.0.0.1:9")
-        cmd = [sys.executable, str(Path(__file__).resolve()), "--probe-one", kind, impl, how, str(ckpts[kind])]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
-        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(PROBE_MARKER)]
-        if lines:
-            res = json.loads(lines[-1][len(PROBE_MARKER):])
-        else:
-            res = {"model": kind, "requested": impl, "how": how, "error": f"rc={proc.returncode}: {proc.stderr[-500:]}"}
-        res["LOCAL_KERNELS_ids"] = [REPO_ID, *aliases]
-        results.append(res)
+    try:
+        for i, (kind, impl, how, allow_all, source, aliases) in enumerate(PROBES):
+            env = {k: v for k, v in os.environ.items() if k != "LOCAL_KERNELS" and not k.startswith("HF_")}
+            env.update(HF_HOME=str(workdir / f"hf_home_{i}"), NO_PROXY="127.0.0.1,localhost", no_proxy="127.0.0.1,localhost")
+            if source == "local":
+                env["LOCAL_KERNELS"] = ":".join(f"{rid}={root}" for rid in (REPO_ID, *aliases))
+                env.update(HF_HUB_OFFLINE="1", HF_ENDPOINT="http://127.0.0.1:9")
+            else:
+                if hub is None:
+                    sys.path.insert(0, str(root / "tests"))
+                    from support.local_hub import LocalHub, repo_from_variant
+
+                    hub = LocalHub(repo_from_variant(REPO_ID, root / "build" / "torch-cuda"), trusted=False).__enter__()
+                env["HF_ENDPOINT"] = hub.endpoint
+            cmd = [sys.executable, str(Path(__file__).resolve()), "--probe-one", kind, impl, how, str(ckpts[kind]),
+                   "1" if allow_all else "0"]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+            lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(PROBE_MARKER)]
+            if lines:
+                res = json.loads(lines[-1][len(PROBE_MARKER):])
+            else:
+                res = {"model": kind, "requested": impl, "how": how, "error": f"rc={proc.returncode}: {proc.stderr[-500:]}"}
+            res["source"] = source
+            if source == "local":
+                res["LOCAL_KERNELS_ids"] = [REPO_ID, *aliases]
+            results.append(res)
+    finally:
+        if hub is not None:
+            hub.__exit__(None, None, None)
     return results
 
 
@@ -753,7 +790,7 @@ def main(argv=None) -> int:
     p.add_argument("--probes", action="store_true",
                    help="also record what transformers resolves each candidate attn_implementation to (subprocesses)")
     p.add_argument("--out", default=None, help="write the JSON report here too")
-    p.add_argument("--probe-one", nargs=4, metavar=("MODEL", "IMPL", "HOW", "CKPT"), help=argparse.SUPPRESS)
+    p.add_argument("--probe-one", nargs=5, metavar=("MODEL", "IMPL", "HOW", "CKPT", "ALLOW_ALL"), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
 
     if args.probe_one:

@@ -308,7 +308,7 @@ def _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_m
     requested = []
     if num_splits not in (None, 1, 0):
         requested.append("split_kv")
-    if deterministic:
+    if deterministic:  # a backward option (as upstream): refused only where a backward could follow
         requested.append("deterministic_backward")
     if score_mod is not None or mask_mod is not None:
         requested.append("score_mod")
@@ -385,7 +385,7 @@ def flash_attn_func(
     decoding); None or 0 chooses automatically (splits only grids too small to fill the GPU, e.g.
     decode), 1 never splits.
     """
-    _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, kwargs)
+    _refuse_unimplemented(num_splits, pack_gqa, deterministic and _needs_grad(q, k, v), score_mod, mask_mod, kwargs)
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
@@ -439,7 +439,7 @@ def flash_attn_varlen_func(
     """
     if page_table is not None:
         manifest.require("paged_kv")
-    _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, kwargs)
+    _refuse_unimplemented(num_splits, pack_gqa, deterministic and _needs_grad(q, k, v), score_mod, mask_mod, kwargs)
     if torch.compiler.is_compiling():
         # Like flash_attn_func: graphs see the namespaced custom op; validation runs inside it.
         out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
