@@ -107,18 +107,15 @@ def test_varlen_windows(head_dim):
 
 
 def _config(kind):
-    from flash_attn_4_sm120.config import FwdConfig
+    """The forced config of a mainloop variant: tools/sanitize.py's (one list for both)."""
+    import importlib.util
+    from pathlib import Path
 
-    return {
-        "cp_async": FwdConfig(64, 64, 4, 2),
-        "tma": FwdConfig(128, 48, 4, 2, mainloop="tma"),
-        "tma_mbarrier": FwdConfig(128, 48, 4, 2, mainloop="tma", mbarrier_release=True),
-        "tma_ws": FwdConfig(128, 48, 4, 2, mainloop="tma_ws"),
-        "overlap": FwdConfig(64, 64, 4, 2, overlap=True),
-        "pingpong": FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True),
-        "pingpong_qreg": FwdConfig(128, 64, 8, 2, q_in_regs=True, mainloop="tma", overlap=True, pingpong=True),
-        "persistent": FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True, persistent=True),
-    }[kind]
+    path = Path(__file__).resolve().parents[1] / "tools" / "sanitize.py"
+    spec = importlib.util.spec_from_file_location("fa4_sanitize", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.mainloop_config(kind)
 
 
 MAINLOOPS = ["cp_async", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "pingpong_qreg", "persistent"]

@@ -41,7 +41,8 @@ def _i32(xs, device="cuda"):
     return torch.tensor(xs, dtype=torch.int32, device=device)
 
 
-def _config(kind):
+def mainloop_config(kind: str):
+    """A forced config per mainloop variant (d128-sized tiles), shared with tests/test_window_gpu.py."""
     from flash_attn_4_sm120.config import FwdConfig
 
     return {
@@ -51,6 +52,7 @@ def _config(kind):
         "tma_ws": FwdConfig(128, 48, 4, 2, mainloop="tma_ws"),
         "overlap": FwdConfig(64, 64, 4, 2, overlap=True),
         "pingpong": FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True),
+        "pingpong_qreg": FwdConfig(128, 64, 8, 2, q_in_regs=True, mainloop="tma", overlap=True, pingpong=True),
         "persistent": FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True, persistent=True),
     }[kind]
 
@@ -67,7 +69,7 @@ def _dense_config_run(kind):
     k = torch.randn(2, 517, 2, 128, dtype=torch.bfloat16, device="cuda")
     for causal, window in ((False, (None, None)), (True, (None, None)), (False, (100, -7))):
         spec, shape, params = validate_fwd(q, k, k, None, causal, window)
-        _launch_fwd(q, k, k, spec, shape, params, config=_config(kind), num_splits=1,
+        _launch_fwd(q, k, k, spec, shape, params, config=mainloop_config(kind), num_splits=1,
                     max_ctas=5 if kind == "persistent" else None)
     torch.cuda.synchronize()
 
