@@ -67,6 +67,23 @@ SETS = {
 #: (head_dim, head_dim_v) of the sets not at 128/128
 SET_HEAD_DIMS = {"d192": (192, 128), "d160": (160, 160), "d192x192": (192, 192)}
 
+#: Tile efficiency (session 14): per head-dim class, the table entry against smaller-M tiles, on long and short
+#: sequences of both masks, so a rule can weigh a tile's rate on the work it computes against the padding of
+#: its last M tile and of the causal diagonal.
+SHORT_SHAPES = [(2, 4096, 32, 8), (4, 1024, 32, 8), (12, 777, 24, 8), (16, 537, 20, 20), (8, 555, 25, 5),
+                (16, 300, 32, 8)]
+SHORT_CANDIDATES = {
+    (64, 64): [None, cp_async(64, 64, 2, True), cp_async(64, 64, 2, False), pingpong(128, 64, True)],
+    (96, 96): [None, pingpong(128, 64, True), pingpong(128, 64, False), cp_async(64, 64, 2, True)],
+    (80, 80): [None, pingpong(128, 64, True), cp_async(64, 64, 2, True)],
+    (128, 128): [None, pingpong(128, 64, True), pingpong(256, 32, False), cp_async(64, 64, 2, True)],
+    (192, 128): [None, cp_async(64, 32, 2, True)],
+}
+for (_d, _dv), _cands in SHORT_CANDIDATES.items():
+    SETS[f"short_d{_d}"] = [(f"d{_d}_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else ""), b, s, s, hq, hkv, c, None, 0.0,
+                             None, _cands, (_d, _dv))
+                            for (b, s, hq, hkv) in SHORT_SHAPES for c in (False, True)]
+
 
 def label(cfg) -> str:
     if cfg is None:
@@ -75,18 +92,51 @@ def label(cfg) -> str:
             + ("pp" if cfg.pingpong else "") + ("" if cfg.mainloop == "cp_async" else f"_{cfg.mainloop}"))
 
 
+def _call(case, cfg):
+    """(call, spec): one candidate's launch on fresh inputs of ``case``."""
+    name, b, sq, sk, hq, hkv, causal, win, cap, splits, cands, (d, dv) = case
+    q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(b, sk, hkv, dv, dtype=torch.bfloat16, device="cuda")
+    spec, shape, params = validate_fwd(q, k, v, None, causal, (win, 0) if win else (None, None), cap)
+    spec = _with_packing(spec, shape, None)
+    return (lambda: _launch_fwd(q, k, v, spec, shape, params, config=cfg, num_splits=splits)), (q, k, v)
+
+
+def _warm(job) -> str:
+    """Compile one (case, candidate) into the disk cache (a worker process)."""
+    case, cfg, occ = job
+    os.environ[OCCUPANCY_ENV] = occ
+    try:
+        _call(case, cfg)[0]()
+        torch.cuda.synchronize()
+        return ""
+    except Exception as e:  # the timing loop reports it
+        return f"{case[0]} {label(cfg)}: {str(e)[:120]}"
+
+
 def main():
     ap = argparse.ArgumentParser()
+    ap.add_argument("--warm-jobs", type=int, default=0, help="compile every candidate first in this many processes")
     ap.add_argument("--sets", nargs="+", choices=sorted(SETS), default=sorted(SETS))
     ap.add_argument("--repeat", type=int, default=1, help="time every candidate this many rounds (A/B interleaved)")
     ap.add_argument("--occupancy", nargs="+", choices=("model", "device"), default=["model", "device"])
     ap.add_argument("--labels", nargs="+", help="only these candidates (labels as printed; the table's entry always runs)")
     args = ap.parse_args()
     out = {}
+    cases = [c if len(c) == 12 else (*c, SET_HEAD_DIMS.get(s, (128, 128))) for s in args.sets for c in SETS[s]]
+    if args.warm_jobs:
+        import multiprocessing
+
+        jobs = list({(c[0], label(cfg), occ): (c, cfg, occ) for c in cases for cfg in c[10] for occ in args.occupancy
+                     if cfg is None or not args.labels or label(cfg) in args.labels}.values())
+        with multiprocessing.get_context("spawn").Pool(args.warm_jobs) as pool:
+            for err in pool.imap_unordered(_warm, jobs):
+                if err:
+                    print("warm:", err, flush=True)
     for rnd, occ in ((r, o) for r in range(args.repeat) for o in args.occupancy):
         os.environ[OCCUPANCY_ENV] = occ
-        for name, b, sq, sk, hq, hkv, causal, win, cap, splits, cands, (d, dv) in (
-                (*c, SET_HEAD_DIMS.get(s, (128, 128))) for s in args.sets for c in SETS[s]):
+        for name, b, sq, sk, hq, hkv, causal, win, cap, splits, cands, (d, dv) in cases:
             q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
             k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
             v = torch.randn(b, sk, hkv, dv, dtype=torch.bfloat16, device="cuda")

@@ -20,6 +20,7 @@ from . import compiler, manifest
 from .metadata import check_requested, check_varlen_metadata
 from ._ops import add_op_namespace_prefix
 from .config import (
+    tile_band,
     fwd_ctas_per_sm,
     num_splits_for,
     occupancy_launch_smem,
@@ -48,6 +49,11 @@ def _model_and_target(device_index: Optional[int], dispatch_override: Optional[s
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: Optional[int]) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _l2_bytes(device_index: Optional[int]) -> int:
+    return torch.cuda.get_device_properties(device_index).L2_cache_size
 
 
 @functools.lru_cache(maxsize=None)
@@ -176,17 +182,21 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
     cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
     mode = os.environ.get(OCCUPANCY_ENV)
     scalars = (params.scale_log2, params.softcap_scale, params.window_left, params.window_right)
+    band = 1  # masked tiles run longest first in bands of (batch, head) pairs sized to the L2
+    if spec.causal or spec.local:
+        band = tile_band(_l2_bytes(device.index), shape.seqlen_k, spec.head_dim, spec.head_dim_v,
+                         1 if spec.pack_gqa else shape.num_heads // shape.num_heads_kv)
     if splits == 1:
         launches = [(_fwd_kernel(spec, cfg, model, target, device.index, mode),
                      (q, k, v, out, lse, *scalars, params.sink, cu_q, cu_k, used_q, used_k, shape.seqlen_q, 1,
-                      max_ctas or _num_sms(device.index)))]
+                      max_ctas or _num_sms(device.index), band))]
     else:
         # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
         o_part = torch.empty((splits, *out_shape), dtype=torch.float32, device=device)
         lse_part = torch.empty((splits, *lse_shape), dtype=torch.float32, device=device)
         launches = [
             (_fwd_kernel(split_spec, split_cfg, model, target, device.index, mode),
-             (q, k, v, o_part, lse_part, *scalars, None, cu_q, cu_k, used_q, used_k, shape.seqlen_q, splits, 0)),
+             (q, k, v, o_part, lse_part, *scalars, None, cu_q, cu_k, used_q, used_k, shape.seqlen_q, splits, 0, band)),
             (compiler.get_combine_kernel(combine_spec, model, target),
              (o_part, lse_part, out, lse, params.sink, cu_q, used_q, shape.seqlen_q)),
         ]

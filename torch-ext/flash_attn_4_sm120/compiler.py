@@ -74,10 +74,10 @@ def _fake_fwd_args(spec: FwdSpec):
     used_q = int_vector(cute.sym_int()) if spec.seqused_q else None
     used_k = int_vector(cute.sym_int()) if spec.seqused_k else None
     # scale_log2, softcap_scale, window_left, window_right are runtime scalars; so are max_seqlen_q,
-    # num_splits and max_ctas.
+    # num_splits, max_ctas and tile_band.
     scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0))
     return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, cutlass.Int32(0), cutlass.Int32(1),
-            cutlass.Int32(0), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+            cutlass.Int32(0), cutlass.Int32(1), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def fwd_kernel_class(config: FwdConfig):
@@ -99,10 +99,12 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
                 check_valid: bool = True, launch_smem: int = 0):
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
     ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink, cu_seqlens_q,
-    cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, num_splits, max_ctas)`` taking torch tensors (TVM FFI,
+    cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, num_splits, max_ctas, tile_band)`` taking torch tensors (TVM FFI,
     current stream); the optional tensors are None unless the spec's matching flag is set. With
     ``spec.split_kv`` out/lse are the fp32 (num_splits, ...) partial workspaces. ``max_ctas`` caps the
-    grid of persistent configs (``config.persistent``: one CTA per SM, so the SM count); others ignore it. ``check_valid=False``
+    grid of persistent configs (``config.persistent``: one CTA per SM, so the SM count); others ignore it.
+    ``tile_band``: (batch, head) pairs per band of the causal/local longest-first tile order
+    (``config.tile_band``); unmasked specs ignore it. ``check_valid=False``
     skips the kernel's own check (the conformance gate compiles configs that break a rule on purpose).
     ``launch_smem``: launch with at least this much dynamic shared memory, which pins how many CTAs
     share an SM (``config.occupancy_launch_smem``: the model's CTAs per SM on a larger part)."""

@@ -101,11 +101,20 @@ def rows_per_copy_pass(width: int, num_threads: int) -> int:
     return num_threads * 8 // atom_cols(width)
 
 
+def copied_tile_rows(cfg: "FwdConfig") -> int:
+    """Rows of the shortest tile the threads' 16-byte tiled copy moves: Q and O (tile_m rows) always,
+    K and V (tile_n rows) only in the cp.async mainloop; the TMA mainloops bring K/V by TMA boxes,
+    which take any width."""
+    return cfg.tile_m if cfg.uses_tma else min(cfg.tile_m, cfg.tile_n)
+
+
 def padded_head_dim(d: int, cfg: "FwdConfig") -> int:
     """The smem/fragment width for head dim ``d``: a multiple of the MMA k-extent (16), widened to a
-    multiple of 32 or 64 when a narrower swizzle atom would make one copy pass taller than the tile
-    (e.g. d=200 with 32-row K tiles: 208 -> 224)."""
-    min_rows = min(cfg.tile_m, cfg.tile_n)
+    multiple of 32 or 64 when a narrower swizzle atom would make one copy pass taller than a copied
+    tile (e.g. d=200 with 32-row cp.async K tiles: 208 -> 224). Every padded column is MMA work (d=80
+    computed as 96 costs a sixth of the tile's MMAs), so the TMA mainloops, whose K/V tiles no thread
+    copies, widen only for Q/O."""
+    min_rows = copied_tile_rows(cfg)
     for multiple in (16, 32, 64):
         width = (d + multiple - 1) // multiple * multiple
         if rows_per_copy_pass(width, cfg.num_threads) <= min_rows:
@@ -206,9 +215,10 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
             out.append(f"{name}={d} is not a multiple of 8 in [8, {MAX_HEAD_DIM}] (16-byte rows)")
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
         width = padded_head_dim(d, cfg)
-        if cfg.tile_m % rows_per_copy_pass(width, cfg.num_threads) or cfg.tile_n % rows_per_copy_pass(width, cfg.num_threads):
-            out.append(f"{name}={d} (smem width {width}) needs tiles of {rows_per_copy_pass(width, cfg.num_threads)}-row "
-                       f"multiples per copy pass; tile_m={cfg.tile_m}, tile_n={cfg.tile_n}")
+        rows = rows_per_copy_pass(width, cfg.num_threads)
+        if cfg.tile_m % rows or (not cfg.uses_tma and cfg.tile_n % rows):
+            out.append(f"{name}={d} (smem width {width}) needs {'Q/O' if cfg.uses_tma else 'Q/O and K/V'} tiles of "
+                       f"{rows}-row multiples per copy pass; tile_m={cfg.tile_m}, tile_n={cfg.tile_n}")
     smem = fwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES
     if smem > model.smem_per_cta:
         out.append(f"shared memory {smem} B (incl. {STATIC_SMEM_BYTES} B static) exceeds "
@@ -273,6 +283,30 @@ def num_splits_for(requested, num_ctas: int, num_n_blocks: int, num_sms: int, ba
         return 1
     want = (2 * ctas_per_sm * num_sms + num_ctas) // (2 * num_ctas)  # round(slots / num_ctas)
     return max(1, min(want, cap, num_n_blocks // MIN_BLOCKS_PER_SPLIT))
+
+
+#: Share of the device's L2 one band of the causal tile order may fill with K/V (``tile_band``): the rest
+#: holds Q/O traffic and the next band's first tiles.
+L2_BAND_SHARE = 0.5
+#: Masked tiles of at least this many rows run in the banded longest-first order (``tile_scheduler``).
+#: Below it the order stays M tile first per (batch, head): 64-row tiles are half as uneven (predicted
+#: gain 2-6% at 4096 keys against 6-13% for 128-256 rows), and their decoded (batch, head) costs the two
+#: registers the d=256 64x32 entries do not have (ptxas spilled them; block indices it re-reads for free).
+BANDED_ORDER_MIN_TILE_M = 128
+
+
+def banded_tile_order(spec: FwdSpec, cfg: FwdConfig) -> bool:
+    """Whether ``cfg``'s tiles of ``spec`` run in the banded longest-first order."""
+    return (spec.causal or spec.local) and cfg.tile_m >= BANDED_ORDER_MIN_TILE_M and not cfg.persistent
+
+
+def tile_band(l2_bytes: int, seqlen_k: int, head_dim: int, head_dim_v: int, grid_heads_per_kv: int) -> int:
+    """(batch, head) pairs per band of the longest-first order masked tiles run in (``tile_scheduler``):
+    as many as keep their K/V (``seqlen_k`` keys of ``head_dim + head_dim_v`` 16-bit columns, shared by
+    the ``grid_heads_per_kv`` consecutive grid heads of one KV head) within ``L2_BAND_SHARE`` of the L2.
+    One pair (the M-tile-per-pair order) when a single pair's K/V alone fills that share."""
+    kv_bytes = max(1, seqlen_k) * (head_dim + head_dim_v) * BYTES_PER_ELEM
+    return max(1, int(l2_bytes * L2_BAND_SHARE) * max(1, grid_heads_per_kv) // kv_bytes)
 
 
 def is_valid(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) -> bool:

@@ -1,10 +1,19 @@
 """Map a CTA to its work tile (arch-free).
 
-One CTA per (M tile, query head, batch[, KV split]). With causal masking the M tiles run in reverse
-so the longest rows (the most key blocks) start first and the short ones fill the tail of the wave.
-Split-KV folds the split index into the grid's z dimension next to the batch (z = batch * num_splits
-+ split), so the splits of one sequence run side by side. ``PersistentTileScheduler`` launches at most
-one CTA per SM and hands each CTA a sequence of tiles in the same order.
+One CTA per (M tile, query head, batch[, KV split]). Split-KV folds the split index next to the batch
+(batch * num_splits + split), so the splits of one sequence run side by side.
+
+Unmasked tiles all cost the same: the grid runs M tile fastest, so the tiles of one (batch, head) run
+together and share its K/V in L2. Causal (and local) tiles do not: M tile m of a causal sequence visits
+about m + 1 key blocks. There the order is longest first within bands of (batch, head) pairs: the grid is
+one-dimensional, a band of ``band`` pairs runs all its pairs' last M tiles, then their second-to-last,
+and so on, so the short tiles fill the tail of the wave instead of a long one starting last; the band
+bounds how many pairs' K/V are live at once (the host sizes it to the L2: ``config.tile_band``; tiles
+of fewer than 128 rows keep the per-pair order: ``config.banded_tile_order``). With
+M tile fastest, every pair started its longest tile at a different point in the wave (H100 at SM120
+occupancy, 2026-11-24: causal 2x4096 32/8 +11-14% at d64-d96 and +5-7% at d128-d192, 4x1024 +9-16%).
+``PersistentTileScheduler`` launches at most one CTA per SM and hands each CTA a sequence of tiles in
+M-fastest order.
 """
 
 import cutlass
@@ -12,18 +21,35 @@ import cutlass.cute as cute
 
 
 class SingleTileScheduler:
-    def __init__(self, reverse_m: cutlass.Constexpr[bool], split_kv: cutlass.Constexpr[bool] = False):
+    """``reverse_m``: M tiles last to first (masked tiles: the longest first); ``banded``: in the banded
+    longest-first order over (batch, head) pairs (``config.banded_tile_order``), else per pair."""
+
+    def __init__(self, reverse_m: cutlass.Constexpr[bool], split_kv: cutlass.Constexpr[bool] = False,
+                 banded: cutlass.Constexpr[bool] = False):
         self.reverse_m = reverse_m
         self.split_kv = split_kv
+        self.banded = banded
 
     def grid(self, num_m_blocks, num_heads, batch, num_splits=1):
-        return (num_m_blocks, num_heads, batch * num_splits if self.split_kv else batch)
+        batches = batch * num_splits if self.split_kv else batch
+        if self.banded:
+            return (num_m_blocks * num_heads * batches, 1, 1)
+        return (num_m_blocks, num_heads, batches)
 
     @cute.jit
-    def tile(self, num_splits=1):
-        """(m_block, head, batch, split) of this CTA (split is 0 without split-KV)."""
+    def tile(self, num_splits, num_m_blocks, num_heads, band):
+        """(m_block, head, batch, split) of this CTA (split is 0 without split-KV). ``band``: (batch,
+        head) pairs per band of the longest-first order (masked tiles only; at least 1)."""
         bx, by, bz = cute.arch.block_idx()
-        if cutlass.const_expr(self.reverse_m):
+        if cutlass.const_expr(self.banded):
+            pairs = cute.arch.grid_dim()[0] // num_m_blocks
+            first = bx // (band * num_m_blocks) * band  # the band's first pair
+            width = cutlass.min(band, pairs - first)  # pairs in this band (the last one may be short)
+            rest = bx - first * num_m_blocks
+            m_from_end = rest // width
+            pair = first + rest - m_from_end * width
+            bx, by, bz = num_m_blocks - 1 - m_from_end, pair % num_heads, pair // num_heads
+        elif cutlass.const_expr(self.reverse_m):
             bx = cute.arch.grid_dim()[0] - 1 - bx
         split = 0
         if cutlass.const_expr(self.split_kv):

@@ -44,7 +44,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..config import FwdConfig, atom_cols, fwd_config_problems, fwd_min_ctas_per_sm, fwd_smem_bytes, padded_head_dim
+from ..config import (FwdConfig, atom_cols, banded_tile_order, fwd_config_problems, fwd_min_ctas_per_sm, fwd_smem_bytes,
+                      padded_head_dim)
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
 from . import CUTLASS_DTYPES, block_info
@@ -276,6 +277,7 @@ class FlashFwdMultistage:
         max_seqlen_q: Int32,
         num_splits: Int32,
         max_ctas: Int32,
+        tile_band: Int32,
         stream: cuda.CUstream,
     ):
         out_dtype = Float32 if const_expr(self.spec.split_kv) else self.dtype
@@ -287,7 +289,8 @@ class FlashFwdMultistage:
         if const_expr(self.config.persistent):
             scheduler = PersistentTileScheduler(reverse_m=self.causal or self.spec.local)
         else:
-            scheduler = SingleTileScheduler(reverse_m=self.causal or self.spec.local, split_kv=self.spec.split_kv)
+            scheduler = SingleTileScheduler(reverse_m=self.causal or self.spec.local, split_kv=self.spec.split_kv,
+                                            banded=banded_tile_order(self.spec, self.config))
         packed_q = mCuSeqlensQ is not None
         # Packed Q: the grid covers the longest sequence; CTAs past a shorter one exit at once.
         rows = max_seqlen_q if const_expr(packed_q) else mQ.shape[1]
@@ -306,7 +309,7 @@ class FlashFwdMultistage:
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
-            tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks,
+            tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks, cutlass.max(tile_band, 1),
         ).launch(
             grid=grid,
             block=[self.launch_threads, 1, 1],
@@ -354,6 +357,7 @@ class FlashFwdMultistage:
         tma_atom_V: Optional[cute.CopyAtom],
         mV_tma: Optional[cute.Tensor],
         num_m_blocks: Int32,
+        tile_band: Int32,
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
@@ -367,9 +371,12 @@ class FlashFwdMultistage:
         else:
             stages = self.config.num_stages
             tidx, _, _ = cute.arch.thread_idx()
-            m_block, head, batch, split = scheduler.tile(num_splits)
             pack = self.spec.pack_gqa
-            group = num_heads(mQ, mCuSeqlensQ is not None) // num_heads(mK, mCuSeqlensK is not None)
+            heads_q = num_heads(mQ, mCuSeqlensQ is not None)
+            group = heads_q // num_heads(mK, mCuSeqlensK is not None)
+            # the grid's heads: KV heads when GQA rows are packed
+            m_block, head, batch, split = scheduler.tile(num_splits, num_m_blocks,
+                                                         heads_q // group if const_expr(pack) else heads_q, tile_band)
             # Packed GQA: ``head`` is the KV head and tile row p is (query row p // group, query head
             # head * group + p % group). Unpacked: ``head`` is the query head.
             head_kv = head if const_expr(pack) else head // group
