@@ -23,12 +23,15 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     # (those not already listed)
     base = (2 * masks * dims + 3 * masks * classes + 3 * masks * classes + (2 * masks + 2) * classes
             + (2 * masks + 2) * classes)
-    specs = [s for s, _ in pairs]
-    assert len(set(specs)) == len(specs)
+    assert len(set(pairs)) == len(pairs)
+    # every spec with each config the tile-efficiency rule may pick for it
+    assert all([cfg for s2, cfg in pairs if s2 == s] == [c for c, _ in config.fwd_candidates(s, model)]
+               for s in {s for s, _ in pairs})
+    specs = list(dict.fromkeys(s for s, _ in pairs))
     exact = [k for k in config.fwd_table() if config.EXACT_KEY.match(k)]
     covered = {config.exact_key(s) for s in specs}
     assert set(exact) <= covered
-    assert base <= len(pairs) <= base + 4 * len(exact)
+    assert base <= len(specs) <= base + 4 * len(exact)
     assert {(s.local, s.causal, s.softcap, s.has_sink) for s, _ in pairs} >= {
         (True, False, True, True), (False, True, False, False), (False, False, True, False)}
     for spec, cfg in pairs:
@@ -42,7 +45,7 @@ def test_table_records_device_and_date():
     assert data["device"] and data["date"]
     base = {f"d{c}_{m}" for c in config.HEAD_DIM_CLASSES for m in ("full", "causal")}
     assert base <= set(data["table"])
-    suffixes = ("bf16", "fp16", "local", "cp_async")
+    suffixes = ("bf16", "fp16", "local", "cp_async", "m128")
     packed = {f"d{c}_packgqa" for c in config.HEAD_DIM_CLASSES}
     exact = config.EXACT_KEY
     assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
@@ -50,6 +53,11 @@ def test_table_records_device_and_date():
     for key, knobs in data["table"].items():
         if key.endswith("_cp_async"):
             assert knobs.get("mainloop", "cp_async") == "cp_async", key
+        if key.endswith("_m128"):
+            assert knobs["tile_m"] == 128, key
+        for alt in knobs.get("alternates", ()):  # alternates are measured entries with fewer rows
+            assert alt in data["table"] and data["table"][alt]["tile_m"] < knobs["tile_m"], (key, alt)
+            assert knobs.get("rate_tflops") and data["table"][alt].get("rate_tflops"), (key, alt)
 
 
 @pytest.mark.parametrize(
@@ -92,16 +100,43 @@ def test_smem_width_keeps_copy_passes_inside_the_tile(d, tile_n, width):
     assert config.rows_per_copy_pass(width, cfg.num_threads) <= tile_n
 
 
-@pytest.mark.parametrize("d, tile_m, tile_n, width", [(80, 256, 64, 80), (160, 128, 32, 160), (176, 128, 32, 176),
-                                                      (72, 256, 64, 80), (112, 256, 32, 112)])
+@pytest.mark.parametrize("d, tile_m, tile_n, width", [(80, 256, 64, 80), (160, 128, 32, 160), (176, 128, 32, 192),
+                                                      (144, 128, 32, 160), (72, 256, 64, 80), (112, 256, 32, 112)])
 def test_tma_kv_tiles_are_not_widened(d, tile_m, tile_n, width):
-    """TMA brings K/V in boxes of any width: only Q/O (tile_m rows, copied by the threads) bound the width.
-    Widening d=80 to 96 for 64-row K tiles cost a sixth of the MMAs (d80 ping-pong 317 -> 332-352 TFLOPS
-    with 80 columns, H100 at SM120 occupancy, 2026-11-24)."""
+    """TMA brings K/V in boxes of any width: only Q/O (tile_m rows, copied by the threads) and the
+    16-column atoms' limit bound the width. Widening d=80 to 96 for 64-row K tiles cost a sixth of the
+    MMAs (d80 ping-pong 317 -> 332-352 TFLOPS with 80 columns, H100 at SM120 occupancy, 2026-11-24)."""
     cfg = config.FwdConfig(tile_m, tile_n, 8, 2, mainloop="tma", overlap=True, pingpong=True)
     assert config.padded_head_dim(d, cfg) == width
     assert config.rows_per_copy_pass(width, cfg.num_threads) <= tile_m
     assert config.is_valid(FwdSpec("bf16", d, d, False), cfg, SM120)
+
+
+def test_tile_efficiency_rule_moves_short_sequences_to_smaller_tiles():
+    """Long sequences keep the class entry; short causal ones take the smaller-M alternates, as measured
+    (entry_sweep short_*, H100 at SM120 occupancy, 2026-11-24)."""
+    def pick(d, causal, s, group=1):
+        spec = FwdSpec("bf16", d, d, causal)
+        return config.choose_fwd_config(spec, SM120, s, s, s).tile_m
+    assert pick(96, True, 4096) == 256 and pick(96, False, 4096) == 256
+    assert pick(96, True, 777) == 128  # 132 -> 157 TFLOPS at 12x777 24/8
+    assert pick(96, True, 300) == 64  # 62 -> 92 at 16x300 32/8
+    assert pick(128, False, 555) == 128 and pick(128, True, 300) == 64
+    assert pick(64, False, 300) == 128  # d64 full has no alternate
+    for spec in (FwdSpec("bf16", 96, 96, True), FwdSpec("bf16", 128, 128, False), FwdSpec("bf16", 192, 128, True)):
+        assert all(config.is_valid(spec, c, SM120) for c, _ in config.fwd_candidates(spec, SM120))
+    # packed GQA and split-KV specs have their own entries and no alternates
+    assert len(config.fwd_candidates(FwdSpec("bf16", 96, 96, True, pack_gqa=True), SM120)) == 1
+
+
+def test_tile_work_counts_padded_rows_and_blocks():
+    cfg = config.FwdConfig(128, 64, 8, 2, mainloop="tma", overlap=True, pingpong=True)
+    o = config.TILE_OVERHEAD_BLOCKS
+    assert config.tile_work(cfg, 256, 256, 256, False) == 2 * 128 * (4 + o) * 64
+    # causal: tile 0 sees keys 0-127 (2 blocks), tile 1 keys 0-255 (4 blocks)
+    assert config.tile_work(cfg, 256, 256, 256, True) == 128 * (2 + 4 + 2 * o) * 64
+    # seqlen_q < seqlen_k: bottom-right aligned, every tile sees the 1000 - 256 earlier keys too
+    assert config.tile_work(cfg, 256, 256, 1000, True) == 128 * (14 + 16 + 2 * o) * 64
 
 
 def test_tile_band_fits_the_l2_share():

@@ -135,6 +135,22 @@ def test_fwd_softcap_and_sink(head_dim, dtype, shape, features, causal):
     _run_and_check(q, k, v, causal, **features)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dims", [(40, 40), (72, 72), (80, 80), (104, 104), (112, 112), (112, 64), (144, 144),
+                                  (160, 160), (176, 176), (176, 128), (200, 200), (232, 232)],
+                         ids=lambda d: f"d{d[0]}x{d[1]}")
+def test_head_dims_between_the_classes(dims, causal):
+    """Every head dim a class serves runs its class's tile with a width of its own (padded columns zeroed,
+    16-column swizzle atoms up to 128 columns on TMA K/V, the next multiple of 32 past them): GQA at
+    lengths that leave partial tiles."""
+    torch.manual_seed(5)
+    d, dv = dims
+    q = torch.randn(2, 333, 8, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 517, 2, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(2, 517, 2, dv, dtype=torch.bfloat16, device="cuda")
+    _run_and_check(q, k, v, causal)
+
+
 def test_sliding_window_skips_blocks_outside_the_window():
     """A 1024-wide window at seqlen 8192 must cost well under a third of full causal (blocks skipped)."""
     import flash_attn_4_sm120 as fa

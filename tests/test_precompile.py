@@ -171,9 +171,10 @@ def test_cpu_precompile_is_a_disk_hit_in_a_fresh_process(tmp_path):
          "--dtypes", "bf16", "--head-dims", "64", "--causal", "true", "--json", str(cold_json)],
         env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert cold.returncode == 0, cold.stderr[-3000:]
-    [c] = json.loads(cold_json.read_text())["results"]
-    assert (c["name"], c["model"], c["target"], c["source"], c["on_disk"]) == (
-        "fwd_bf16_d64x64_causal", "sm120", "sm_120a", "compile", True)
+    cold_results = json.loads(cold_json.read_text())["results"]  # one per tile candidate of the spec
+    for c in cold_results:
+        assert (c["name"], c["model"], c["target"], c["source"], c["on_disk"]) == (
+            "fwd_bf16_d64x64_causal", "sm120", "sm_120a", "compile", True)
     assert "fwd_bf16_d64x64_causal" in cold.stdout and "compile" in cold.stdout
 
     warm = subprocess.run([sys.executable, "-c", _WARM], env=env, cwd=tmp_path, capture_output=True, text=True,
@@ -181,11 +182,13 @@ def test_cpu_precompile_is_a_disk_hit_in_a_fresh_process(tmp_path):
     assert warm.returncode == 0, warm.stderr[-3000:]
     [line] = [ln for ln in warm.stdout.splitlines() if ln.startswith("RESULT ")]
     out = json.loads(line.removeprefix("RESULT "))
-    [w] = out["results"]
-    assert (w["name"], w["config"], w["source"], w["on_disk"]) == (c["name"], c["config"], "disk", True)
-    assert out["stats"]["compiles"] == 0 and out["stats"]["disk_hits"] == 1 and out["stats"]["disk_errors"] == 0
+    assert len(out["results"]) == len(cold_results)
+    for w, c in zip(out["results"], cold_results):
+        assert (w["name"], w["config"], w["source"], w["on_disk"]) == (c["name"], c["config"], "disk", True)
+    assert out["stats"]["compiles"] == 0 and out["stats"]["disk_hits"] == len(cold_results)
+    assert out["stats"]["disk_errors"] == 0
     entries = list((tmp_path / "cache").rglob("*.o"))
-    assert len(entries) == 1, entries
+    assert len(entries) == len(cold_results), entries
 
 
 def test_import_has_no_side_effects(tmp_path):
@@ -212,8 +215,8 @@ def test_precompiled_kernel_serves_the_api_call_without_compiling():
     import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120.compile_cache import default_cache
 
-    [r] = precompile(dtypes=("bf16",), head_dims=(128,), causal=True)
-    assert r["source"] in ("memory", "disk", "compile")
+    results = precompile(dtypes=("bf16",), head_dims=(128,), causal=True)  # the spec's tile candidates
+    assert results and all(r["source"] in ("memory", "disk", "compile") for r in results)
     stats = default_cache().stats
     before = dataclasses.replace(stats)
     # a prefill-length query (seqlen_q < 128 packs, MHA included: the --decode variants serve those)
@@ -231,13 +234,13 @@ def test_decode_adds_packed_split_variants_and_the_combine(monkeypatch):
     monkeypatch.setattr(compiler, "get_combine_kernel", lambda spec, *a: loaded.append(spec))
     results = precompile(dtypes=("bf16",), head_dims=(128,), causal=(False, True), model=SM120,
                          target="sm_120a", decode=True)
-    names = [r["name"] for r in results]
+    names = list(dict.fromkeys(r["name"] for r in results))  # a spec's tile candidates share its name
     assert names == ["fwd_bf16_d128x128_full", "fwd_bf16_d128x128_causal",
                      "fwd_bf16_d128x128_full_packgqa", "fwd_bf16_d128x128_full_splitkv",
                      "fwd_bf16_d128x128_full_packgqa_splitkv", "fwd_bf16_d128x128_causal_packgqa",
                      "fwd_bf16_d128x128_causal_splitkv", "fwd_bf16_d128x128_causal_packgqa_splitkv",
                      "combine_bf16_dv128"]
-    assert len(loaded) == len(names) and results[-1]["config"] == {}
+    assert len(loaded) == len(results) and results[-1]["config"] == {}
 
 
 @pytest.mark.gpu

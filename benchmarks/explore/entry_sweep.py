@@ -79,6 +79,12 @@ SHORT_CANDIDATES = {
     (128, 128): [None, pingpong(128, 64, True), pingpong(256, 32, False), cp_async(64, 64, 2, True)],
     (192, 128): [None, cp_async(64, 32, 2, True)],
 }
+#: head dims whose TMA K/V width has a choice of swizzle atoms (session 14 timed them with the 16-column atom
+#: limit of config.padded_head_dim changed in a copy of the package): the table entry only
+WIDTH_SHAPES = [(2, 4096, 32, 8), (4, 2048, 16, 16), (8, 555, 25, 5)]
+for _d in (80, 112, 176):
+    SETS[f"width_d{_d}"] = [(f"d{_d}_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else ""), b, s, s, hq, hkv, c, None, 0.0,
+                             None, [None], (_d, _d)) for (b, s, hq, hkv) in WIDTH_SHAPES for c in (False, True)]
 for (_d, _dv), _cands in SHORT_CANDIDATES.items():
     SETS[f"short_d{_d}"] = [(f"d{_d}_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else ""), b, s, s, hq, hkv, c, None, 0.0,
                              None, _cands, (_d, _dv))

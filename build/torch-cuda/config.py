@@ -108,15 +108,24 @@ def copied_tile_rows(cfg: "FwdConfig") -> int:
     return cfg.tile_m if cfg.uses_tma else min(cfg.tile_m, cfg.tile_n)
 
 
+#: Widest TMA K/V row laid out in 16-column swizzle atoms (32-byte rows: one TMA box per 16 columns). Past
+#: it the width goes to the next multiple of 32: same run, H100 at SM120 occupancy (2026-11-24), table
+#: entries, 16-column atoms -> 32/64-column ones: d80 (80 -> 96) 2-4% slower, d112 (112 -> 128) 1-4% faster
+#: causal and 1-4% slower full, d176 (176 -> 192) 6-14% faster (11 boxes of 32 bytes per row block).
+MAX_WIDTH_16_COLUMN_ATOMS = 128
+
+
 def padded_head_dim(d: int, cfg: "FwdConfig") -> int:
     """The smem/fragment width for head dim ``d``: a multiple of the MMA k-extent (16), widened to a
     multiple of 32 or 64 when a narrower swizzle atom would make one copy pass taller than a copied
     tile (e.g. d=200 with 32-row cp.async K tiles: 208 -> 224). Every padded column is MMA work (d=80
     computed as 96 costs a sixth of the tile's MMAs), so the TMA mainloops, whose K/V tiles no thread
-    copies, widen only for Q/O."""
+    copies, widen only for Q/O, and for rows too wide for 16-column atoms (``MAX_WIDTH_16_COLUMN_ATOMS``)."""
     min_rows = copied_tile_rows(cfg)
     for multiple in (16, 32, 64):
         width = (d + multiple - 1) // multiple * multiple
+        if cfg.uses_tma and atom_cols(width) == 16 and width > MAX_WIDTH_16_COLUMN_ATOMS:
+            continue
         if rows_per_copy_pass(width, cfg.num_threads) <= min_rows:
             return width
     return width
@@ -321,7 +330,19 @@ def fwd_table() -> dict:
     """The dispatcher's table, ``"d{head_dim}_{full|causal}" -> FwdConfig``, produced by
     ``benchmarks/tune_fwd.py`` on the device and committed with device and date (fwd_table.json)."""
     data = json.loads(TABLE_PATH.read_text())
-    return {key: FwdConfig(**{k: v for k, v in knobs.items() if k != "geomean_tflops"})
+    return {key: FwdConfig(**{k: v for k, v in knobs.items() if k not in TABLE_NOTES})
+            for key, knobs in data["table"].items()}
+
+
+#: Table fields that are measurements or links, not FwdConfig knobs.
+TABLE_NOTES = ("geomean_tflops", "rate_tflops", "alternates")
+
+
+@lru_cache(maxsize=None)
+def table_notes() -> dict:
+    """``key -> (rate_tflops or None, alternates)`` of the table's entries (``choose_fwd_config``)."""
+    data = json.loads(TABLE_PATH.read_text())
+    return {key: (knobs.get("rate_tflops"), tuple(knobs.get("alternates", ())))
             for key, knobs in data["table"].items()}
 
 
@@ -368,17 +389,75 @@ def table_keys(spec: FwdSpec) -> list[str]:
 
 
 @lru_cache(maxsize=None)
-def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
-    """The first table entry of ``table_keys(spec)`` that is valid for (spec, model). Memoized: it
-    runs on every forward call, and the spec, the model and the table are all immutable."""
+def _select_entry(spec: FwdSpec, model: ExecutionModel) -> tuple[str, FwdConfig]:
     table = fwd_table()
     problems = ()
-    for cfg in (table[k] for k in table_keys(spec) if k in table):
-        problems = fwd_config_problems(spec, cfg, model)
+    for key in (k for k in table_keys(spec) if k in table):
+        problems = fwd_config_problems(spec, table[key], model)
         if not problems:
-            return cfg
+            return key, table[key]
     # a table without a valid entry for a spec is a bug in this file, not a user error
-    raise RuntimeError(f"forward table entry {cfg} is invalid for {spec} on {model.name}: {'; '.join(problems)}")
+    raise RuntimeError(f"no forward table entry is valid for {spec} on {model.name}: {'; '.join(problems)}")
+
+
+def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
+    """The first table entry of ``table_keys(spec)`` that is valid for (spec, model): the config for
+    long sequences (``choose_fwd_config`` weighs its alternates per call shape). Memoized: it runs on
+    every forward call, and the spec, the model and the table are all immutable."""
+    return _select_entry(spec, model)[1]
+
+
+@lru_cache(maxsize=None)
+def fwd_candidates(spec: FwdSpec, model: ExecutionModel) -> tuple[tuple[FwdConfig, Optional[float]], ...]:
+    """(config, rate_tflops) of every entry ``choose_fwd_config`` may pick for ``spec``: the selected
+    entry, then its valid ``alternates`` (smaller-M tiles; only when both carry a measured rate)."""
+    key, cfg = _select_entry(spec, model)
+    notes, table = table_notes(), fwd_table()
+    rate, alternates = notes[key]
+    out = [(cfg, rate)]
+    if rate is not None:
+        out += [(table[k], notes[k][0]) for k in alternates
+                if notes[k][0] is not None and not fwd_config_problems(spec, table[k], model)]
+    return tuple(out)
+
+
+#: Fixed cost of a tile in the tile-efficiency rule, in key blocks of that tile (its prologue, the
+#: ping-pong pipeline's fill and drain, the epilogue): fitted with the rates below to 30 shapes of
+#: 300-4096 tokens per head-dim class (entry_sweep short_*, 2026-11-24), where the rule's pick was
+#: within 0.4% of the fastest candidate on geometric mean (at most 7%), against up to 1.48x for the
+#: class entry alone (d96 causal, 16x300).
+TILE_OVERHEAD_BLOCKS = 1.5
+
+
+def tile_work(cfg: FwdConfig, rows: int, seqlen_q: int, seqlen_k: int, causal: bool) -> float:
+    """Score elements one (batch, head)'s tiles compute, padded rows and key blocks included, plus
+    ``TILE_OVERHEAD_BLOCKS`` per tile: ``rows`` M rows (packed GQA: seqlen_q x group) over seqlen_k keys.
+    Causal tile m (bottom-right aligned) visits keys up to its last row, seqlen_k - seqlen_q + (m + 1) x
+    tile_m (``rows // seqlen_q`` packed rows per query row), whole blocks of tile_n."""
+    tm, tn = cfg.tile_m, cfg.tile_n
+    n_m = max(1, -(-rows // tm))
+    k_blocks = -(-seqlen_k // tn)
+    if not causal:
+        return n_m * tm * (k_blocks + TILE_OVERHEAD_BLOCKS) * tn
+    per_row = max(1, rows // max(seqlen_q, 1))
+    blocks = 0
+    for m in range(n_m):  # at most rows / 64 iterations; memoized per shape by choose_fwd_config
+        last_key = seqlen_k - seqlen_q + -(-min((m + 1) * tm, rows) // per_row)
+        blocks += min(k_blocks, max(0, -(-last_key // tn)))
+    return tm * (blocks + TILE_OVERHEAD_BLOCKS * n_m) * tn
+
+
+@lru_cache(maxsize=4096)
+def choose_fwd_config(spec: FwdSpec, model: ExecutionModel, rows: int, seqlen_q: int, seqlen_k: int) -> FwdConfig:
+    """The tile-efficiency rule: among ``fwd_candidates`` the config with the least estimated time,
+    ``tile_work / rate_tflops``, for this call's shape. Long sequences keep the class entry (its rate
+    is the highest); short ones move to a smaller M tile when the big tile's padding, causal diagonal
+    and fixed cost outweigh its rate (d96 causal 12x777: 256x64 132 -> 128x64 157 TFLOPS)."""
+    candidates = fwd_candidates(spec, model)
+    if len(candidates) == 1:
+        return candidates[0][0]
+    masked = spec.causal or spec.local
+    return min(candidates, key=lambda c: tile_work(c[0], rows, seqlen_q, seqlen_k, masked) / c[1])[0]
 
 
 def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfig]:
@@ -410,7 +489,7 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
 #: Head dims the conformance list compiles per class: the class size (the largest tile, most
 #: registers) and a padded one (column predicates). Plus the two common head_dim_v != head_dim shapes.
 REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 96: ((96, 96), (72, 72)), 128: ((128, 128), (112, 112), (128, 64)),
-                            192: ((192, 192), (192, 128), (160, 160)), 256: ((256, 256), (232, 232), (200, 200))}
+                            192: ((192, 192), (192, 128), (160, 160), (176, 176)), 256: ((256, 256), (232, 232), (200, 200))}
 
 
 MASKS = ("full", "causal", "local")
@@ -463,4 +542,4 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
             d, dv, mask, softcap, split = int(m[1]), int(m[2]), m[3], bool(m[4]), bool(m[5])
             specs += [replace(_spec(dtype, d, dv, mask, softcap, sink), split_kv=split)
                       for dtype in ("bf16", "fp16") for sink in ((False,) if split else (False, True))]
-    return [(spec, select_fwd_config(spec, model)) for spec in dict.fromkeys(specs)]
+    return [(spec, cfg) for spec in dict.fromkeys(specs) for cfg, _ in fwd_candidates(spec, model)]

@@ -20,6 +20,7 @@ from . import compiler, manifest
 from .metadata import check_requested, check_varlen_metadata
 from ._ops import add_op_namespace_prefix
 from .config import (
+    choose_fwd_config,
     tile_band,
     fwd_ctas_per_sm,
     num_splits_for,
@@ -174,7 +175,8 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
             sink = params.sink[:, None] if spec.varlen_q else params.sink[None, :, None]
             return out, lse.copy_(sink.expand(lse_shape))
         return out, lse.fill_(-math.inf)
-    cfg = config or select_fwd_config(spec, model)
+    rows = shape.seqlen_q * (shape.num_heads // shape.num_heads_kv if spec.pack_gqa else 1)
+    cfg = config or choose_fwd_config(spec, model, rows, shape.seqlen_q, shape.seqlen_k)
     # The split-KV forward is its own spec with its own table entry (an exact-dims entry can differ)
     split_spec, combine_spec = _split_specs(spec, params.sink is not None)
     split_cfg = config or select_fwd_config(split_spec, model)
