@@ -74,9 +74,11 @@ SHORT_SHAPES = [(2, 4096, 32, 8), (4, 1024, 32, 8), (12, 777, 24, 8), (16, 537, 
                 (16, 300, 32, 8)]
 SHORT_CANDIDATES = {
     (64, 64): [None, cp_async(64, 64, 2, True), cp_async(64, 64, 2, False), pingpong(128, 64, True)],
-    (96, 96): [None, pingpong(128, 64, True), pingpong(128, 64, False), cp_async(64, 64, 2, True)],
-    (80, 80): [None, pingpong(128, 64, True), cp_async(64, 64, 2, True)],
-    (128, 128): [None, pingpong(128, 64, True), pingpong(256, 32, False), cp_async(64, 64, 2, True)],
+    (96, 96): [None, pingpong(128, 64, True), pingpong(128, 64, False), cp_async(64, 64, 2, True),
+               cp_async(64, 32, 2, True), cp_async(64, 32, 2, False)],
+    (80, 80): [None, pingpong(128, 64, True), cp_async(64, 64, 2, True), cp_async(64, 32, 2, True)],
+    (128, 128): [None, pingpong(128, 64, True), pingpong(256, 32, False), cp_async(64, 64, 2, True),
+                 cp_async(64, 32, 2, True)],
     (192, 128): [None, cp_async(64, 32, 2, True)],
 }
 #: head dims whose TMA K/V width has a choice of swizzle atoms (session 14 timed them with the 16-column atom
