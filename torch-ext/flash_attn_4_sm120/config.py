@@ -417,7 +417,7 @@ def fwd_candidates(spec: FwdSpec, model: ExecutionModel) -> tuple[tuple[FwdConfi
     out = [(cfg, rate)]
     if rate is not None:
         out += [(table[k], notes[k][0]) for k in alternates
-                if notes[k][0] is not None and not fwd_config_problems(spec, table[k], model)]
+                if notes[k][0] is not None and is_valid(spec, table[k], model)]
     return tuple(out)
 
 
