@@ -92,6 +92,23 @@ for (_d, _dv), _cands in SHORT_CANDIDATES.items():
                              None, _cands, (_d, _dv))
                             for (b, s, hq, hkv) in SHORT_SHAPES for c in (False, True)]
 
+#: Session 15: non-causal tiles against 8-warp ping-pong / one-CTA alternatives where the matrix misses upstream
+#: or FA2 by < 5% (d64, d80, d192/128, d256 full)
+FULL_SHAPES = {64: [(2, 4096, 32, 8), (4, 2048, 32, 32)], 80: [(2, 4096, 32, 8), (4, 2048, 32, 32), (10, 901, 12, 3)],
+               192: [(4, 2048, 8, 8), (2, 4096, 16, 4)], 256: [(4, 2048, 8, 8), (2, 4096, 16, 4)]}
+FULL_CANDIDATES = {
+    (64, 64): [None, pingpong(256, 64, False), pingpong(128, 64, True), pingpong(256, 32, False),
+               pingpong(128, 64, False), pingpong(128, 128, True)],
+    (80, 80): [None, pingpong(128, 64, True), cp_async(128, 64, 2, False), cp_async(128, 32, 2, False),
+               cp_async(128, 32, 2, True), pingpong(256, 32, False)],
+    (192, 128): [None, pingpong(128, 32, False), cp_async(128, 32, 2, False), cp_async(64, 32, 3, True),
+                 cp_async(64, 32, 2, True)],
+    (256, 256): [None, pingpong(128, 16, False), cp_async(64, 32, 2, False), cp_async(64, 16, 3, True)],
+}
+for (_d, _dv), _cands in FULL_CANDIDATES.items():
+    SETS[f"full_d{_d}"] = [(f"d{_d}_{b}x{s}_{hq}_{hkv}", b, s, s, hq, hkv, False, None, 0.0, None, _cands, (_d, _dv))
+                           for (b, s, hq, hkv) in FULL_SHAPES[_d]]
+
 
 def label(cfg) -> str:
     if cfg is None:
