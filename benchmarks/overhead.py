@@ -1,12 +1,14 @@
 """Per-call host overhead of the forward, by layer (a script, not a test): host microseconds per call
 of back-to-back launches at a decode shape (GPU work ~50-100 us, queued, never waited on inside
-the loop), unsplit and split-KV, and a cProfile of the split path.
+the loop), unsplit and split-KV, with and without the remembered launch plan, and a cProfile of the
+split path.
 
     python benchmarks/overhead.py [--out overhead.json]
 """
 
 import argparse
 import cProfile
+import datetime
 import dataclasses
 import io
 import json
@@ -68,6 +70,9 @@ def main():
         "flash_attn_fwd(out=, lse=), split": lambda: fa.flash_attn_fwd(q, k, k, out=o, lse=lse, num_splits=splits),
         "flash_attn_func, unsplit": lambda: fa.flash_attn_func(q, k, k, num_splits=1),
         "flash_attn_func, split": lambda: fa.flash_attn_func(q, k, k, num_splits=splits),
+        # the same calls without their remembered launch plan (interface._PLANS): validation and dispatch again
+        "flash_attn_func, unsplit, no plan": lambda: (interface._PLANS.clear(), fa.flash_attn_func(q, k, k, num_splits=1)),
+        "flash_attn_func, split, no plan": lambda: (interface._PLANS.clear(), fa.flash_attn_func(q, k, k, num_splits=splits)),
     }
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
 
@@ -90,7 +95,8 @@ def main():
     pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(18)
     print(text.getvalue())
     if args.out:
-        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(), "host_us": result,
+        Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(),
+                                              "date": datetime.date.today().isoformat(), "host_us": result,
                                               "profile": text.getvalue()}, indent=1))
 
 

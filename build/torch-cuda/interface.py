@@ -151,65 +151,109 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
     runs the split-KV forward into fp32 workspaces and the combine kernel into out/lse. ``max_ctas``
     caps a persistent config's grid (default: one CTA per SM; tests pass fewer so that every CTA
     walks several tiles)."""
-    device = q.device
-    model, target = _model_and_target(device.index, os.environ.get(DISPATCH_ENV),
-                                      os.environ.get(COMPILE_TARGET_ENV))
-    out_shape = (*q.shape[:-1], v.shape[-1])
-    lse_shape = (shape.num_heads, q.shape[0]) if spec.varlen_q else (shape.batch, shape.num_heads, shape.seqlen_q)
-    if out is None:
-        # Packed rows past a sequence's used length are never written: allocate zeros there.
-        alloc = torch.zeros if spec.seqused_q else torch.empty
-        out = alloc(out_shape, dtype=q.dtype, device=device)
-    else:
-        _check_output("out", out, out_shape, q.dtype, device)
-    if lse is None:
-        lse = (torch.full(lse_shape, -math.inf, dtype=torch.float32, device=device) if spec.seqused_q
-               else torch.empty(lse_shape, dtype=torch.float32, device=device))
-    else:
-        _check_output("lse", lse, lse_shape, torch.float32, device)
-    if out.numel() == 0:
+    plan = _plan_launch(spec, shape, params, q.device, q.dtype, tuple(q.shape[:-1]), v.shape[-1], config,
+                        num_splits, max_ctas, *_env())
+    return plan.run(q, k, v, params.sink, varlen, out, lse)
+
+
+def _env() -> tuple:
+    """The environment a launch plan depends on: dispatch model, compile target, occupancy mode."""
+    get = os.environ.get
+    return get(DISPATCH_ENV), get(COMPILE_TARGET_ENV), get(OCCUPANCY_ENV)
+
+
+@dataclasses.dataclass(frozen=True)
+class _LaunchPlan:
+    """Every host decision of one forward call that depends only on its shapes and options (config,
+    splits, kernels, scalars, output shapes), so that a repeated call only allocates and launches.
+    ``kind``: "launch", "empty" (nothing to compute) or "no_keys" (zero output, LSE of the empty set)."""
+
+    kind: str
+    out_shape: tuple
+    lse_shape: tuple
+    dtype: torch.dtype
+    zero_fill: bool  # seqused Q: packed rows past a sequence's used length are never written
+    sink_view: Optional[tuple]  # how the sink broadcasts over the LSE on the "no_keys" path
+    launches: tuple = ()  # ((kernel, "main" | "split" | "combine"), ...)
+    scalars: tuple = ()
+    seqlen_q: int = 0
+    splits: int = 1
+    max_ctas: int = 0
+    band: int = 1
+
+    def run(self, q, k, v, sink, varlen, out=None, lse=None):
+        device = q.device
+        if out is None:
+            out = (torch.zeros if self.zero_fill else torch.empty)(self.out_shape, dtype=self.dtype, device=device)
+        else:
+            _check_output("out", out, self.out_shape, self.dtype, device)
+        if lse is None:
+            lse = (torch.full(self.lse_shape, -math.inf, dtype=torch.float32, device=device) if self.zero_fill
+                   else torch.empty(self.lse_shape, dtype=torch.float32, device=device))
+        else:
+            _check_output("lse", lse, self.lse_shape, torch.float32, device)
+        if self.kind == "empty":
+            return out, lse
+        if self.kind == "no_keys":
+            out.zero_()
+            if sink is not None:
+                return out, lse.copy_(sink.view(self.sink_view).expand(self.lse_shape))
+            return out, lse.fill_(-math.inf)
+        cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
+        if self.splits == 1:
+            (kernel, _), = self.launches
+            calls = ((kernel, (q, k, v, out, lse, *self.scalars, sink, cu_q, cu_k, used_q, used_k, self.seqlen_q, 1,
+                               self.max_ctas, self.band)),)
+        else:
+            # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
+            o_part = torch.empty((self.splits, *self.out_shape), dtype=torch.float32, device=device)
+            lse_part = torch.empty((self.splits, *self.lse_shape), dtype=torch.float32, device=device)
+            (split_kernel, _), (combine_kernel, _) = self.launches
+            calls = ((split_kernel, (q, k, v, o_part, lse_part, *self.scalars, None, cu_q, cu_k, used_q, used_k,
+                                     self.seqlen_q, self.splits, 0, self.band)),
+                     (combine_kernel, (o_part, lse_part, out, lse, sink, cu_q, used_q, self.seqlen_q)))
+        if device.index == torch.cuda.current_device():
+            for kernel, args in calls:
+                kernel(*args)
+        else:
+            with torch.cuda.device(device):
+                for kernel, args in calls:
+                    kernel(*args)
         return out, lse
+
+
+def _plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, config, num_splits, max_ctas,
+                 dispatch_env, target_env, mode) -> _LaunchPlan:
+    """The launch plan of a validated call (see ``_LaunchPlan``); ``rows_shape`` is q's shape without
+    its head dim."""
+    model, target = _model_and_target(device.index, dispatch_env, target_env)
+    out_shape = (*rows_shape, head_dim_v)
+    lse_shape = (shape.num_heads, rows_shape[0]) if spec.varlen_q else (shape.batch, shape.num_heads, shape.seqlen_q)
+    base = dict(out_shape=out_shape, lse_shape=lse_shape, dtype=dtype, zero_fill=spec.seqused_q,
+                sink_view=(-1, 1) if spec.varlen_q else (1, -1, 1))
+    if math.prod(out_shape) == 0:
+        return _LaunchPlan(kind="empty", **base)
     if shape.seqlen_k == 0 or shape.batch == 0:  # no keys anywhere: zero output, LSE of the empty set (or the sink)
-        out.zero_()
-        if params.sink is not None:
-            sink = params.sink[:, None] if spec.varlen_q else params.sink[None, :, None]
-            return out, lse.copy_(sink.expand(lse_shape))
-        return out, lse.fill_(-math.inf)
+        return _LaunchPlan(kind="no_keys", **base)
     rows = shape.seqlen_q * (shape.num_heads // shape.num_heads_kv if spec.pack_gqa else 1)
     cfg = config or choose_fwd_config(spec, model, rows, shape.seqlen_q, shape.seqlen_k)
     # The split-KV forward is its own spec with its own table entry (an exact-dims entry can differ)
     split_spec, combine_spec = _split_specs(spec, params.sink is not None)
     split_cfg = config or select_fwd_config(split_spec, model)
     splits = _splits(num_splits, spec, shape, cfg, split_spec, split_cfg, model, device)
-    cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
-    mode = os.environ.get(OCCUPANCY_ENV)
-    scalars = (params.scale_log2, params.softcap_scale, params.window_left, params.window_right)
     band = 1  # masked tiles run longest first in bands of (batch, head) pairs sized to the L2
     if spec.causal or spec.local:
         band = tile_band(_l2_bytes(device.index), shape.seqlen_k, spec.head_dim, spec.head_dim_v,
                          1 if spec.pack_gqa else shape.num_heads // shape.num_heads_kv)
     if splits == 1:
-        launches = [(_fwd_kernel(spec, cfg, model, target, device.index, mode),
-                     (q, k, v, out, lse, *scalars, params.sink, cu_q, cu_k, used_q, used_k, shape.seqlen_q, 1,
-                      max_ctas or _num_sms(device.index), band))]
+        launches = ((_fwd_kernel(spec, cfg, model, target, device.index, mode), "main"),)
     else:
-        # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
-        o_part = torch.empty((splits, *out_shape), dtype=torch.float32, device=device)
-        lse_part = torch.empty((splits, *lse_shape), dtype=torch.float32, device=device)
-        launches = [
-            (_fwd_kernel(split_spec, split_cfg, model, target, device.index, mode),
-             (q, k, v, o_part, lse_part, *scalars, None, cu_q, cu_k, used_q, used_k, shape.seqlen_q, splits, 0, band)),
-            (compiler.get_combine_kernel(combine_spec, model, target),
-             (o_part, lse_part, out, lse, params.sink, cu_q, used_q, shape.seqlen_q)),
-        ]
-    if device.index == torch.cuda.current_device():
-        for kernel, args in launches:
-            kernel(*args)
-    else:
-        with torch.cuda.device(device):
-            for kernel, args in launches:
-                kernel(*args)
-    return out, lse
+        launches = ((_fwd_kernel(split_spec, split_cfg, model, target, device.index, mode), "split"),
+                    (compiler.get_combine_kernel(combine_spec, model, target), "combine"))
+    return _LaunchPlan(kind="launch", launches=launches,
+                       scalars=(params.scale_log2, params.softcap_scale, params.window_left, params.window_right),
+                       seqlen_q=shape.seqlen_q, splits=splits, max_ctas=max_ctas or _num_sms(device.index),
+                       band=band, **base)
 
 
 @functools.lru_cache(maxsize=None)
@@ -348,18 +392,63 @@ def _refusal(requested: tuple) -> Optional[str]:
 
 
 def _needs_grad(q, k, v) -> bool:
-    return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
 
 
-def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse):
+def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None):
     """The forward through autograd when a gradient is required, else launched directly; returns
-    ``(out, lse or None)`` (the LSE when asked for or needed by the backward)."""
+    ``(out, lse or None)`` (the LSE when asked for or needed by the backward). A direct launch's plan
+    is remembered under the call's ``key`` (``_call_key``) when it has one."""
     needs_grad = _needs_grad(q, k, v)
     if needs_grad:
         out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, varlen, num_splits)
     else:
-        out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen, num_splits=num_splits)
+        plan = _plan_launch(spec, shape, params, q.device, q.dtype, tuple(q.shape[:-1]), v.shape[-1], None,
+                            num_splits, None, *_env())
+        if key is not None:
+            if len(_PLANS) >= MAX_CACHED_PLANS:
+                _PLANS.clear()
+            _PLANS[key] = plan
+        out, lse = plan.run(q, k, v, params.sink, varlen)
     return out, (lse if (return_lse or needs_grad) else None)
+
+
+#: Launch plans of calls seen before, by ``_call_key``: a repeated call (every layer of a model, every
+#: decode step at a fixed shape) skips validation and dispatch and only allocates and launches.
+_PLANS: dict = {}
+#: Cleared when full (a decode loop over a growing dense K/V makes a new key per step).
+MAX_CACHED_PLANS = 1024
+_PLAIN = (int, float, type(None))
+
+
+def _call_key(tensors, scalars, options) -> Optional[tuple]:
+    """What validation and dispatch of a call read, as a hashable key, or None when the call cannot be
+    remembered: ``tensors`` (q, k, v, the sink, the metadata tensors; or None) must be contiguous, 16-byte
+    aligned tensors (others may be copied first: ``kernel_layout``); ``scalars`` must be plain Python
+    numbers or None (a tensor-valued scale or window is re-read every call). A key covers every fact
+    the checks look at (shape, dtype, device, contiguity, alignment), so a call with a remembered key
+    passes validation exactly as the call that stored it did."""
+    key = [*options, _env()]
+    try:
+        for t in tensors:
+            if t is None:
+                key.append(None)
+                continue
+            if not t.is_contiguous() or t.data_ptr() % 16:
+                return None
+            key.append((t.shape, t.dtype, t.device))
+        for x in scalars:
+            if type(x) not in _PLAIN:
+                return None
+            key.append(x)
+    except (AttributeError, TypeError):  # not a tensor: validation reports it
+        return None
+    return tuple(key)
+
+
+def _plain_sink(learnable_sink):
+    """The sink as the kernels read it (``problem._runtime_params`` does the same on the first call)."""
+    return None if learnable_sink is None else learnable_sink.detach().to(torch.float32).contiguous()
 
 
 def flash_attn_func(
@@ -404,9 +493,18 @@ def flash_attn_func(
         out, lse = _fwd_op(q, k, v, softmax_scale, bool(causal), *_window_entries(window_size),
                            float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa)
         return out, (lse if (return_lse or _needs_grad(q, k, v)) else None)
+    key = None
+    if not _needs_grad(q, k, v):
+        window = tuple(window_size) if isinstance(window_size, (tuple, list)) else (None, None, window_size)
+        key = _call_key((q, k, v, learnable_sink), (softmax_scale, softcap, *window),
+                        ("dense", bool(causal), num_splits, pack_gqa))
+        plan = _PLANS.get(key) if key is not None else None
+        if plan is not None:
+            out, lse = plan.run(q, k, v, _plain_sink(learnable_sink), None)
+            return out, (lse if return_lse else None)
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
-    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, return_lse)
+    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, return_lse, key)
 
 
 def flash_attn_varlen_func(
@@ -458,11 +556,25 @@ def flash_attn_varlen_func(
                               softmax_scale, bool(causal), *_window_entries(window_size), float(softcap or 0.0),
                               learnable_sink, num_splits or 0, pack_gqa, check_metadata)
         return out, (lse if (return_lse or _needs_grad(q, k, v)) else None)
+    key = None
+    # Remembered only when nothing is read from the device: the maxima given where a side is packed,
+    # no host metadata check.
+    if (not _needs_grad(q, k, v) and (cu_seqlens_q is None or max_seqlen_q is not None)
+            and (cu_seqlens_k is None or max_seqlen_k is not None) and not check_requested(check_metadata)):
+        window = tuple(window_size) if isinstance(window_size, (tuple, list)) else (None, None, window_size)
+        varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+        key = _call_key((q, k, v, learnable_sink, *varlen),
+                        (max_seqlen_q, max_seqlen_k, softmax_scale, softcap, *window),
+                        ("varlen", bool(causal), num_splits, pack_gqa))
+        plan = _PLANS.get(key) if key is not None else None
+        if plan is not None:
+            out, lse = plan.run(q, k, v, _plain_sink(learnable_sink), varlen)
+            return out, (lse if return_lse else None)
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
         window_size, softcap, learnable_sink, check_metadata)
-    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse)
+    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse, key)
 
 
 def _validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,

@@ -1,0 +1,152 @@
+"""Remembered launch plans (``interface._PLANS``): a repeated call skips validation and dispatch. The key
+must cover everything validation and dispatch read, and calls it cannot describe are never remembered."""
+
+import numpy as np
+import pytest
+import torch
+
+import flash_attn_4_sm120 as fa
+from flash_attn_4_sm120 import interface
+from flash_attn_4_sm120.execution_model import OCCUPANCY_ENV
+from reference import attention_ref, varlen_batch
+
+
+def _qkv(device="cpu", b=2, sq=5, sk=9, hq=4, hkv=2, d=64, dtype=torch.bfloat16):
+    return (torch.randn(b, sq, hq, d, dtype=dtype, device=device), torch.randn(b, sk, hkv, d, dtype=dtype, device=device),
+            torch.randn(b, sk, hkv, d, dtype=dtype, device=device))
+
+
+def _key(q, k, v, sink=None, scale=None, softcap=0.0, window=(None, None), causal=False):
+    return interface._call_key((q, k, v, sink), (scale, softcap, *window), ("dense", causal, None, None))
+
+
+def test_equal_calls_share_a_key_and_every_checked_fact_changes_it(monkeypatch):
+    q, k, v = _qkv()
+    key = _key(q, k, v)
+    assert key is not None and key == _key(*(t.clone() for t in (q, k, v)))
+    others = [
+        _key(*_qkv(sk=10)),  # a shape
+        _key(*_qkv(dtype=torch.float16)),  # a dtype
+        _key(q, k, v, scale=0.5),
+        _key(q, k, v, softcap=30.0),
+        _key(q, k, v, window=(8, 0)),
+        _key(q, k, v, causal=True),
+        _key(q, k, v, sink=torch.zeros(4)),
+        interface._call_key((q, k, v, None), (None, 0.0, None, None), ("dense", False, 2, None)),  # num_splits
+        interface._call_key((q, k, v, None), (None, 0.0, None, None), ("varlen", False, None, None)),
+    ]
+    monkeypatch.setenv(OCCUPANCY_ENV, "device")  # the environment dispatch reads
+    others.append(_key(q, k, v))
+    assert None not in others and key not in others and len(set(others)) == len(others)
+
+
+@pytest.mark.parametrize("make", [
+    pytest.param(lambda q, k, v: (q.transpose(1, 2), k, v, None, None), id="non-contiguous"),
+    pytest.param(lambda q, k, v: (torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape), k, v, None, None),
+                 id="misaligned"),
+    pytest.param(lambda q, k, v: ("q", k, v, None, None), id="not-a-tensor"),
+    pytest.param(lambda q, k, v: (q, k, v, [0.0] * 4, None), id="sink-not-a-tensor"),
+    pytest.param(lambda q, k, v: (q, k, v, None, np.float32(0.1)), id="numpy-scale"),
+    pytest.param(lambda q, k, v: (q, k, v, None, torch.tensor(0.1)), id="tensor-scale"),
+])
+def test_calls_it_cannot_describe_get_no_key(make):
+    q, k, v, sink, scale = make(*_qkv())
+    assert _key(q, k, v, sink=sink, scale=scale) is None
+
+
+@pytest.mark.parametrize("window", [(torch.tensor(3), 0), (np.int64(3), 0), (True, 0)], ids=["tensor", "numpy", "bool"])
+def test_window_entries_other_than_int_or_none_get_no_key(window):
+    assert _key(*_qkv(), window=window) is None
+
+
+def test_a_refused_call_is_not_remembered():
+    interface._PLANS.clear()
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        fa.flash_attn_func(*_qkv())
+    assert not interface._PLANS
+
+
+# -- on the GPU ------------------------------------------------------------------------------------
+
+
+def _count_validations(monkeypatch):
+    calls = []
+    for name in ("validate_fwd", "_validate_varlen_call"):
+        real = getattr(interface, name)
+        monkeypatch.setattr(interface, name, lambda *a, _real=real, **kw: (calls.append(1), _real(*a, **kw))[1])
+    return calls
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("features", [
+    pytest.param({}, id="plain"),
+    pytest.param({"causal": True, "softcap": 20.0}, id="causal-softcap"),
+    pytest.param({"window_size": (16, -2)}, id="window"),
+    pytest.param({"learnable_sink": "sink"}, id="sink"),
+    pytest.param({"num_splits": 3}, id="split3"),
+])
+def test_a_repeated_call_runs_its_plan_with_the_same_result(monkeypatch, features):
+    monkeypatch.setattr(interface, "_PLANS", {})
+    validations = _count_validations(monkeypatch)
+    torch.manual_seed(0)
+    q, k, v = _qkv("cuda", b=3, sq=70, sk=301, hq=6, hkv=2, d=96)
+    features = dict(features)
+    if features.get("learnable_sink") == "sink":
+        features["learnable_sink"] = torch.randn(6, device="cuda")
+    first, lse1 = fa.flash_attn_func(q, k, v, return_lse=True, **features)
+    second, lse2 = fa.flash_attn_func(q, k, v, return_lse=True, **features)
+    assert len(validations) == 1 and len(interface._PLANS) == 1
+    assert torch.equal(first, second) and torch.equal(lse1, lse2)
+    # new tensors of the same shapes (another layer): the plan runs on them
+    q2, k2, v2 = (torch.randn_like(t) for t in (q, k, v))
+    sink = features.pop("learnable_sink", None)
+    if sink is not None:
+        sink = torch.randn_like(sink)
+    out, lse = fa.flash_attn_func(q2, k2, v2, return_lse=True, learnable_sink=sink, **features)
+    assert len(validations) == 1
+    ref, lse_ref = attention_ref(q2, k2, v2, None, features.get("causal", False),
+                                 window_size=features.get("window_size", (None, None)),
+                                 softcap=features.get("softcap", 0.0), learnable_sink=sink)
+    pt, _ = attention_ref(q2, k2, v2, None, features.get("causal", False),
+                          window_size=features.get("window_size", (None, None)), softcap=features.get("softcap", 0.0),
+                          learnable_sink=sink, upcast=False)
+    assert (out.float() - ref.float()).abs().max() <= 2 * (pt.float() - ref.float()).abs().max() + 1e-5
+    fin = torch.isfinite(lse_ref)
+    assert torch.equal(torch.isfinite(lse), fin) and (lse[fin] - lse_ref[fin]).abs().max() <= 1e-3
+
+
+@pytest.mark.gpu
+def test_what_dispatch_reads_makes_a_new_plan(monkeypatch):
+    monkeypatch.setattr(interface, "_PLANS", {})
+    validations = _count_validations(monkeypatch)
+    q, k, v = _qkv("cuda", sq=64, sk=200)
+    fa.flash_attn_func(q, k, v)
+    fa.flash_attn_func(q, k, v, causal=True)
+    fa.flash_attn_func(q, k[:, :199].contiguous(), v[:, :199].contiguous())
+    monkeypatch.setenv(OCCUPANCY_ENV, "device")
+    fa.flash_attn_func(q, k, v)
+    assert len(validations) == 4 and len(interface._PLANS) == 4
+    fa.flash_attn_func(q.transpose(1, 2).contiguous().transpose(1, 2), k, v)  # copied first: never remembered
+    assert len(validations) == 5 and len(interface._PLANS) == 4
+
+
+@pytest.mark.gpu
+def test_gradients_and_misses_of_metadata_take_the_checked_path(monkeypatch):
+    monkeypatch.setattr(interface, "_PLANS", {})
+    validations = _count_validations(monkeypatch)
+    q, k, v, cu_q, cu_k = varlen_batch([5, 0, 33], [40, 7, 64], 4, 2, 64)
+    for _ in range(2):  # the maxima not given: read from the device, never remembered
+        fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k)
+    assert len(validations) == 2 and not interface._PLANS
+    for _ in range(2):
+        out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_seqlen_q=33, max_seqlen_k=64, return_lse=True)
+    assert len(validations) == 3 and len(interface._PLANS) == 1
+    ref, _ = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, return_lse=True)
+    assert torch.equal(out, ref)
+    for _ in range(2):  # the host metadata check runs on every call that asks for it
+        fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_seqlen_q=33, max_seqlen_k=64, check_metadata=True)
+    assert len(validations) == 6
+    qg = q.clone().requires_grad_()
+    with pytest.raises(NotImplementedError):  # a gradient goes through autograd, never through a plan
+        fa.flash_attn_varlen_func(qg, k, v, cu_q, cu_k, max_seqlen_q=33, max_seqlen_k=64)[0].sum().backward()
+    assert len(validations) == 7
