@@ -25,9 +25,10 @@ key blocks are visited from the last to the first, so the few that need an eleme
   3. O /= row sum; O goes through shared memory (reusing Q's buffer) for 16-byte global stores;
      LSE is written by the lane that owns column 0 of each row.
 
-Locating a key block's K/V and copying it to a stage is a piece of its own, which every mainloop
-(here and in the loader variants) calls: ``kv_source`` (``kv_loader`` builds the CTA's loader, a
-loader variant overrides it).
+Two jobs are pieces of their own, which every mainloop (here and in the loader variants) calls:
+locating a key block's K/V and copying it to a stage (``kv_source``; ``kv_loader`` builds the CTA's
+loader, a loader variant overrides it), and step c., what S goes through between the QK^T MMA and
+the softmax (``score_step``).
 
 Split-KV (``spec.split_kv``): the grid's z dimension also enumerates ``num_splits`` ranges of each
 tile's key blocks (``block_info.split_range``); a split writes its normalized fp32 partial O straight
@@ -55,7 +56,7 @@ from ..problem import FwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .kv_source import CpAsyncKV, DenseKV
-from .mask import mask_scores
+from .score_step import ScoreStep
 from .softmax import OnlineSoftmax, softmax_step
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
 from .seqlen_info import lse_row, num_batches, num_heads, row_tile, sequence_heads, split_view
@@ -265,6 +266,16 @@ class FlashFwdMultistage:
             softmax=OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0])),
         )
 
+    def score_step(self, ctx: SimpleNamespace, softcap_scale, window_left, window_right) -> ScoreStep:
+        """What S goes through between the QK^T MMA and the softmax in this tile (``score_step``): the
+        spec's features with the tile's runtime values and ``ctx``'s S coordinates."""
+        return ScoreStep(
+            tile_m=self.tile_m, tile_n=self.tile_n, softcap=self.spec.softcap, causal=self.causal,
+            local=self.spec.local, mask_select=self.config.mask_select, softcap_scale=softcap_scale,
+            window_left=window_left, window_right=window_right, seqlen_q=ctx.seqlen_q, seqlen_k=ctx.seqlen_k,
+            m_block=ctx.m_block, group=ctx.group, tScS_rc=ctx.tScS_rc, t0ScS_rc=ctx.t0ScS_rc,
+        )
+
     @cute.jit
     def __call__(
         self,
@@ -428,10 +439,9 @@ class FlashFwdMultistage:
                     m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start, n_end=n_end,
                     group=group if const_expr(pack) else None, tile_rows=tile_rows, head_kv=head_kv, mQ_h=mQ_h,
                     thr_qk=thr_qk, n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end,
-                    tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ,
-                    window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
-                    kv=kv, slot_base=0,
+                    tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, kv=kv, slot_base=0,
                 )
+                ctx.score = self.score_step(ctx, softcap_scale, window_left, window_right)
 
                 out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head,
                                       split=split)
@@ -572,8 +582,9 @@ class FlashFwdMultistage:
 
     @cute.jit
     def scores(self, ctx: SimpleNamespace, n_block: Int32, k_stage: Int32, masked: cutlass.Constexpr[bool]):
-        """b./c. S = Q K^T for key block ``n_block`` (K in smem stage ``k_stage``), softcapped and
-        element-masked where the block needs it: the (MMA, MMA_M, MMA_N) fp32 accumulator."""
+        """b./c. S = Q K^T for key block ``n_block`` (K in smem stage ``k_stage``), through the tile's
+        score step (softcap, element mask where the block needs it): the (MMA, MMA_M, MMA_N) fp32
+        accumulator."""
         acc_S = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         acc_S.fill(0.0)
         tSsK = ctx.tSsK[None, None, None, k_stage]
@@ -581,15 +592,7 @@ class FlashFwdMultistage:
             self.gemm_rA_smemB(acc_S, ctx.tSrQ, ctx.tSrK, tSsK, ctx.tSrK_v, ctx.s2r_k)
         else:
             self.gemm_smem(acc_S, ctx.tSrQ, ctx.tSrK, ctx.tSsQ, ctx.tSrQ_v, tSsK, ctx.tSrK_v, ctx.s2r_q, ctx.s2r_k)
-        if const_expr(self.spec.softcap):
-            # logits = softcap * tanh(s * scale / softcap); the softcap factor is folded into scale_log2.
-            acc_S.store(cute.math.tanh(acc_S.load() * ctx.softcap_scale, fastmath=True))
-        if const_expr(masked):
-            mask_scores(
-                acc_rows_cols(acc_S), ctx.tScS_rc, ctx.t0ScS_rc, ctx.m_block, n_block, ctx.seqlen_q, ctx.seqlen_k,
-                ctx.window_left, ctx.window_right, self.tile_m, self.tile_n, self.causal, self.spec.local,
-                ctx.group, self.config.mask_select,
-            )
+        ctx.score.apply(acc_S, n_block, masked)
         return acc_S
 
     @cute.jit

@@ -134,9 +134,9 @@ class FlashFwdPersistent(FlashFwdTma):
                 ctx.__dict__.update(
                     m_block=m_block, seqlen_q=seqlen_q, seqlen_k=cur.seqlen_k, n_start=n_start, n_end=n_end,
                     n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end, group=None,
-                    tile_rows=seqlen_q, head_kv=head_kv, window_left=window_left, window_right=window_right,
-                    softcap_scale=p.softcap_scale, slot_base=slot_base,
+                    tile_rows=seqlen_q, head_kv=head_kv, slot_base=slot_base,
                 )
+                ctx.score = self.score_step(ctx, p.softcap_scale, window_left, window_right)
                 ctx.kv = self.kv_loader(cur.kv_src, tidx, sm)
                 if q_loaded == 0:
                     self.q_rows(sm.sQ, cur.mQ_h, seqlen_q, head, m_block, group, gtid, zero_pad=False)
