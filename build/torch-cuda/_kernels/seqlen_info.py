@@ -1,8 +1,8 @@
-"""One sequence of a batch, dense or packed (varlen), as a (rows, cols) view (arch-free).
+"""One sequence of a batch, dense or packed (varlen), as a (rows, heads, cols) view (arch-free).
 
 Dense tensors are (batch, seqlen, heads, d); packed ones are (total, heads, d) with ``cu_seqlens``
 (batch + 1,) holding each sequence's first row. ``seqused`` (batch,) caps a sequence's length (e.g. the
-filled part of a preallocated KV cache). Everything downstream sees a 2-D view starting at the
+filled part of a preallocated KV cache). Everything downstream sees a view starting at the
 sequence's first row and a runtime length: the mainloop is the same for both layouts.
 
 Bounds safety: metadata is never trusted. A packed sequence's start is clamped into ``[0, total]``,
@@ -42,13 +42,6 @@ def sequence_heads(mX: cute.Tensor, batch, mCuSeqlens, mSeqUsed):
         room = mX.shape[1] if cutlass.const_expr(mCuSeqlens is None) else mX.shape[0] - start
         length = clamp(mSeqUsed[batch], 0, room)
     return view, length
-
-
-@cute.jit
-def sequence(mX: cute.Tensor, batch, head, mCuSeqlens, mSeqUsed):
-    """(view (rows, d), length) of sequence ``batch`` for head ``head``."""
-    view, length = sequence_heads(mX, batch, mCuSeqlens, mSeqUsed)
-    return view[None, head, None], length
 
 
 @cute.jit

@@ -25,6 +25,11 @@ key blocks are visited from the last to the first, so the few that need an eleme
   3. O /= row sum; O goes through shared memory (reusing Q's buffer) for 16-byte global stores;
      LSE is written by the lane that owns column 0 of each row.
 
+Two jobs are pieces of their own, which every mainloop (here and in the loader variants) calls:
+locating a key block's K/V and copying it to a stage (``kv_source``; ``kv_loader`` builds the CTA's
+loader, a loader variant overrides it), and step c., what S goes through between the QK^T MMA and
+the softmax (``score_step``).
+
 Split-KV (``spec.split_kv``): the grid's z dimension also enumerates ``num_splits`` ranges of each
 tile's key blocks (``block_info.split_range``); a split writes its normalized fp32 partial O straight
 from the accumulators and its LSE into (num_splits, ...) workspaces, merged by ``fwd_combine``.
@@ -50,10 +55,11 @@ from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
-from .mask import mask_scores
+from .kv_source import CpAsyncKV, DenseKV
+from .score_step import ScoreStep
 from .softmax import OnlineSoftmax, softmax_step
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
-from .seqlen_info import lse_row, num_batches, num_heads, row_tile, sequence, sequence_heads, split_view
+from .seqlen_info import lse_row, num_batches, num_heads, row_tile, sequence_heads, split_view
 from .tile_scheduler import PersistentTileScheduler, SingleTileScheduler
 
 _COPY_BITS = 128  # 16-byte cp.async / st.global vectors
@@ -97,8 +103,6 @@ class FlashFwdMultistage:
         self.tile_n = config.tile_n
         self.num_threads = config.num_threads
         self.causal = spec.causal
-        #: K/V arrive by TMA (a loader variant) instead of per-thread cp.async
-        self.tma_kv = False
         #: a producer warp loads, the MMA warps consume (a loader variant)
         self.warp_specialized = False
         #: dynamic smem to launch with when larger than the kernel's own (set by measurement harnesses
@@ -136,6 +140,11 @@ class FlashFwdMultistage:
 
     def init_mbarriers(self, storage):
         return None
+
+    def kv_loader(self, kv_src: DenseKV, tidx, sm: SimpleNamespace) -> CpAsyncKV:
+        """This thread's K/V loader (``kv_source``; ``kv_src`` narrowed to one KV head and cut into key
+        blocks): cp.async into the stages of sK / sV."""
+        return kv_src.cp_async(tidx, sm.sK, sm.sV, self.g2s_qk, self.g2s_v)
 
     @cute.jit
     def mma_barrier(self):
@@ -255,6 +264,16 @@ class FlashFwdMultistage:
             tScS_rc=acc_rows_cols(thr_mma.partition_C(cS)),
             t0ScS_rc=acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS)),
             softmax=OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0])),
+        )
+
+    def score_step(self, ctx: SimpleNamespace, softcap_scale, window_left, window_right) -> ScoreStep:
+        """What S goes through between the QK^T MMA and the softmax in this tile (``score_step``): the
+        spec's features with the tile's runtime values and ``ctx``'s S coordinates."""
+        return ScoreStep(
+            tile_m=self.tile_m, tile_n=self.tile_n, softcap=self.spec.softcap, causal=self.causal,
+            local=self.spec.local, mask_select=self.config.mask_select, softcap_scale=softcap_scale,
+            window_left=window_left, window_right=window_right, seqlen_q=ctx.seqlen_q, seqlen_k=ctx.seqlen_k,
+            m_block=ctx.m_block, group=ctx.group, tScS_rc=ctx.tScS_rc, t0ScS_rc=ctx.t0ScS_rc,
         )
 
     @cute.jit
@@ -380,10 +399,12 @@ class FlashFwdMultistage:
             # Packed GQA: ``head`` is the KV head and tile row p is (query row p // group, query head
             # head * group + p % group). Unpacked: ``head`` is the query head.
             head_kv = head if const_expr(pack) else head // group
-            # (rows, heads, d) / (rows, d) views of this sequence, and the runtime lengths (dense or packed).
+            # Q's (rows, heads, d) view of this sequence and its runtime length (dense or packed); K/V's
+            # source for this sequence and KV head (``kv_source``).
             mQ_h, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
-            mK_s, seqlen_k = sequence(mK, batch, head_kv, mCuSeqlensK, mSeqUsedK)
-            mV_s, _ = sequence(mV, batch, head_kv, mCuSeqlensK, mSeqUsedK)
+            kv_src = DenseKV.locate(mK, mV, batch, mCuSeqlensK, mSeqUsedK, (tma_atom_K, mK_tma), (tma_atom_V, mV_tma),
+                                    head_kv)
+            seqlen_k = kv_src.seqlen_k
             tile_rows = seqlen_q * group if const_expr(pack) else seqlen_q  # M extent of this (batch, head)
             if m_block * self.tile_m < tile_rows:  # packed batches: tiles past a short sequence do nothing
                 # Key blocks [n_start, n_end); [n_unmasked_start, n_unmasked_end) need no element mask.
@@ -399,71 +420,54 @@ class FlashFwdMultistage:
                     ranges = block_info.split_range(ranges, split, num_splits)
                 n_start, n_unmasked_start, n_unmasked_end, n_end = ranges
 
-                # (tile_m, d) (unpacked; packed rows are gathered one by one), (tile_n, d, n_blocks), (tile_n, dv, n_blocks)
+                # (tile_m, d) (unpacked; packed rows are gathered one by one); K/V's key blocks
                 gQ = cute.local_tile(mQ_h[None, 0 if const_expr(pack) else head, None], (self.tile_m, self.head_dim),
                                      (m_block, 0))
-                gK = cute.local_tile(mK_s, (self.tile_n, self.head_dim), (None, 0))
-                gV = cute.local_tile(mV_s, (self.tile_n, self.head_dim_v), (None, 0))
+                kv_blocks = kv_src.blocks(self.tile_n, self.head_dim, self.head_dim_v)
 
                 sm = self.shared_tiles(tidx, softmax_scale_log2, sQ_layout, sK_layout, sV_layout, sO_layout)
-                sQ, sK, sV, sO = sm.sQ, sm.sK, sm.sV, sm.sO
 
-                # Global -> shared partitions: (CPY, CPY_ROWS, CPY_COLS[, n_blocks | stages])
+                # Global -> shared partitions of Q: (CPY, CPY_ROWS, CPY_COLS); K/V's are the loader's
                 thr_qk = self.g2s_qk.get_slice(tidx)
-                thr_v = self.g2s_v.get_slice(tidx)
-                tQgQ, tQsQ = thr_qk.partition_S(gQ), thr_qk.partition_D(sQ)
-                tKgK, tKsK = thr_qk.partition_S(gK), thr_qk.partition_D(sK)
-                tVgV, tVsV = thr_v.partition_S(gV), thr_v.partition_D(sV)
+                tQgQ, tQsQ = thr_qk.partition_S(gQ), thr_qk.partition_D(sm.sQ)
                 cQ = cute.make_identity_tensor((self.tile_m, self.head_dim))
-                cK = cute.make_identity_tensor((self.tile_n, self.head_dim))
-                cV = cute.make_identity_tensor((self.tile_n, self.head_dim_v))
                 tQcQ, t0QcQ = thr_qk.partition_S(cQ), self.g2s_qk.get_slice(0).partition_S(cQ)
-                tKcK, t0KcK = thr_qk.partition_S(cK), self.g2s_qk.get_slice(0).partition_S(cK)
-                tVcV, t0VcV = thr_v.partition_S(cV), self.g2s_v.get_slice(0).partition_S(cV)
+                kv = self.kv_loader(kv_blocks, tidx, sm)
 
                 ctx = self.mma_context(tidx, sm, softmax_scale_log2)
                 ctx.__dict__.update(
                     m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start, n_end=n_end,
                     group=group if const_expr(pack) else None, tile_rows=tile_rows, head_kv=head_kv, mQ_h=mQ_h,
                     thr_qk=thr_qk, n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end,
-                    tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, t0KcK=t0KcK, tKcK=tKcK, t0VcV=t0VcV, tVcV=tVcV,
-                    window_left=window_left, window_right=window_right, softcap_scale=softcap_scale,
-                    tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV, slot_base=0,
+                    tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, kv=kv, slot_base=0,
                 )
+                ctx.score = self.score_step(ctx, softcap_scale, window_left, window_right)
 
                 out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head,
                                       split=split)
                 if const_expr(self.warp_specialized):
                     # A producer warp feeds the stages; the MMA warps only consume them.
                     if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == self.num_threads // 32:
-                        self.producer(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+                        self.producer(ctx)
                     else:
-                        self.consume(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
-                                     mSink, head, sO, out)
+                        self.consume(ctx, mSink, head, sm.sO, out)
                 else:
-                    self.consume(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
-                                 mSink, head, sO, out)
+                    self.consume(ctx, mSink, head, sm.sO, out)
 
     @cute.jit
-    def consume(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch,
-                mSink, head, sO, out: SimpleNamespace):
+    def consume(self, ctx: SimpleNamespace, mSink, head, sO, out: SimpleNamespace):
         """Prologue, the key-block loop and the epilogue of the MMA warps."""
-        # Column predicates for padded head dims; the padded Q/K columns are zeroed once and never loaded.
-        tQKp = None
-        tVp = None
+        # Padded head dims: the padded Q/K columns are zeroed once and never loaded.
+        if const_expr(self.pad_qk or self.pad_v):
+            ctx.kv = ctx.kv.padded(self.spec.head_dim if self.pad_qk else None,
+                                   self.spec.head_dim_v if self.pad_v else None)
         if const_expr(self.pad_qk):
-            tQKp = column_predicate(ctx.tKcK, self.spec.head_dim)
             zero_masked_cols(ctx.tQsQ, column_predicate(ctx.tQcQ, self.spec.head_dim))
-            if const_expr(not self.tma_kv):  # TMA fills columns past the tensor's head dim with zeros
-                for j in cutlass.range_constexpr(self.config.num_stages):
-                    zero_masked_cols(ctx.tKsK[None, None, None, j], tQKp)
-        if const_expr(self.pad_v):
-            tVp = column_predicate(ctx.tVcV, self.spec.head_dim_v)
-        ctx.tQKp, ctx.tVp = tQKp, tVp
+            ctx.kv.zero_k_padding(self.config.num_stages)
         if const_expr(self.config.overlap):
-            self.overlap_prologue(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+            self.overlap_prologue(ctx)
         else:
-            self.prologue(ctx, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+            self.prologue(ctx)
         if const_expr(self.config.q_in_regs):
             cute.copy(ctx.s2r_q, ctx.tSsQ, ctx.tSrQ_v)
         # Mainloop, last block first: right-edge blocks (masked), full blocks, left-edge blocks of a window
@@ -504,33 +508,19 @@ class FlashFwdMultistage:
             self.epilogue(ctx, lse, sO, out)
 
     @cute.jit
-    def prologue(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+    def prologue(self, ctx: SimpleNamespace):
         """cp.async Q and the first stages - 1 K/V tiles (tile 0 = block n_end - 1 may be partial);
         wait for Q and tile 0."""
-        stages = self.config.num_stages
+        stages, kv = self.config.num_stages, ctx.kv
         self.load_q(ctx)
         for j in cutlass.range_constexpr(stages - 1):
             n_block = ctx.n_end - 1 - j
             if n_block >= ctx.n_start:
-                self.load_k_rows(ctx, n_block, j)
-                self.load_v_rows(ctx, n_block, j)
+                kv.load_k(n_block, j, bounded=True)
+                kv.load_v(n_block, j, bounded=True)
             cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(stages - 2)
         cute.arch.sync_threads()
-
-    @cute.jit
-    def load_k_rows(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32):
-        """cp.async K of key block ``n_block`` into smem ``stage``; rows past seqlen_k (a partial last
-        block) are not read (their scores are masked)."""
-        copy_rows(self.g2s_qk, ctx.tKgK[None, None, None, n_block], ctx.tKsK[None, None, None, stage], ctx.t0KcK,
-                  ctx.seqlen_k - n_block * self.tile_n - ctx.tKcK[0][0], False, ctx.tQKp)
-
-    @cute.jit
-    def load_v_rows(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32):
-        """cp.async V of key block ``n_block`` into smem ``stage``; rows past seqlen_k are zeroed: P is
-        0 there, but 0 * garbage could be NaN."""
-        copy_rows(self.g2s_v, ctx.tVgV[None, None, None, n_block], ctx.tVsV[None, None, None, stage], ctx.t0VcV,
-                  ctx.seqlen_k - n_block * self.tile_n - ctx.tVcV[0][0], True, ctx.tVp)
 
     @cute.jit
     def packed_row(self, ctx: SimpleNamespace, tile_row):
@@ -568,16 +558,14 @@ class FlashFwdMultistage:
     @cute.jit
     def mainloop_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
         """Step ``it``: key block ``n_block``, whose K/V tile sits complete in stage it % stages."""
-        stages = self.config.num_stages
+        stages, kv = self.config.num_stages, ctx.kv
         stage = it % stages
         # a. Refill the stage consumed last step (every warp passed the barrier after it).
         n_ahead = n_block - (stages - 1)
         if n_ahead >= ctx.n_start:
             stage_ahead = (stage + stages - 1) % stages
-            cute.copy(self.g2s_qk, ctx.tKgK[None, None, None, n_ahead], ctx.tKsK[None, None, None, stage_ahead],
-                      pred=ctx.tQKp)
-            cute.copy(self.g2s_v, ctx.tVgV[None, None, None, n_ahead], ctx.tVsV[None, None, None, stage_ahead],
-                      pred=ctx.tVp)
+            kv.load_k(n_ahead, stage_ahead, bounded=False)
+            kv.load_v(n_ahead, stage_ahead, bounded=False)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
         self.compute_block(ctx, n_block, stage, masked)
         # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
@@ -594,8 +582,9 @@ class FlashFwdMultistage:
 
     @cute.jit
     def scores(self, ctx: SimpleNamespace, n_block: Int32, k_stage: Int32, masked: cutlass.Constexpr[bool]):
-        """b./c. S = Q K^T for key block ``n_block`` (K in smem stage ``k_stage``), softcapped and
-        element-masked where the block needs it: the (MMA, MMA_M, MMA_N) fp32 accumulator."""
+        """b./c. S = Q K^T for key block ``n_block`` (K in smem stage ``k_stage``), through the tile's
+        score step (softcap, element mask where the block needs it): the (MMA, MMA_M, MMA_N) fp32
+        accumulator."""
         acc_S = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         acc_S.fill(0.0)
         tSsK = ctx.tSsK[None, None, None, k_stage]
@@ -603,15 +592,7 @@ class FlashFwdMultistage:
             self.gemm_rA_smemB(acc_S, ctx.tSrQ, ctx.tSrK, tSsK, ctx.tSrK_v, ctx.s2r_k)
         else:
             self.gemm_smem(acc_S, ctx.tSrQ, ctx.tSrK, ctx.tSsQ, ctx.tSrQ_v, tSsK, ctx.tSrK_v, ctx.s2r_q, ctx.s2r_k)
-        if const_expr(self.spec.softcap):
-            # logits = softcap * tanh(s * scale / softcap); the softcap factor is folded into scale_log2.
-            acc_S.store(cute.math.tanh(acc_S.load() * ctx.softcap_scale, fastmath=True))
-        if const_expr(masked):
-            mask_scores(
-                acc_rows_cols(acc_S), ctx.tScS_rc, ctx.t0ScS_rc, ctx.m_block, n_block, ctx.seqlen_q, ctx.seqlen_k,
-                ctx.window_left, ctx.window_right, self.tile_m, self.tile_n, self.causal, self.spec.local,
-                ctx.group, self.config.mask_select,
-            )
+        ctx.score.apply(acc_S, n_block, masked)
         return acc_S
 
     @cute.jit
@@ -629,11 +610,12 @@ class FlashFwdMultistage:
     # step it loads slot it + 1 (the buffers step it - 1 read) and the tail PV waits for slot n.
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def overlap_prologue(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+    def overlap_prologue(self, ctx: SimpleNamespace):
         """Q and K of the first block (block n_end - 1, possibly partial), landed and visible."""
+        kv = ctx.kv
         self.load_q(ctx)
         if ctx.n_end - 1 >= ctx.n_start:
-            self.load_k_rows(ctx, ctx.n_end - 1, 0)
+            kv.load_k(ctx.n_end - 1, 0, bounded=True)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
@@ -642,15 +624,10 @@ class FlashFwdMultistage:
     def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool]):
         """Start load slot ``slot``: K of block v_block - 1 (when the range has it) and V of block
         ``v_block`` (the range's first block when ``first``: rows past seqlen_k are zero-filled)."""
-        k_block = v_block - 1
+        kv, k_block = ctx.kv, v_block - 1
         if k_block >= ctx.n_start:
-            cute.copy(self.g2s_qk, ctx.tKgK[None, None, None, k_block], ctx.tKsK[None, None, None, slot % 2],
-                      pred=ctx.tQKp)
-        if const_expr(first):
-            self.load_v_rows(ctx, v_block, (slot + 1) % 2)
-        else:
-            cute.copy(self.g2s_v, ctx.tVgV[None, None, None, v_block], ctx.tVsV[None, None, None, (slot + 1) % 2],
-                      pred=ctx.tVp)
+            kv.load_k(k_block, slot % 2, bounded=False)
+        kv.load_v(v_block, (slot + 1) % 2, bounded=first)
         cute.arch.cp_async_commit_group()
 
     @cute.jit

@@ -29,7 +29,8 @@ from ..config import atom_cols
 from . import block_info
 from .fwd_multistage import g2s_tiled_copy
 from .fwd_tma import FlashFwdTma
-from .seqlen_info import num_batches, num_heads, sequence, sequence_heads
+from .kv_source import DenseKV
+from .seqlen_info import num_batches, num_heads, sequence_heads
 from .tile_scheduler import tile_coords
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
 
@@ -90,13 +91,16 @@ class FlashFwdPersistent(FlashFwdTma):
         loop plans the current tile and, for the loads it starts early, the next one)."""
         m_block, head, batch = tile_coords(tile, num_m_blocks, heads, reverse_m)
         mQ_h, seqlen_q = sequence_heads(p.mQ, batch, p.mCuSeqlensQ, p.mSeqUsedQ)
-        _, seqlen_k = sequence(p.mK, batch, head // ratio, p.mCuSeqlensK, p.mSeqUsedK)
+        kv_src = DenseKV.locate(p.mK, p.mV, batch, p.mCuSeqlensK, p.mSeqUsedK, (p.tma_atom_K, p.mK_tma),
+                                (p.tma_atom_V, p.mV_tma))
         ranges = block_info.block_range_rows(
-            m_block * self.tile_m, (m_block + 1) * self.tile_m, seqlen_q, seqlen_k, self.tile_n,
+            m_block * self.tile_m, (m_block + 1) * self.tile_m, seqlen_q, kv_src.seqlen_k, self.tile_n,
             self.causal, self.spec.local, p.window_left, p.window_right,
         )
-        return SimpleNamespace(m_block=m_block, head=head, batch=batch, head_kv=head // ratio, mQ_h=mQ_h,
-                               seqlen_q=seqlen_q, seqlen_k=seqlen_k, ranges=ranges)
+        head_kv = head // ratio
+        return SimpleNamespace(m_block=m_block, head=head, batch=batch, head_kv=head_kv, mQ_h=mQ_h, seqlen_q=seqlen_q,
+                               seqlen_k=kv_src.seqlen_k, ranges=ranges,
+                               kv_src=kv_src.head(head_kv).blocks(self.tile_n, self.head_dim, self.head_dim_v))
 
     @cute.jit
     def persistent_tiles(self, p: SimpleNamespace):
@@ -104,7 +108,6 @@ class FlashFwdPersistent(FlashFwdTma):
         mCuSeqlensQ, mSeqUsedQ = p.mCuSeqlensQ, p.mSeqUsedQ
         softmax_scale_log2, window_left, window_right = p.scale_log2, p.window_left, p.window_right
         scheduler, num_m_blocks = p.scheduler, p.num_m_blocks
-        mK_tma, mV_tma, tma_atom_K, tma_atom_V = p.mK_tma, p.mV_tma, p.tma_atom_K, p.tma_atom_V
         tidx, _, _ = cute.arch.thread_idx()
         group = self.turn_group(None)
         gtid = tidx % self.group_threads
@@ -131,10 +134,10 @@ class FlashFwdPersistent(FlashFwdTma):
                 ctx.__dict__.update(
                     m_block=m_block, seqlen_q=seqlen_q, seqlen_k=cur.seqlen_k, n_start=n_start, n_end=n_end,
                     n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end, group=None,
-                    tile_rows=seqlen_q, head_kv=head_kv, window_left=window_left, window_right=window_right,
-                    softcap_scale=p.softcap_scale, slot_base=slot_base,
+                    tile_rows=seqlen_q, head_kv=head_kv, slot_base=slot_base,
                 )
-                ctx.tma = self.tma_views(sm.sK, sm.sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
+                ctx.score = self.score_step(ctx, p.softcap_scale, window_left, window_right)
+                ctx.kv = self.kv_loader(cur.kv_src, tidx, sm)
                 if q_loaded == 0:
                     self.q_rows(sm.sQ, cur.mQ_h, seqlen_q, head, m_block, group, gtid, zero_pad=False)
                 if k_loaded == 0:
@@ -150,7 +153,7 @@ class FlashFwdPersistent(FlashFwdTma):
                         k_loaded = Int32(1)
                 ctx.next_k = SimpleNamespace(
                     go=k_loaded, n_start=nx.ranges[0], n_end=nx.ranges[3], bars=sm.bars, slot_base=slot_base + n_total + 1,
-                    tma=self.tma_views(sm.sK, sm.sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, nx.head_kv, nx.batch),
+                    kv=self.kv_loader(nx.kv_src, tidx, sm),
                 )
                 cute.arch.cp_async_wait_group(0)
                 self.group_barrier(group)  # the group's Q rows are in smem

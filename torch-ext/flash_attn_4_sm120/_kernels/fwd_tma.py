@@ -17,10 +17,11 @@ how a K/V tile reaches shared memory and how a stage is handed back:
   setmaxnreg is not used: it works per warpgroup, and one producer warp beside the MMA warps is a
   fraction of one; at one CTA per SM (what 99 KB of smem allows) the register file is not the limit.
 
-Q is loaded by cp.async (once per CTA). TMA zero-fills rows past seqlen_k and columns past the
-head dim, which is why this loader needs dense K/V (varlen or seqused K use the cp.async mainloop:
-rows past a sequence's length would be another sequence's data, and the kernel must not rely on
-them being finite). Single-CTA TMA only: no multicast, no clusters.
+The K/V copies are ``kv_source.TmaKV``'s; Q is loaded by cp.async (once per CTA). TMA zero-fills
+rows past seqlen_k and columns past the head dim, which is why this loader needs dense K/V (varlen
+or seqused K use the cp.async mainloop: rows past a sequence's length would be another sequence's
+data, and the kernel must not rely on them being finite). Single-CTA TMA only: no multicast, no
+clusters.
 """
 
 from types import SimpleNamespace
@@ -28,12 +29,12 @@ from types import SimpleNamespace
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
-from cutlass.cute.nvgpu import cpasync
 
 from ..config import atom_cols
 from ..execution_model import ExecutionModel
 from ..problem import FwdSpec
 from .fwd_multistage import FlashFwdMultistage
+from .kv_source import DenseKV, TmaKV, make_tma_atoms
 
 _BAR_MMA = 1  # named barrier id of the MMA warps (0 is the CTA barrier)
 
@@ -52,11 +53,7 @@ class FlashFwdTma(FlashFwdMultistage):
 
     def __init__(self, spec: FwdSpec, config, model: ExecutionModel):
         super().__init__(spec, config, model)
-        self.tma_kv = True
         self.warp_specialized = config.mainloop == "tma_ws"
-        self.k_bytes = self.tile_n * self.head_dim * self.dtype.width // 8
-        self.v_bytes = self.tile_n * self.head_dim_v * self.dtype.width // 8
-        self.stage_bytes = self.k_bytes + self.v_bytes
 
     # -- hooks --------------------------------------------------------------------------------
     def tma_smem_layouts(self):
@@ -79,15 +76,15 @@ class FlashFwdTma(FlashFwdMultistage):
         return 2 * self.config.num_stages  # full[stages], empty[stages]
 
     def make_tma_atoms(self, mK: cute.Tensor, mV: cute.Tensor):
-        op = cpasync.CopyBulkTensorTileG2SOp()
-        out = []
+        return make_tma_atoms(mK, mV, *self.tma_smem_layouts(), self.tile_n, self.head_dim, self.head_dim_v)
+
+    def kv_loader(self, kv_src: DenseKV, tidx, sm: SimpleNamespace) -> TmaKV:
+        """The K/V loader: TMA into the stage buffers, re-viewed with the pointer-swizzled layouts of
+        ``tma_smem_layouts`` (same bytes)."""
         sK_tma, sV_tma = self.tma_smem_layouts()
-        for m, layout, width in ((mK, sK_tma, self.head_dim), (mV, sV_tma, self.head_dim_v)):
-            # (batch, seqlen, heads, d) -> (seqlen, d, heads, batch): the tile covers modes 0 and 1.
-            view = cute.make_tensor(m.iterator, cute.select(m.layout, mode=[1, 3, 2, 0]))
-            atom, tensor = cpasync.make_tiled_tma_atom(op, view, cute.select(layout, mode=[0, 1]), (self.tile_n, width))
-            out += [atom, tensor]
-        return tuple(out)
+        sK = cute.make_tensor(cute.recast_ptr(sm.sK.iterator, swizzle_=sK_tma.inner), sK_tma.outer)
+        sV = cute.make_tensor(cute.recast_ptr(sm.sV.iterator, swizzle_=sV_tma.inner), sV_tma.outer)
+        return kv_src.tma(sK, sV, self.dtype)
 
     @cute.jit
     def init_mbarriers(self, storage):
@@ -110,54 +107,33 @@ class FlashFwdTma(FlashFwdMultistage):
 
     # -- loads --------------------------------------------------------------------------------
     @cute.jit
-    def tma_views(self, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
-        """((TMA, n_blocks), (TMA, stages)) for K and V of this (batch, kv head). The stage buffers
-        are re-viewed with the pointer-swizzled layouts of ``tma_smem_layouts`` (same bytes)."""
-        sK_tma, sV_tma = self.tma_smem_layouts()
-        sK = cute.make_tensor(cute.recast_ptr(sK.iterator, swizzle_=sK_tma.inner), sK_tma.outer)
-        sV = cute.make_tensor(cute.recast_ptr(sV.iterator, swizzle_=sV_tma.inner), sV_tma.outer)
-        gK = cute.local_tile(mK_tma[None, None, head_kv, batch], (self.tile_n, self.head_dim), (None, 0))
-        gV = cute.local_tile(mV_tma[None, None, head_kv, batch], (self.tile_n, self.head_dim_v), (None, 0))
-        tKsK, tKgK = cpasync.tma_partition(tma_atom_K, 0, cute.make_layout(1),
-                                           cute.group_modes(sK, 0, 2), cute.group_modes(gK, 0, 2))
-        tVsV, tVgV = cpasync.tma_partition(tma_atom_V, 0, cute.make_layout(1),
-                                           cute.group_modes(sV, 0, 2), cute.group_modes(gV, 0, 2))
-        return SimpleNamespace(atom_K=tma_atom_K, atom_V=tma_atom_V, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV)
-
-    @cute.jit
-    def issue_tile(self, ctx: SimpleNamespace, tma: SimpleNamespace, it: Int32, n_block: Int32):
-        """One whole warp (the DSL's TMA copy elects its issuing lane with elect.sync, which needs the
-        warp converged): TMA key block ``n_block`` into stage it % stages, counted on its full barrier."""
+    def issue_tile(self, ctx: SimpleNamespace, it: Int32, n_block: Int32):
+        """One whole warp (see ``kv_source.TmaKV``): key block ``n_block`` into stage it % stages,
+        counted on its full barrier."""
         stage = it % self.config.num_stages
-        full = ctx.bars + stage
-        with cute.arch.elect_one():
-            cute.arch.mbarrier_arrive_and_expect_tx(full, self.stage_bytes)
-        cute.copy(tma.atom_K, tma.tKgK[None, n_block], tma.tKsK[None, stage], tma_bar_ptr=full)
-        cute.copy(tma.atom_V, tma.tVgV[None, n_block], tma.tVsV[None, stage], tma_bar_ptr=full)
+        ctx.kv.issue(n_block, stage, ctx.bars + stage)
 
     @cute.jit
-    def prologue(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+    def prologue(self, ctx: SimpleNamespace):
         self.load_q(ctx)
         cute.arch.cp_async_commit_group()
         if const_expr(not self.warp_specialized):
-            ctx.tma = self.tma_views(sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
             if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
                 for j in cutlass.range_constexpr(self.config.num_stages - 1):
                     if ctx.n_end - 1 - j >= ctx.n_start:
-                        self.issue_tile(ctx, ctx.tma, j, ctx.n_end - 1 - j)
+                        self.issue_tile(ctx, j, ctx.n_end - 1 - j)
         cute.arch.cp_async_wait_group(0)
         self.mma_barrier()
 
     @cute.jit
-    def producer(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+    def producer(self, ctx: SimpleNamespace):
         """The producer warp: every key block, last first, into the stage its consumers freed."""
         stages = self.config.num_stages
-        tma = self.tma_views(sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
         for it in cutlass.range(ctx.n_end - ctx.n_start, unroll=1):
             stage = it % stages
             if it >= stages:  # wait until every MMA warp released the stage's previous tile
                 cute.arch.mbarrier_wait(ctx.bars + stages + stage, (it // stages - 1) % 2)
-            self.issue_tile(ctx, tma, it, ctx.n_end - 1 - it)
+            self.issue_tile(ctx, it, ctx.n_end - 1 - it)
 
     @cute.jit
     def mainloop_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
@@ -172,7 +148,7 @@ class FlashFwdTma(FlashFwdMultistage):
                 if const_expr(self.config.mbarrier_release):
                     if it >= 1:
                         cute.arch.mbarrier_wait(ctx.bars + stages + (it - 1) % stages, ((it - 1) // stages) % 2)
-                self.issue_tile(ctx, ctx.tma, it + stages - 1, n_ahead)
+                self.issue_tile(ctx, it + stages - 1, n_ahead)
         cute.arch.mbarrier_wait(ctx.bars + stage, (it // stages) % 2)
         self.compute_block(ctx, n_block, stage, masked)
         if const_expr(per_warp_release):
@@ -185,10 +161,9 @@ class FlashFwdTma(FlashFwdMultistage):
     # -- overlapped mainloop (``config.overlap``; see ``FlashFwdMultistage.overlap_mainloop``) ----
     # Load slot s (K of step s's block, V of step s - 1's) is counted on full barrier s % 2.
     @cute.jit
-    def overlap_prologue(self, ctx: SimpleNamespace, sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch):
+    def overlap_prologue(self, ctx: SimpleNamespace):
         self.load_q(ctx)
         cute.arch.cp_async_commit_group()
-        ctx.tma = self.tma_views(sK, sV, mK_tma, mV_tma, tma_atom_K, tma_atom_V, head_kv, batch)
         self.issue_first_k(ctx)
         cute.arch.cp_async_wait_group(0)
         self.mma_barrier()
@@ -197,28 +172,29 @@ class FlashFwdTma(FlashFwdMultistage):
     def issue_first_k(self, ctx: SimpleNamespace):
         """Warp 0: load slot ``ctx.slot_base`` (K of the range's first block, block n_end - 1) into its
         buffer, counted on its full barrier."""
+        kv = ctx.kv
         if ctx.n_end - 1 >= ctx.n_start and cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
             full = ctx.bars + ctx.slot_base % 2
             with cute.arch.elect_one():
-                cute.arch.mbarrier_arrive_and_expect_tx(full, self.k_bytes)
-            cute.copy(ctx.tma.atom_K, ctx.tma.tKgK[None, ctx.n_end - 1], ctx.tma.tKsK[None, ctx.slot_base % 2],
-                      tma_bar_ptr=full)
+                cute.arch.mbarrier_arrive_and_expect_tx(full, kv.k_bytes)
+            kv.load_k(ctx.n_end - 1, ctx.slot_base % 2, full)
 
     @cute.jit
     def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool]):
         """Warp 0 (converged, see ``issue_tile``): K of block v_block - 1 when the range has it, V of
         ``v_block`` (TMA zero-fills rows past seqlen_k)."""
+        kv = ctx.kv
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
             full = ctx.bars + slot % 2
             k_block = v_block - 1
-            tx = Int32(self.v_bytes)
+            tx = Int32(kv.v_bytes)
             if k_block >= ctx.n_start:
-                tx = tx + self.k_bytes
+                tx = tx + kv.k_bytes
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(full, tx)
             if k_block >= ctx.n_start:
-                cute.copy(ctx.tma.atom_K, ctx.tma.tKgK[None, k_block], ctx.tma.tKsK[None, slot % 2], tma_bar_ptr=full)
-            cute.copy(ctx.tma.atom_V, ctx.tma.tVgV[None, v_block], ctx.tma.tVsV[None, (slot + 1) % 2], tma_bar_ptr=full)
+                kv.load_k(k_block, slot % 2, full)
+            kv.load_v(v_block, (slot + 1) % 2, full)
 
     @cute.jit
     def wait_slot(self, ctx: SimpleNamespace, slot: Int32):

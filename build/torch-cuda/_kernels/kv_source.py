@@ -1,0 +1,240 @@
+"""Where a key block's K and V live in global memory, and the copies that bring them to shared memory
+(arch-free building blocks).
+
+The mainloops never index K or V themselves. Per CTA they hold a *source*, one sequence of the batch
+narrowed to one KV head, which knows the sequence's length, and a *loader* built from it, which moves
+key block ``n_block`` (keys ``[n_block * tile_n, (n_block + 1) * tile_n)`` of the sequence) into a
+stage of the K/V buffers. Another addressing (e.g. paged K/V: a page table maps a block's rows to
+physical rows) is another source whose loaders have the same methods; the mainloops stay as they are.
+
+Source:
+  * ``DenseKV.locate(mK, mV, batch, cu_seqlens_k, seqused_k, tma_k, tma_v, head_kv)``: K/V
+    (batch, seqlen, heads, d), or packed (total, heads, d) with ``cu_seqlens_k``, capped by
+    ``seqused_k`` (``seqlen_info.sequence_heads``); ``seqlen_k``. ``head(head_kv)`` narrows a source
+    located without a head; ``blocks(tile_n, d, dv)`` cuts it into key blocks; ``cp_async(...)`` and
+    ``tma(...)`` build the loaders of those blocks.
+
+Loaders (the interface the mainloops use):
+  * ``CpAsyncKV``, every MMA thread issues its share; the caller commits the cp.async groups and
+    waits. ``load_k(n_block, stage, bounded)``, ``load_v(n_block, stage, bounded)``: ``bounded`` when
+    the block may end past seqlen_k (the sequence's last block); K rows past it are not read (their
+    scores are masked), V rows past it are zero-filled (P is 0 there, but 0 * garbage could be NaN).
+  * ``TmaKV``, one converged warp issues and every copy is counted on an mbarrier. ``load_k(n_block,
+    stage, full)``, ``load_v(...)``, and ``issue(n_block, stage, full)``: expect both tiles' bytes
+    (``k_bytes + v_bytes``), then both copies. TMA zero-fills rows past the tensor's seqlen and
+    columns past its head dim, which is why it takes dense K/V only.
+  * Both: ``padded(k_cols, v_cols)``, the loader that reads only the real head dims of tiles padded
+    past them, and ``zero_k_padding(num_stages)``, which zeroes K's padded columns in every stage once
+    (they are never loaded, and the padded part of every dot product must be 0).
+
+Sources and loaders are frozen dataclasses: the DSL carries an object through a dynamic ``if`` or loop
+when one of its methods is called there, unless it is a frozen dataclass (read-only). A mainloop
+therefore calls a loader through a local name (``kv = ctx.kv``), never through ``ctx``.
+
+Partitions follow CuTe naming: ``tKgK`` (CPY, CPY_ROWS, CPY_COLS, n_blocks) is this thread's view of
+every key block, ``tKsK`` (CPY, CPY_ROWS, CPY_COLS, stages) of every stage.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, const_expr
+from cutlass.cute.nvgpu import cpasync
+
+from .seqlen_info import sequence_heads
+from .tile_io import column_predicate, copy_rows, zero_masked_cols
+
+
+def make_tma_atoms(mK: cute.Tensor, mV: cute.Tensor, sK_layout, sV_layout, tile_n: int, head_dim: int,
+                   head_dim_v: int):
+    """Host side: (atom_K, tma_K, atom_V, tma_V), the TMA atoms for one (tile_n, d) tile of K / V and
+    the tensors their coordinates index. ``sK_layout`` / ``sV_layout``: the stage buffers
+    (tile_n, d, stages) as the TMA unit sees them."""
+    op = cpasync.CopyBulkTensorTileG2SOp()
+    out = []
+    for m, layout, width in ((mK, sK_layout, head_dim), (mV, sV_layout, head_dim_v)):
+        # (batch, seqlen, heads, d) -> (seqlen, d, heads, batch): the tile covers modes 0 and 1.
+        view = cute.make_tensor(m.iterator, cute.select(m.layout, mode=[1, 3, 2, 0]))
+        atom, tensor = cpasync.make_tiled_tma_atom(op, view, cute.select(layout, mode=[0, 1]), (tile_n, width))
+        out += [atom, tensor]
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class DenseKV:
+    """K and V of sequence ``batch`` from its first key: ``mK_s`` / ``mV_s`` are (seqlen_k, heads_kv, d)
+    views, or (seqlen_k, d) once narrowed to KV head ``head_kv``; ``blocks`` then cuts them into the
+    key blocks the loaders read, ``gK`` / ``gV`` (tile_n, d, n_blocks) / (tile_n, dv, n_blocks).
+    ``tma_k`` / ``tma_v``: (atom, tensor) from ``make_tma_atoms`` when the TMA loader is used."""
+
+    batch: Any
+    mK_s: cute.Tensor
+    mV_s: cute.Tensor
+    seqlen_k: Any
+    tma_k: Optional[tuple] = None
+    tma_v: Optional[tuple] = None
+    head_kv: Any = None
+    gK: Optional[cute.Tensor] = None
+    gV: Optional[cute.Tensor] = None
+    #: (tile_n, d, dv) of a key block
+    block_shape: tuple = ()
+
+    @staticmethod
+    def locate(mK: cute.Tensor, mV: cute.Tensor, batch, mCuSeqlensK, mSeqUsedK, tma_k: Optional[tuple] = None,
+               tma_v: Optional[tuple] = None, head_kv=None) -> "DenseKV":
+        """The source for sequence ``batch`` of dense or packed K/V (``seqlen_info.sequence_heads``),
+        narrowed to ``head_kv`` when given."""
+        mK_s, seqlen_k = sequence_heads(mK, batch, mCuSeqlensK, mSeqUsedK)
+        if const_expr(head_kv is not None):
+            mK_s = mK_s[None, head_kv, None]
+        mV_s, _ = sequence_heads(mV, batch, mCuSeqlensK, mSeqUsedK)
+        if const_expr(head_kv is not None):
+            mV_s = mV_s[None, head_kv, None]
+        return DenseKV(batch, mK_s, mV_s, seqlen_k, tma_k, tma_v, head_kv)
+
+    def head(self, head_kv) -> "DenseKV":
+        """This source narrowed to KV head ``head_kv``."""
+        return replace(self, mK_s=self.mK_s[None, head_kv, None], mV_s=self.mV_s[None, head_kv, None], head_kv=head_kv)
+
+    def blocks(self, tile_n: int, head_dim: int, head_dim_v: int) -> "DenseKV":
+        """This (narrowed) source cut into key blocks of ``tile_n`` keys, ``head_dim`` / ``head_dim_v``
+        columns (padded head dims included)."""
+        return replace(self, gK=cute.local_tile(self.mK_s, (tile_n, head_dim), (None, 0)),
+                       gV=cute.local_tile(self.mV_s, (tile_n, head_dim_v), (None, 0)),
+                       block_shape=(tile_n, head_dim, head_dim_v))
+
+    def cp_async(self, tidx, sK: cute.Tensor, sV: cute.Tensor, g2s_k: cute.TiledCopy,
+                 g2s_v: cute.TiledCopy) -> "CpAsyncKV":
+        """Thread ``tidx``'s cp.async loader of the key blocks into ``sK`` (tile_n, d, stages) / ``sV``
+        (tile_n, dv, stages), its share of ``g2s_k`` / ``g2s_v``; all columns (see
+        ``CpAsyncKV.padded``)."""
+        tile_n, head_dim, head_dim_v = self.block_shape
+        gK, gV = self.gK, self.gV
+        thr_k, thr_v = g2s_k.get_slice(tidx), g2s_v.get_slice(tidx)
+        # (CPY, CPY_ROWS, CPY_COLS) coordinates within a block: this thread's and thread 0's (compile-time)
+        cK = cute.make_identity_tensor((tile_n, head_dim))
+        cV = cute.make_identity_tensor((tile_n, head_dim_v))
+        tKcK, tVcV = thr_k.partition_S(cK), thr_v.partition_S(cV)
+        return CpAsyncKV(
+            g2s_k=g2s_k, g2s_v=g2s_v, seqlen_k=self.seqlen_k, tile_n=tile_n,
+            tKgK=thr_k.partition_S(gK), tKsK=thr_k.partition_D(sK),  # (CPY, CPY_ROWS, CPY_COLS, n_blocks | stages)
+            tVgV=thr_v.partition_S(gV), tVsV=thr_v.partition_D(sV),
+            tKcK=tKcK, t0KcK=g2s_k.get_slice(0).partition_S(cK),
+            tVcV=tVcV, t0VcV=g2s_v.get_slice(0).partition_S(cV),
+        )
+
+    def tma(self, sK: cute.Tensor, sV: cute.Tensor, dtype) -> "TmaKV":
+        """The TMA loader of the key blocks into ``sK`` / ``sV`` (tile_n, d, stages), viewed with the
+        layouts the atoms were made for."""
+        tile_n, head_dim, head_dim_v = self.block_shape
+        (atom_K, mK_tma), (atom_V, mV_tma) = self.tma_k, self.tma_v
+        # (tile_n, d, n_blocks) in TMA coordinates
+        gK = cute.local_tile(mK_tma[None, None, self.head_kv, self.batch], (tile_n, head_dim), (None, 0))
+        gV = cute.local_tile(mV_tma[None, None, self.head_kv, self.batch], (tile_n, head_dim_v), (None, 0))
+        # ((TMA, stages), (TMA, n_blocks))
+        tKsK, tKgK = cpasync.tma_partition(atom_K, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        tVsV, tVgV = cpasync.tma_partition(atom_V, 0, cute.make_layout(1), cute.group_modes(sV, 0, 2),
+                                           cute.group_modes(gV, 0, 2))
+        return TmaKV(atom_K=atom_K, atom_V=atom_V, tKgK=tKgK, tKsK=tKsK, tVgV=tVgV, tVsV=tVsV,
+                     k_bytes=tile_n * head_dim * dtype.width // 8, v_bytes=tile_n * head_dim_v * dtype.width // 8)
+
+
+@dataclass(frozen=True)
+class CpAsyncKV:
+    """cp.async of key blocks into the K/V stages by one thread (see ``DenseKV.cp_async``). ``tKp`` /
+    ``tVp``: column predicates of padded head dims (None: every column is read)."""
+
+    g2s_k: cute.TiledCopy
+    g2s_v: cute.TiledCopy
+    seqlen_k: Any
+    tile_n: int
+    tKgK: cute.Tensor
+    tKsK: cute.Tensor
+    tVgV: cute.Tensor
+    tVsV: cute.Tensor
+    tKcK: cute.Tensor
+    t0KcK: cute.Tensor
+    tVcV: cute.Tensor
+    t0VcV: cute.Tensor
+    tKp: Optional[cute.Tensor] = None
+    tVp: Optional[cute.Tensor] = None
+
+    def padded(self, k_cols: Optional[int], v_cols: Optional[int]) -> "CpAsyncKV":
+        """This loader reading only the first ``k_cols`` / ``v_cols`` columns (the real head dims of
+        tiles padded past them; None: all)."""
+        return replace(self, tKp=column_predicate(self.tKcK, k_cols) if const_expr(k_cols is not None) else None,
+                       tVp=column_predicate(self.tVcV, v_cols) if const_expr(v_cols is not None) else None)
+
+    @cute.jit
+    def zero_k_padding(self, num_stages: cutlass.Constexpr[int]):
+        """Zero this thread's K columns past the head dim in every stage (padded head dims only)."""
+        if const_expr(self.tKp is not None):
+            for j in cutlass.range_constexpr(num_stages):
+                zero_masked_cols(self.tKsK[None, None, None, j], self.tKp)
+
+    @cute.jit
+    def load_k(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool]):
+        """K of key block ``n_block`` into stage ``stage``; ``bounded``: rows past seqlen_k are not read."""
+        self.copy_block(self.g2s_k, self.tKgK[None, None, None, n_block], self.tKsK[None, None, None, stage],
+                        self.tKcK, self.t0KcK, self.tKp, n_block, bounded, zero_fill=False)
+
+    @cute.jit
+    def load_v(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool]):
+        """V of key block ``n_block`` into stage ``stage``; ``bounded``: rows past seqlen_k are zeroed."""
+        self.copy_block(self.g2s_v, self.tVgV[None, None, None, n_block], self.tVsV[None, None, None, stage],
+                        self.tVcV, self.t0VcV, self.tVp, n_block, bounded, zero_fill=True)
+
+    @cute.jit
+    def copy_block(self, g2s: cute.TiledCopy, src: cute.Tensor, dst: cute.Tensor, tXcX: cute.Tensor,
+                   t0XcX: cute.Tensor, col_pred, n_block: Int32, bounded: cutlass.Constexpr[bool],
+                   zero_fill: cutlass.Constexpr[bool]):
+        """One block ``src`` (CPY, CPY_ROWS, CPY_COLS) into one stage ``dst``; ``bounded``: only rows
+        below seqlen_k are read, the others zeroed with ``zero_fill``."""
+        if const_expr(bounded):
+            copy_rows(g2s, src, dst, t0XcX, self.seqlen_k - n_block * self.tile_n - tXcX[0][0], zero_fill, col_pred)
+        else:
+            cute.copy(g2s, src, dst, pred=col_pred)
+
+
+@dataclass(frozen=True)
+class TmaKV:
+    """TMA of key blocks into the K/V stages (see ``DenseKV.tma``), issued by one whole warp: the DSL's
+    TMA copy elects its issuing lane with elect.sync, which needs the warp converged. ``k_bytes`` /
+    ``v_bytes``: what one K / V tile brings in (what its full barrier expects)."""
+
+    atom_K: Any
+    atom_V: Any
+    tKgK: cute.Tensor
+    tKsK: cute.Tensor
+    tVgV: cute.Tensor
+    tVsV: cute.Tensor
+    k_bytes: int
+    v_bytes: int
+
+    def padded(self, k_cols: Optional[int], v_cols: Optional[int]) -> "TmaKV":
+        """This loader: TMA reads no column past the tensor's head dim."""
+        return self
+
+    def zero_k_padding(self, num_stages: int):
+        """Nothing: TMA writes zeros into the columns past the tensor's head dim."""
+
+    @cute.jit
+    def load_k(self, n_block: Int32, stage: Int32, full):
+        """K of key block ``n_block`` into stage ``stage``, counted on mbarrier ``full``."""
+        cute.copy(self.atom_K, self.tKgK[None, n_block], self.tKsK[None, stage], tma_bar_ptr=full)
+
+    @cute.jit
+    def load_v(self, n_block: Int32, stage: Int32, full):
+        """V of key block ``n_block`` into stage ``stage``, counted on mbarrier ``full``."""
+        cute.copy(self.atom_V, self.tVgV[None, n_block], self.tVsV[None, stage], tma_bar_ptr=full)
+
+    @cute.jit
+    def issue(self, n_block: Int32, stage: Int32, full):
+        """K and V of key block ``n_block`` into stage ``stage``, ``full`` expecting both tiles' bytes."""
+        with cute.arch.elect_one():
+            cute.arch.mbarrier_arrive_and_expect_tx(full, self.k_bytes + self.v_bytes)
+        self.load_k(n_block, stage, full)
+        self.load_v(n_block, stage, full)
