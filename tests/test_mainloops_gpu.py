@@ -92,6 +92,32 @@ def test_overlap_mainloop(mainloop, cfg, shape, features, causal, num_splits):
                   num_splits=num_splits)
 
 
+SINGLE_STAGE_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n, q_in_regs); 4 warps, one K and one V buffer
+    # the d96-class and d256 table entries, an fp16 padded head dim, and Q in registers
+    pytest.param((torch.bfloat16, 96, 96, 128, 64, False), id="bf16-d96-m128n64"),
+    pytest.param((torch.float16, 80, 80, 128, 64, False), id="fp16-d80-m128n64"),
+    pytest.param((torch.bfloat16, 72, 72, 128, 64, True), id="bf16-d72-m128n64-qreg-padded"),
+    pytest.param((torch.bfloat16, 256, 256, 64, 64, False), id="bf16-d256-m64n64"),
+    pytest.param((torch.bfloat16, 192, 128, 64, 64, False), id="bf16-d192x128-m64n64"),
+]
+
+
+@pytest.mark.parametrize("num_splits", [1, 3], ids=["whole", "split3"])
+@pytest.mark.parametrize("features, causal", OVERLAP_FEATURES)
+@pytest.mark.parametrize("shape", OVERLAP_SHAPES)
+@pytest.mark.parametrize("cfg", SINGLE_STAGE_CONFIGS)
+def test_single_stage_mainloop(cfg, shape, features, causal, num_splits):
+    """One K and one V buffer: the prologue leaves V in flight, each step waits for it after the S MMAs
+    and refills K under the softmax and P V, then V after them; blocks of every mask class, splits with
+    0, 1 or many blocks, and a partial first block (loaded bounded)."""
+    from flash_attn_4_sm120.config import FwdConfig
+
+    dtype, d, dv, tm, tn, qreg = cfg
+    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=4, num_stages=1, q_in_regs=qreg, mainloop="cp_async")
+    _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 13 + tn + len(features) + num_splits,
+                  num_splits=num_splits)
+
+
 def test_tma_refuses_varlen_k():
     """The predicate routes varlen / seqused K away from the TMA loaders (no device needed to say so)."""
     from flash_attn_4_sm120.config import FwdConfig, fwd_config_problems

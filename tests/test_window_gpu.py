@@ -118,7 +118,7 @@ def _config(kind):
     return module.mainloop_config(kind)
 
 
-MAINLOOPS = ["cp_async", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "pingpong_qreg", "persistent"]
+MAINLOOPS = ["cp_async", "single_stage", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "pingpong_qreg", "persistent"]
 
 
 @pytest.mark.parametrize("shape", [pytest.param((2, 113, 203), id="113x203"), pytest.param((1, 600, 1500), id="600x1500"),

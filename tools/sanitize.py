@@ -47,6 +47,7 @@ def mainloop_config(kind: str):
 
     return {
         "cp_async": FwdConfig(64, 64, 4, 2),
+        "single_stage": FwdConfig(128, 64, 4, 1),
         "tma": FwdConfig(128, 48, 4, 2, mainloop="tma"),
         "tma_mbarrier": FwdConfig(128, 48, 4, 2, mainloop="tma", mbarrier_release=True),
         "tma_ws": FwdConfig(128, 48, 4, 2, mainloop="tma_ws"),
@@ -151,7 +152,7 @@ def _combine_run():
 
 FAMILIES = {
     **{kind: (lambda kind=kind: _dense_config_run(kind))
-       for kind in ("cp_async", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "persistent")},
+       for kind in ("cp_async", "single_stage", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "persistent")},
     "varlen": lambda: _varlen_runs(1, False),
     "varlen_packgqa": lambda: _varlen_runs(1, True),
     "varlen_splitkv": lambda: _varlen_runs(4, True),

@@ -109,6 +109,35 @@ for (_d, _dv), _cands in FULL_CANDIDATES.items():
     SETS[f"full_d{_d}"] = [(f"d{_d}_{b}x{s}_{hq}_{hkv}", b, s, s, hq, hkv, False, None, 0.0, None, _cands, (_d, _dv))
                            for (b, s, hq, hkv) in FULL_SHAPES[_d]]
 
+#: Session 15: one-stage cp.async tiles (one K and one V buffer: 128x64 at head dims <= 96 fits twice in an
+#: SM120 SM; 64x64 at d=256 fits once) against the table entries
+S1_SHAPES = [(2, 4096, 32, 8, False), (4, 2048, 32, 32, False), (4, 2048, 32, 32, True), (2, 4096, 32, 8, True),
+             (10, 901, 12, 3, False), (12, 777, 24, 8, True), (16, 537, 20, 20, False), (4, 4096, 20, 20, True)]
+S1_CANDIDATES = {
+    (64, 64): [None, cp_async(128, 64, 1, True), cp_async(128, 64, 1, False)],
+    (80, 80): [None, cp_async(128, 64, 1, False), cp_async(128, 64, 1, True)],
+    (96, 96): [None, cp_async(128, 64, 1, False)],
+    (256, 256): [None, cp_async(64, 64, 1, False)],
+}
+S1_D256_SHAPES = [(4, 2048, 8, 8, False), (4, 2048, 8, 8, True), (2, 4096, 16, 4, False), (8, 1000, 16, 4, False),
+                  (3, 3072, 14, 2, True)]
+for (_d, _dv), _cands in S1_CANDIDATES.items():
+    SETS[f"s1_d{_d}"] = [(f"d{_d}_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else ""), b, s, s, hq, hkv, c, None, 0.0, None,
+                          _cands, (_d, _dv)) for (b, s, hq, hkv, c) in (S1_D256_SHAPES if _d == 256 else S1_SHAPES)]
+
+#: Session 16: the one-stage tiles as class entries and alternates, on the tile-efficiency shapes (rates at
+#: 2x4096 32/8 for config.choose_fwd_config, and whether its picks are the fastest per shape)
+S1_RULE_CANDIDATES = {
+    (80, 80): [None, cp_async(128, 64, 1, False), cp_async(64, 32, 2, True), cp_async(64, 64, 1, True)],
+    (96, 96): [None, cp_async(128, 64, 1, False), cp_async(64, 32, 2, True), cp_async(64, 64, 1, True)],
+    (128, 128): [None, cp_async(64, 64, 1, True), cp_async(64, 64, 1, False), cp_async(64, 32, 2, True)],
+    (192, 128): [None, cp_async(64, 32, 1, False), cp_async(64, 32, 1, True), cp_async(64, 64, 1, True),
+                 cp_async(64, 32, 2, True)],
+}
+for (_d, _dv), _cands in S1_RULE_CANDIDATES.items():
+    SETS[f"s1r_d{_d}"] = [(f"d{_d}x{_dv}_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else ""), b, s, s, hq, hkv, c, None,
+                           0.0, None, _cands, (_d, _dv)) for (b, s, hq, hkv) in SHORT_SHAPES for c in (False, True)]
+
 
 def label(cfg) -> str:
     if cfg is None:
