@@ -123,7 +123,8 @@ def test_tile_efficiency_rule_moves_short_sequences_to_smaller_tiles():
     assert pick(96, True, 777) == 128 and pick(80, False, 537) == 128
     assert pick(96, True, 300) == 64  # 93 -> 120 at 16x300 32/8 (64x32 against the 256x64 entry of session 14)
     assert pick(128, False, 777) == 128 and pick(128, True, 555) == 64
-    assert pick(64, False, 300) == 128  # d64 full has no alternate
+    # d64 (one-stage tiles, 2026-11-25): 16x537 MHA full keeps 128 rows (193 vs 190), causal moves to 64 (163 vs 139)
+    assert pick(64, False, 537) == 128 and pick(64, True, 537) == 64 and pick(64, True, 1024) == 128
     for spec in (FwdSpec("bf16", 96, 96, True), FwdSpec("bf16", 128, 128, False), FwdSpec("bf16", 192, 128, True)):
         assert all(config.is_valid(spec, c, SM120) for c, _ in config.fwd_candidates(spec, SM120))
     # packed GQA and split-KV specs have their own entries and no alternates

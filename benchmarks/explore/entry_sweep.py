@@ -133,10 +133,17 @@ S1_RULE_CANDIDATES = {
     (128, 128): [None, cp_async(64, 64, 1, True), cp_async(64, 64, 1, False), cp_async(64, 32, 2, True)],
     (192, 128): [None, cp_async(64, 32, 1, False), cp_async(64, 32, 1, True), cp_async(64, 64, 1, True),
                  cp_async(64, 32, 2, True)],
+    (64, 64): [None, cp_async(128, 64, 1, True), cp_async(128, 64, 1, False), cp_async(64, 64, 1, True),
+               cp_async(64, 64, 2, True)],
 }
 for (_d, _dv), _cands in S1_RULE_CANDIDATES.items():
     SETS[f"s1r_d{_d}"] = [(f"d{_d}x{_dv}_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else ""), b, s, s, hq, hkv, c, None,
                            0.0, None, _cands, (_d, _dv)) for (b, s, hq, hkv) in SHORT_SHAPES for c in (False, True)]
+
+#: the d128 class's 128-row alternate against the new 64-row one where the rule weighs them (non-causal)
+SETS["s1r_d128_m128"] = [(f"d128x128_{b}x{s}_{hq}_{hkv}", b, s, s, hq, hkv, False, None, 0.0, None,
+                          [None, pingpong(128, 64, True), cp_async(64, 64, 1, True)], (128, 128))
+                         for (b, s, hq, hkv) in SHORT_SHAPES]
 
 
 def label(cfg) -> str:
