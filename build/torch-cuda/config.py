@@ -195,8 +195,11 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     if spec.split_kv and spec.has_sink:
         out.append("split-KV forward with a learnable sink: the sink enters once, in the combine kernel "
                    "(build the split spec without it)")
-    if cfg.num_stages not in (2, 3):
-        out.append(f"num_stages={cfg.num_stages} (2 or 3 supported)")
+    if cfg.num_stages not in (1, 2, 3):
+        out.append(f"num_stages={cfg.num_stages} (1, 2 or 3 supported)")
+    elif cfg.num_stages == 1 and (cfg.uses_tma or cfg.overlap):
+        out.append(f"num_stages=1 (one K and one V buffer) is a cp_async schedule without overlap "
+                   f"(got mainloop={cfg.mainloop}, overlap={cfg.overlap}): use num_stages=2")
     if cfg.overlap and cfg.num_stages != 2:
         out.append(f"overlap=True keeps K one block ahead of V in two buffers each: num_stages must be 2, "
                    f"not {cfg.num_stages}")

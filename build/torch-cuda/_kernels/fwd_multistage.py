@@ -34,7 +34,10 @@ Split-KV (``spec.split_kv``): the grid's z dimension also enumerates ``num_split
 tile's key blocks (``block_info.split_range``); a split writes its normalized fp32 partial O straight
 from the accumulators and its LSE into (num_splits, ...) workspaces, merged by ``fwd_combine``.
 
-Constraints: tile_m a multiple of 16 * num_warps, tile_n a multiple of 16, 2-3 stages, shared memory
+One stage (``num_stages == 1``): one K and one V buffer; step 2 waits for V after the S MMAs, then
+refills K during the softmax and P V, and V after them (``single_stage_step``).
+
+Constraints: tile_m a multiple of 16 * num_warps, tile_n a multiple of 16, 1-3 stages, shared memory
 within the model's per-CTA limit (see ``config.fwd_config_problems``).
 """
 
@@ -466,6 +469,8 @@ class FlashFwdMultistage:
             ctx.kv.zero_k_padding(self.config.num_stages)
         if const_expr(self.config.overlap):
             self.overlap_prologue(ctx)
+        elif const_expr(self.single_stage):
+            self.single_stage_prologue(ctx)
         else:
             self.prologue(ctx)
         if const_expr(self.config.q_in_regs):
@@ -557,7 +562,15 @@ class FlashFwdMultistage:
 
     @cute.jit
     def mainloop_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
-        """Step ``it``: key block ``n_block``, whose K/V tile sits complete in stage it % stages."""
+        """Step ``it``: key block ``n_block``, whose K/V tile sits complete in stage it % stages (one
+        stage: K complete, V in flight)."""
+        if const_expr(self.single_stage):
+            self.single_stage_step(ctx, n_block, masked)
+        else:
+            self.multistage_step(ctx, it, n_block, masked)
+
+    @cute.jit
+    def multistage_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
         stages, kv = self.config.num_stages, ctx.kv
         stage = it % stages
         # a. Refill the stage consumed last step (every warp passed the barrier after it).
@@ -571,6 +584,51 @@ class FlashFwdMultistage:
         # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
         cute.arch.cp_async_wait_group(stages - 2)
         cute.arch.sync_threads()
+
+    # ------------------------------------------------------------------------------------------
+    # One K and one V buffer (``num_stages == 1``, cp.async): K of the next block loads while this
+    # block's softmax and P V run, V of the next block while the next S MMAs run. Two CTA barriers
+    # per block, half the K/V shared memory of two stages: 128-row tiles of head dims up to 96 fit
+    # twice in an SM120 SM.
+    # ------------------------------------------------------------------------------------------
+    @property
+    def single_stage(self) -> bool:
+        return self.config.num_stages == 1 and not self.config.overlap and not self.config.uses_tma
+
+    @cute.jit
+    def single_stage_prologue(self, ctx: SimpleNamespace):
+        """Q and K of the first block (block n_end - 1, possibly partial) landed and visible; its V in
+        flight (the second commit group)."""
+        kv = ctx.kv
+        self.load_q(ctx)
+        has_block = ctx.n_end - 1 >= ctx.n_start
+        if has_block:
+            kv.load_k(ctx.n_end - 1, 0, bounded=True)
+        cute.arch.cp_async_commit_group()
+        if has_block:
+            kv.load_v(ctx.n_end - 1, 0, bounded=True)
+        cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(1)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def single_stage_step(self, ctx: SimpleNamespace, n_block: Int32, masked: cutlass.Constexpr[bool]):
+        """Key block ``n_block``: K complete in the buffer, V in flight (one commit group)."""
+        kv = ctx.kv
+        acc_S = self.scores(ctx, n_block, 0, masked)
+        has_next = n_block - 1 >= ctx.n_start
+        cute.arch.cp_async_wait_group(0)  # this block's V
+        cute.arch.sync_threads()  # every warp is done with K; V is visible
+        if has_next:
+            kv.load_k(n_block - 1, 0, bounded=False)
+        cute.arch.cp_async_commit_group()
+        ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
+        self.pv(ctx, convert(acc_S, self.dtype), 0)
+        cute.arch.cp_async_wait_group(0)  # the next block's K
+        cute.arch.sync_threads()  # every warp is done with V; K is visible
+        if has_next:
+            kv.load_v(n_block - 1, 0, bounded=False)
+        cute.arch.cp_async_commit_group()
 
     @cute.jit
     def compute_block(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool]):
