@@ -305,3 +305,15 @@ def test_occupancy_launch_smem_follows_the_model():
     assert occupancy_launch_smem(spec, one, SM120, h100) == 232448 - 1024  # alone on an H100 SM
     spec64 = FwdSpec("bf16", 64, 64, False)
     assert 233472 // (occupancy_launch_smem(spec64, two, SM120, h100) + 2048) == 2
+
+
+def test_min_ctas_leave_32_row_warps_all_their_registers():
+    """A build promises ptxas as many CTAs per SM as shared memory allows, down to 128 registers a thread per
+    16 rows of a warp: 32 rows per warp keep 255 (d40 128x64 one-stage spilled at the 168 of three CTAs)."""
+    spec = FwdSpec("bf16", 40, 40, False)
+    big = config.FwdConfig(128, 64, 4, 1, q_in_regs=True)
+    small = config.FwdConfig(64, 64, 4, 1, q_in_regs=True)
+    assert config.fwd_ctas_per_sm(spec, big, SM120) >= 3
+    assert config.fwd_min_ctas_per_sm(spec, big, SM120, big.num_threads) == 2
+    assert config.fwd_min_ctas_per_sm(spec, small, SM120, small.num_threads) == min(
+        4, config.fwd_ctas_per_sm(spec, small, SM120))

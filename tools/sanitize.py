@@ -13,7 +13,7 @@ outside the tensors, so the bar is 0 errors in every run.
 The driver first runs every family once without a sanitizer (compiling into a shared disk cache),
 then runs ``compute-sanitizer --tool T python tools/sanitize.py --run FAMILY`` per family and tool
 (memcheck on all; racecheck and synccheck on the families with warp specialization, named
-barriers or mbarriers) and records each run's "ERROR SUMMARY" count in the JSON.
+barriers or mbarriers, and the one-stage schedule) and records each run's "ERROR SUMMARY" count in the JSON.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS)
-SYNC_FAMILIES = ("tma_mbarrier", "tma_ws", "pingpong", "persistent")
+#: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
+#: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
+SYNC_FAMILIES = ("single_stage", "tma_mbarrier", "tma_ws", "pingpong", "persistent")
 
 
 def _i32(xs, device="cuda"):

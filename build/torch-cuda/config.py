@@ -151,19 +151,25 @@ def fwd_ctas_per_sm(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) -> int
     return model.ctas_per_sm(fwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES)
 
 
-#: The fewest registers per thread a forward build is asked to fit in (``fwd_min_ctas_per_sm``): below
-#: this the 32-rows-per-warp accumulators cannot live in registers at all.
+#: The fewest registers per thread a forward build is asked to fit in (``fwd_min_ctas_per_sm``) per 16
+#: accumulator rows of a warp: 16 rows per warp fit in 128; 32 rows per warp (two m16 row blocks of S, O
+#: and the softmax state) need twice that, i.e. the whole 255 (d40 128x64 one-stage Q-in-registers spilled
+#: 236 B at the 168 registers of three CTAs per SM, sm_120a, 2026-11-25).
 MIN_REGS_PER_THREAD = 128
+
+
+def min_regs_per_thread(cfg: FwdConfig) -> int:
+    return MIN_REGS_PER_THREAD * max(1, cfg.tile_m // cfg.num_warps // 16)
 
 
 @lru_cache(maxsize=None)
 def fwd_min_ctas_per_sm(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel, launch_threads: int) -> int:
     """The CTAs per SM a build promises ptxas (the launch's ``min_blocks_per_mp``, ``.minnctapersm``):
     as many as shared memory lets the model hold, but never so many that a thread of a
-    ``launch_threads`` CTA gets fewer than ``MIN_REGS_PER_THREAD`` registers. Without it ptxas spends
-    up to 255 registers per thread, and a small 8-warp tile that shared memory lets two to an SM runs
-    one (registers bind first). A 4-warp CTA keeps the 255 cap at two CTAs per SM."""
-    by_regs = model.regs_per_sm // (launch_threads * MIN_REGS_PER_THREAD)
+    ``launch_threads`` CTA gets fewer than ``min_regs_per_thread(cfg)`` registers. Without it ptxas
+    spends up to 255 registers per thread, and a small 8-warp tile that shared memory lets two to an SM
+    runs one (registers bind first). A 4-warp CTA keeps the 255 cap at two CTAs per SM."""
+    by_regs = model.regs_per_sm // (launch_threads * min_regs_per_thread(cfg))
     return max(1, min(fwd_ctas_per_sm(spec, cfg, model), by_regs))
 
 

@@ -336,7 +336,8 @@ class FlashFwdMultistage:
             grid=grid,
             block=[self.launch_threads, 1, 1],
             smem=max(self.SharedStorage.size_in_bytes(), self.launch_smem),
-            # The CTAs per SM shared memory allows, down to 128 registers a thread (config.fwd_min_ctas_per_sm)
+            # The CTAs per SM shared memory allows, down to 128 registers a thread per 16 rows of a warp
+            # (config.fwd_min_ctas_per_sm)
             min_blocks_per_mp=fwd_min_ctas_per_sm(self.spec, self.config, self.model, self.launch_threads),
             # -1 = CU_SHAREDMEM_CARVEOUT_DEFAULT, the attribute's own default; giving it keeps the DSL from
             # asking the driver for the build machine's smem per SM when min_blocks_per_mp > 1
