@@ -1,6 +1,6 @@
 """Regenerate the README performance table from a committed benchmark result (benchmarks/results).
 
-    python tools/gen_perf.py [--result benchmarks/results/fwd_h100_2026-11-24_s14.json] [--check]
+    python tools/gen_perf.py [--result benchmarks/results/fwd_h100_2026-11-25.json] [--check]
 """
 
 import argparse
@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT / "benchmarks" / "results" / "fwd_h100_2026-11-24_s14.json"
+DEFAULT = ROOT / "benchmarks" / "results" / "fwd_h100_2026-11-25.json"
 BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
 PEERS = [("ours", "this bundle"), ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
          ("sdpa_cudnn", "SDPA cuDNN (wgmma, H100 ceiling)")]

@@ -1,6 +1,6 @@
 """Plot a forward benchmark result (``benchmarks/bench_fwd.py --out``) as a grouped bar chart PNG.
 
-    python tools/plot_bench.py benchmarks/results/fwd_h100_2026-11-24_s13.json [--out chart.png]
+    python tools/plot_bench.py benchmarks/results/fwd_h100_2026-11-25.json [--out chart.png]
 
 Input: ``{device, date, dtype?, rows: [{case, seqlen_q, results: {impl: {tflops, kv_gbps, ms}}}]}``.
 Output (default: the input's path with ``.png``): one group of bars per case, this bundle first and then
