@@ -92,13 +92,16 @@ def test_overlap_mainloop(mainloop, cfg, shape, features, causal, num_splits):
                   num_splits=num_splits)
 
 
-SINGLE_STAGE_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n, q_in_regs); 4 warps, one K and one V buffer
-    # the d96-class and d256 table entries, an fp16 padded head dim, and Q in registers
-    pytest.param((torch.bfloat16, 96, 96, 128, 64, False), id="bf16-d96-m128n64"),
-    pytest.param((torch.float16, 80, 80, 128, 64, False), id="fp16-d80-m128n64"),
-    pytest.param((torch.bfloat16, 72, 72, 128, 64, True), id="bf16-d72-m128n64-qreg-padded"),
-    pytest.param((torch.bfloat16, 256, 256, 64, 64, False), id="bf16-d256-m64n64"),
-    pytest.param((torch.bfloat16, 192, 128, 64, 64, False), id="bf16-d192x128-m64n64"),
+SINGLE_STAGE_CONFIGS = [  # (dtype, head_dim, head_dim_v, tile_m, tile_n, warps, q_in_regs); one K and one V buffer
+    # the table's one-stage tiles (d64 / d96 classes, d256, the 64-row alternates, the d192 class on 8 warps), an fp16
+    # padded head dim, and Q in registers
+    pytest.param((torch.bfloat16, 96, 96, 128, 64, 4, False), id="bf16-d96-m128n64"),
+    pytest.param((torch.float16, 80, 80, 128, 64, 4, False), id="fp16-d80-m128n64"),
+    pytest.param((torch.bfloat16, 72, 72, 128, 64, 4, True), id="bf16-d72-m128n64-qreg-padded"),
+    pytest.param((torch.bfloat16, 256, 256, 64, 64, 4, False), id="bf16-d256-m64n64"),
+    pytest.param((torch.bfloat16, 192, 128, 64, 64, 4, False), id="bf16-d192x128-m64n64"),
+    pytest.param((torch.bfloat16, 192, 128, 128, 64, 8, True), id="bf16-d192x128-m128n64w8-qreg"),
+    pytest.param((torch.float16, 160, 160, 128, 64, 8, True), id="fp16-d160-m128n64w8-qreg"),
 ]
 
 
@@ -112,8 +115,8 @@ def test_single_stage_mainloop(cfg, shape, features, causal, num_splits):
     0, 1 or many blocks, and a partial first block (loaded bounded)."""
     from flash_attn_4_sm120.config import FwdConfig
 
-    dtype, d, dv, tm, tn, qreg = cfg
-    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=4, num_stages=1, q_in_regs=qreg, mainloop="cp_async")
+    dtype, d, dv, tm, tn, warps, qreg = cfg
+    config = FwdConfig(tile_m=tm, tile_n=tn, num_warps=warps, num_stages=1, q_in_regs=qreg, mainloop="cp_async")
     _check_config(config, dtype, d, dv, shape, features, causal, seed=d * 13 + tn + len(features) + num_splits,
                   num_splits=num_splits)
 

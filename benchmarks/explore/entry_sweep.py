@@ -145,6 +145,42 @@ SETS["s1r_d128_m128"] = [(f"d128x128_{b}x{s}_{hq}_{hkv}", b, s, s, hq, hkv, Fals
                           [None, pingpong(128, 64, True), cp_async(64, 64, 1, True)], (128, 128))
                          for (b, s, hq, hkv) in SHORT_SHAPES]
 
+#: Session 16: 8-warp one-stage cp.async tiles (16 rows per warp, two warps per scheduler at one or two CTAs per
+#: SM) against the table where the matrix still misses (192/128 full, d80 10x901) and beside it
+def cp_async8(tm: int, tn: int, stages: int, q_in_regs: bool) -> FwdConfig:
+    return FwdConfig(tile_m=tm, tile_n=tn, num_warps=8, num_stages=stages, q_in_regs=q_in_regs, mainloop="cp_async")
+
+
+W8_CASES = {(192, 128): [(2, 4096, 16, 4, False), (3, 3072, 14, 2, False), (4, 2048, 8, 8, False), (2, 4096, 16, 4, True),
+                         (12, 700, 18, 6, True)],
+            (80, 80): [(10, 901, 12, 3, False), (2, 4096, 32, 8, False), (4, 2048, 32, 32, True)],
+            (96, 96): [(2, 4096, 32, 8, False), (12, 777, 24, 8, True)],
+            (64, 64): [(2, 4096, 32, 8, False), (16, 537, 20, 20, False), (4, 2048, 32, 32, True)]}
+W8_CANDIDATES = {(192, 128): [None, cp_async8(128, 64, 1, False), cp_async8(128, 64, 1, True)],
+                 (80, 80): [None, cp_async8(128, 64, 1, False)], (96, 96): [None, cp_async8(128, 64, 1, False)],
+                 (64, 64): [None, cp_async8(128, 64, 2, True)]}
+SETS["w8_probe"] = [(f"d{d}x{dv}_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else ""), b, s, s, hq, hkv, c, None, 0.0, None,
+                     W8_CANDIDATES[(d, dv)], (d, dv)) for (d, dv), shapes in W8_CASES.items() for (b, s, hq, hkv, c) in shapes]
+
+#: the 8-warp one-stage Q-in-registers tile across the d192 class (192/128, 160/160, 192/192), with the class's 64-row
+#: alternate at 2x4096 32/8 (the rule's rate shape)
+D192_W8 = [None, cp_async8(128, 64, 1, True)]
+SETS["w8_d192"] = [(f"d{d}x{dv}_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else ""), b, s, s, hq, hkv, c, None, 0.0, None,
+                    D192_W8 + ([cp_async(64, 32, 1, True)] if (b, s, hq) == (2, 4096, 32) else []), (d, dv))
+                   for (d, dv) in ((192, 128), (160, 160), (192, 192))
+                   for (b, s, hq, hkv) in ((2, 4096, 32, 8), (2, 4096, 16, 4), (4, 2048, 8, 8), (12, 700, 18, 6),
+                                           (8, 555, 25, 5), (16, 1024, 16, 16))
+                   for c in (False, True)]
+
+#: the d192 class's 8-warp one-stage entry against its 64x32 one-stage alternate on short sequences (the rule's
+#: crossover)
+SETS["w8_d192_short"] = [(f"d{d}x{dv}_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else ""), b, s, s, hq, hkv, c, None, 0.0,
+                          None, [None, cp_async8(128, 64, 1, True), cp_async(64, 32, 1, True)], (d, dv))
+                         for (d, dv) in ((192, 128), (160, 160), (192, 192))
+                         for (b, s, hq, hkv) in ((2, 4096, 32, 8), (12, 700, 18, 6), (8, 555, 25, 5), (16, 1024, 16, 16),
+                                                 (4, 1024, 32, 8), (16, 537, 20, 20), (12, 777, 24, 8), (16, 300, 32, 8))
+                         for c in (False, True)]
+
 
 def label(cfg) -> str:
     if cfg is None:
