@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
-SYNC_FAMILIES = ("single_stage", "tma_mbarrier", "tma_ws", "pingpong", "persistent")
+SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent")
 
 
 def _i32(xs, device="cuda"):
@@ -49,6 +49,7 @@ def mainloop_config(kind: str):
     return {
         "cp_async": FwdConfig(64, 64, 4, 2),
         "single_stage": FwdConfig(128, 64, 4, 1),
+        "single_stage_w8": FwdConfig(128, 64, 8, 1, q_in_regs=True),
         "tma": FwdConfig(128, 48, 4, 2, mainloop="tma"),
         "tma_mbarrier": FwdConfig(128, 48, 4, 2, mainloop="tma", mbarrier_release=True),
         "tma_ws": FwdConfig(128, 48, 4, 2, mainloop="tma_ws"),
@@ -153,7 +154,7 @@ def _combine_run():
 
 FAMILIES = {
     **{kind: (lambda kind=kind: _dense_config_run(kind))
-       for kind in ("cp_async", "single_stage", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "persistent")},
+       for kind in ("cp_async", "single_stage", "single_stage_w8", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "persistent")},
     "varlen": lambda: _varlen_runs(1, False),
     "varlen_packgqa": lambda: _varlen_runs(1, True),
     "varlen_splitkv": lambda: _varlen_runs(4, True),
