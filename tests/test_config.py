@@ -25,7 +25,7 @@ def test_every_dispatchable_config_passes_the_predicate(model):
             + (2 * masks + 2) * classes)
     assert len(set(pairs)) == len(pairs)
     # every spec with each config the tile-efficiency rule may pick for it
-    assert all([cfg for s2, cfg in pairs if s2 == s] == [c for c, _ in config.fwd_candidates(s, model)]
+    assert all([cfg for s2, cfg in pairs if s2 == s] == list(config.dispatch_candidates(s, model))
                for s in {s for s, _ in pairs})
     specs = list(dict.fromkeys(s for s, _ in pairs))
     exact = [k for k in config.fwd_table() if config.EXACT_KEY.match(k)]
@@ -45,7 +45,7 @@ def test_table_records_device_and_date():
     assert data["device"] and data["date"]
     base = {f"d{c}_{m}" for c in config.HEAD_DIM_CLASSES for m in ("full", "causal")}
     assert base <= set(data["table"])
-    suffixes = ("bf16", "fp16", "local", "cp_async", "m128", "m64")
+    suffixes = ("bf16", "fp16", "local", "cp_async", "m128", "m64", "mha")
     packed = {f"d{c}_packgqa" for c in config.HEAD_DIM_CLASSES}
     exact = config.EXACT_KEY
     assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
@@ -55,6 +55,10 @@ def test_table_records_device_and_date():
             assert knobs.get("mainloop", "cp_async") == "cp_async", key
         if key.endswith(("_m128", "_m64")):
             assert knobs["tile_m"] == int(key.rsplit("_m", 1)[1]), key
+        if "unshared_kv" in knobs:  # the same tile with a deeper K/V pipeline, measured
+            other = data["table"][knobs["unshared_kv"]]
+            assert (other["tile_m"], other["tile_n"]) == (knobs["tile_m"], knobs["tile_n"]) and other.get("rate_tflops")
+            assert other["num_stages"] > knobs["num_stages"], key
         for alt in knobs.get("alternates", ()):  # alternates are measured entries with fewer rows
             assert alt in data["table"] and data["table"][alt]["tile_m"] < knobs["tile_m"], (key, alt)
             assert knobs.get("rate_tflops") and data["table"][alt].get("rate_tflops"), (key, alt)
@@ -317,3 +321,17 @@ def test_min_ctas_leave_32_row_warps_all_their_registers():
     assert config.fwd_min_ctas_per_sm(spec, big, SM120, big.num_threads) == 2
     assert config.fwd_min_ctas_per_sm(spec, small, SM120, small.num_threads) == min(
         4, config.fwd_ctas_per_sm(spec, small, SM120))
+
+
+def test_unshared_kv_takes_the_deeper_pipeline():
+    """d64 non-causal: MHA (K/V from DRAM) takes the two-stage tile, GQA the one-stage one (16x537 20/20: 196-198 ->
+    209-213 TFLOPS; 2x4096 32/8: 349-354 one-stage vs 338-345; H100 at SM120 occupancy, 2026-11-25)."""
+    spec = FwdSpec("bf16", 64, 64, False)
+    assert config.choose_fwd_config(spec, SM120, 537, 537, 537, True).num_stages == 1
+    assert config.choose_fwd_config(spec, SM120, 537, 537, 537, False).num_stages == 2
+    assert config.choose_fwd_config(spec, SM120, 4096, 4096, 4096, False).num_stages == 2
+    assert config.choose_fwd_config(spec, SM120, 300, 300, 300, False).tile_m == 64  # the alternates stay
+    # an entry without one serves both; every config either may run is dispatchable (gated, precompiled)
+    causal = FwdSpec("bf16", 64, 64, True)
+    assert config.fwd_candidates(causal, SM120, False) == config.fwd_candidates(causal, SM120, True)
+    assert len(config.dispatch_candidates(spec, SM120)) == 3

@@ -181,6 +181,13 @@ SETS["w8_d192_short"] = [(f"d{d}x{dv}_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else
                                                  (4, 1024, 32, 8), (16, 537, 20, 20), (12, 777, 24, 8), (16, 300, 32, 8))
                          for c in (False, True)]
 
+#: d64 non-causal: the one-stage entry against the two-stage 128x64 tiles with and without Q in registers (16x537 MHA
+#: is the shape the one-stage entry loses)
+SETS["d64_full_stages"] = [(f"d64x64_{b}x{s}_{hq}_{hkv}", b, s, s, hq, hkv, False, None, 0.0, None,
+                            [None, cp_async(128, 64, 2, True), cp_async(128, 64, 2, False)], (64, 64))
+                           for (b, s, hq, hkv) in ((2, 4096, 32, 8), (4, 2048, 32, 32), (3, 3072, 28, 4), (16, 537, 20, 20),
+                                                   (10, 901, 12, 3), (8, 555, 25, 5), (16, 1024, 16, 16))]
+
 
 def label(cfg) -> str:
     if cfg is None:

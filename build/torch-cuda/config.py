@@ -344,14 +344,15 @@ def fwd_table() -> dict:
 
 
 #: Table fields that are measurements or links, not FwdConfig knobs.
-TABLE_NOTES = ("geomean_tflops", "rate_tflops", "alternates")
+TABLE_NOTES = ("geomean_tflops", "rate_tflops", "alternates", "unshared_kv")
 
 
 @lru_cache(maxsize=None)
 def table_notes() -> dict:
-    """``key -> (rate_tflops or None, alternates)`` of the table's entries (``choose_fwd_config``)."""
+    """``key -> (rate_tflops or None, alternates, unshared_kv or None)`` of the table's entries
+    (``fwd_candidates``, ``choose_fwd_config``)."""
     data = json.loads(TABLE_PATH.read_text())
-    return {key: (knobs.get("rate_tflops"), tuple(knobs.get("alternates", ())))
+    return {key: (knobs.get("rate_tflops"), tuple(knobs.get("alternates", ())), knobs.get("unshared_kv"))
             for key, knobs in data["table"].items()}
 
 
@@ -417,12 +418,18 @@ def select_fwd_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
 
 
 @lru_cache(maxsize=None)
-def fwd_candidates(spec: FwdSpec, model: ExecutionModel) -> tuple[tuple[FwdConfig, Optional[float]], ...]:
+def fwd_candidates(spec: FwdSpec, model: ExecutionModel,
+                   shared_kv: bool = True) -> tuple[tuple[FwdConfig, Optional[float]], ...]:
     """(config, rate_tflops) of every entry ``choose_fwd_config`` may pick for ``spec``: the selected
-    entry, then its valid ``alternates`` (smaller-M tiles; only when both carry a measured rate)."""
+    entry, then its valid ``alternates`` (smaller-M tiles; only when both carry a measured rate).
+    ``shared_kv=False`` (every query head has its own K/V head, so K/V stream from DRAM and no head's
+    tiles find another's in L2): the entry's ``unshared_kv`` entry, when it names one valid for the spec,
+    stands in for it (a deeper K/V pipeline at the same CTAs per SM hides the longer latency)."""
     key, cfg = _select_entry(spec, model)
     notes, table = table_notes(), fwd_table()
-    rate, alternates = notes[key]
+    rate, alternates, unshared = notes[key]
+    if not shared_kv and unshared and is_valid(spec, table[unshared], model):
+        cfg, rate = table[unshared], notes[unshared][0] or rate
     out = [(cfg, rate)]
     if rate is not None:
         out += [(table[k], notes[k][0]) for k in alternates
@@ -456,13 +463,19 @@ def tile_work(cfg: FwdConfig, rows: int, seqlen_q: int, seqlen_k: int, causal: b
     return tm * (blocks + TILE_OVERHEAD_BLOCKS * n_m) * tn
 
 
+def dispatch_candidates(spec: FwdSpec, model: ExecutionModel) -> tuple[FwdConfig, ...]:
+    """Every config a call of ``spec`` may run: ``fwd_candidates`` with K/V shared between heads or not."""
+    return tuple(dict.fromkeys(c for shared in (True, False) for c, _ in fwd_candidates(spec, model, shared)))
+
+
 @lru_cache(maxsize=4096)
-def choose_fwd_config(spec: FwdSpec, model: ExecutionModel, rows: int, seqlen_q: int, seqlen_k: int) -> FwdConfig:
+def choose_fwd_config(spec: FwdSpec, model: ExecutionModel, rows: int, seqlen_q: int, seqlen_k: int,
+                      shared_kv: bool = True) -> FwdConfig:
     """The tile-efficiency rule: among ``fwd_candidates`` the config with the least estimated time,
     ``tile_work / rate_tflops``, for this call's shape. Long sequences keep the class entry (its rate
     is the highest); short ones move to a smaller M tile when the big tile's padding, causal diagonal
     and fixed cost outweigh its rate (d96 causal 12x777: 256x64 132 -> 128x64 157 TFLOPS)."""
-    candidates = fwd_candidates(spec, model)
+    candidates = fwd_candidates(spec, model, shared_kv)
     if len(candidates) == 1:
         return candidates[0][0]
     masked = spec.causal or spec.local
@@ -551,4 +564,4 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
             d, dv, mask, softcap, split = int(m[1]), int(m[2]), m[3], bool(m[4]), bool(m[5])
             specs += [replace(_spec(dtype, d, dv, mask, softcap, sink), split_kv=split)
                       for dtype in ("bf16", "fp16") for sink in ((False,) if split else (False, True))]
-    return [(spec, cfg) for spec in dict.fromkeys(specs) for cfg, _ in fwd_candidates(spec, model)]
+    return [(spec, cfg) for spec in dict.fromkeys(specs) for cfg in dispatch_candidates(spec, model)]

@@ -236,7 +236,8 @@ def _plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, con
     if shape.seqlen_k == 0 or shape.batch == 0:  # no keys anywhere: zero output, LSE of the empty set (or the sink)
         return _LaunchPlan(kind="no_keys", **base)
     rows = shape.seqlen_q * (shape.num_heads // shape.num_heads_kv if spec.pack_gqa else 1)
-    cfg = config or choose_fwd_config(spec, model, rows, shape.seqlen_q, shape.seqlen_k)
+    shared_kv = spec.pack_gqa or shape.num_heads != shape.num_heads_kv  # several query heads read each K/V head
+    cfg = config or choose_fwd_config(spec, model, rows, shape.seqlen_q, shape.seqlen_k, shared_kv)
     # The split-KV forward is its own spec with its own table entry (an exact-dims entry can differ)
     split_spec, combine_spec = _split_specs(spec, params.sink is not None)
     split_cfg = config or select_fwd_config(split_spec, model)

@@ -1,7 +1,7 @@
 """Precompile: fill the compile cache before serving starts, on the serving GPU or on a CPU build box.
 
 ``precompile(dtypes, head_dims, causal, head_dim_v, target, model)`` compiles every forward kernel the
-dispatcher may pick for those specs (``config.fwd_candidates``) through the compile cache, so the
+dispatcher may pick for those specs (``config.dispatch_candidates``) through the compile cache, so the
 first ``flash_attn_func`` call of each spec in a later process loads an object from disk instead of
 compiling (see ``compile_cache``: the key is spec, config, execution model, compile target and the launch's
 occupancy padding (``config.occupancy_launch_smem``: 0 on an SM120; computed for the current GPU when the model is
@@ -22,7 +22,7 @@ Algorithm:
      shipped manifest lists as planned raises its ``NotImplementedError`` message.
   4. With ``decode=True`` (``--decode``) add each spec's decode variants (packed GQA, split-KV, both) and
      the split-KV combine kernel of each (dtype, head_dim_v): what decode steps of a serving stack run.
-  5. For each kernel: ``compiler.get_fwd_kernel(spec, cfg, model, target)`` per ``fwd_candidates(spec, model)``
+  5. For each kernel: ``compiler.get_fwd_kernel(spec, cfg, model, target)`` per ``dispatch_candidates(spec, model)``
      (or ``get_combine_kernel``), timed, and classified from the ``compile_cache.default_cache().stats``
      deltas as a ``"memory"`` hit, a ``"disk"`` hit or a ``"compile"``; ``on_disk`` says whether the entry
      is now on disk.
@@ -56,7 +56,7 @@ import time
 from typing import Iterable, Optional, Sequence, Union
 
 from . import compiler, manifest
-from .config import fwd_candidates, occupancy_launch_smem
+from .config import dispatch_candidates, occupancy_launch_smem
 from .execution_model import (
     COMPILE_TARGET_ENV,
     OCCUPANCY_ENV,
@@ -201,7 +201,7 @@ def precompile(dtypes: Iterable = ("bf16",), head_dims: Iterable[int] = (64, 128
     plans = []
     smem = _device_smem_for(model)
     for spec in specs:
-        for cfg, _ in fwd_candidates(spec, model):  # the tile-efficiency rule picks among them per call shape
+        for cfg in dispatch_candidates(spec, model):  # the tile-efficiency rule picks among them per call shape
             launch_smem = occupancy_launch_smem(spec, cfg, model, smem)
             plans.append((spec_name(spec), dataclasses.asdict(spec), dataclasses.asdict(cfg),
                           lambda spec=spec, cfg=cfg, ls=launch_smem: compiler.get_fwd_kernel(spec, cfg, model, target,
