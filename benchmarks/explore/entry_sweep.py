@@ -188,12 +188,21 @@ SETS["d64_full_stages"] = [(f"d64x64_{b}x{s}_{hq}_{hkv}", b, s, s, hq, hkv, Fals
                            for (b, s, hq, hkv) in ((2, 4096, 32, 8), (4, 2048, 32, 32), (3, 3072, 28, 4), (16, 537, 20, 20),
                                                    (10, 901, 12, 3), (8, 555, 25, 5), (16, 1024, 16, 16))]
 
+#: the d192 entry with and without the k-step fragment prefetch, at the lengths where 192/128 non-causal is closest
+#: to upstream
+SETS["w8_d192_prefetch"] = [(f"d192x128_{b}x{s}_{hq}_{hkv}" + ("_causal" if c else ""), b, s, s, hq, hkv, c, None, 0.0,
+                             None, [None, FwdConfig(tile_m=128, tile_n=64, num_warps=8, num_stages=1, q_in_regs=True,
+                                                    mainloop="cp_async", frag_prefetch=False)], (192, 128))
+                            for (b, s, hq, hkv, c) in ((2, 4096, 16, 4, False), (3, 3072, 14, 2, False), (4, 2048, 8, 8, False),
+                                                       (2, 4096, 16, 4, True))]
+
 
 def label(cfg) -> str:
     if cfg is None:
         return "table"
     return (f"{cfg.tile_m}x{cfg.tile_n}w{cfg.num_warps}s{cfg.num_stages}" + ("q" if cfg.q_in_regs else "")
-            + ("pp" if cfg.pingpong else "") + ("" if cfg.mainloop == "cp_async" else f"_{cfg.mainloop}"))
+            + ("pp" if cfg.pingpong else "") + ("" if cfg.mainloop == "cp_async" else f"_{cfg.mainloop}")
+            + ("" if cfg.frag_prefetch else "_nopf"))
 
 
 def _inputs(case):
