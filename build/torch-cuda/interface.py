@@ -151,9 +151,14 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
     runs the split-KV forward into fp32 workspaces and the combine kernel into out/lse. ``max_ctas``
     caps a persistent config's grid (default: one CTA per SM; tests pass fewer so that every CTA
     walks several tiles)."""
-    plan = _plan_launch(spec, shape, params, q.device, q.dtype, tuple(q.shape[:-1]), v.shape[-1], config,
+    return _plan_for(q, v, spec, shape, params, config, num_splits, max_ctas).run(q, k, v, params.sink, varlen,
+                                                                                    out, lse)
+
+
+def _plan_for(q, v, spec, shape, params, config, num_splits, max_ctas) -> "_LaunchPlan":
+    """``_plan_launch`` for a validated call's q / v under the current environment."""
+    return _plan_launch(spec, shape, params, q.device, q.dtype, tuple(q.shape[:-1]), v.shape[-1], config,
                         num_splits, max_ctas, *_env())
-    return plan.run(q, k, v, params.sink, varlen, out, lse)
 
 
 def _env() -> tuple:
@@ -174,7 +179,7 @@ class _LaunchPlan:
     dtype: torch.dtype
     zero_fill: bool  # seqused Q: packed rows past a sequence's used length are never written
     sink_view: Optional[tuple]  # how the sink broadcasts over the LSE on the "no_keys" path
-    launches: tuple = ()  # ((kernel, "main" | "split" | "combine"), ...)
+    launches: tuple = ()  # (main kernel,) or (split kernel, combine kernel)
     scalars: tuple = ()
     seqlen_q: int = 0
     splits: int = 1
@@ -201,14 +206,14 @@ class _LaunchPlan:
             return out, lse.fill_(-math.inf)
         cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
         if self.splits == 1:
-            (kernel, _), = self.launches
+            kernel, = self.launches
             calls = ((kernel, (q, k, v, out, lse, *self.scalars, sink, cu_q, cu_k, used_q, used_k, self.seqlen_q, 1,
                                self.max_ctas, self.band)),)
         else:
             # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
             o_part = torch.empty((self.splits, *self.out_shape), dtype=torch.float32, device=device)
             lse_part = torch.empty((self.splits, *self.lse_shape), dtype=torch.float32, device=device)
-            (split_kernel, _), (combine_kernel, _) = self.launches
+            split_kernel, combine_kernel = self.launches
             calls = ((split_kernel, (q, k, v, o_part, lse_part, *self.scalars, None, cu_q, cu_k, used_q, used_k,
                                      self.seqlen_q, self.splits, 0, self.band)),
                      (combine_kernel, (o_part, lse_part, out, lse, sink, cu_q, used_q, self.seqlen_q)))
@@ -247,10 +252,10 @@ def _plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, con
         band = tile_band(_l2_bytes(device.index), shape.seqlen_k, spec.head_dim, spec.head_dim_v,
                          1 if spec.pack_gqa else shape.num_heads // shape.num_heads_kv)
     if splits == 1:
-        launches = ((_fwd_kernel(spec, cfg, model, target, device.index, mode), "main"),)
+        launches = (_fwd_kernel(spec, cfg, model, target, device.index, mode),)
     else:
-        launches = ((_fwd_kernel(split_spec, split_cfg, model, target, device.index, mode), "split"),
-                    (compiler.get_combine_kernel(combine_spec, model, target), "combine"))
+        launches = (_fwd_kernel(split_spec, split_cfg, model, target, device.index, mode),
+                    compiler.get_combine_kernel(combine_spec, model, target))
     return _LaunchPlan(kind="launch", launches=launches,
                        scalars=(params.scale_log2, params.softcap_scale, params.window_left, params.window_right),
                        seqlen_q=shape.seqlen_q, splits=splits, max_ctas=max_ctas or _num_sms(device.index),
@@ -404,8 +409,7 @@ def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None)
     if needs_grad:
         out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, varlen, num_splits)
     else:
-        plan = _plan_launch(spec, shape, params, q.device, q.dtype, tuple(q.shape[:-1]), v.shape[-1], None,
-                            num_splits, None, *_env())
+        plan = _plan_for(q, v, spec, shape, params, None, num_splits, None)
         if key is not None:
             if len(_PLANS) >= MAX_CACHED_PLANS:
                 _PLANS.clear()
@@ -445,6 +449,18 @@ def _call_key(tensors, scalars, options) -> Optional[tuple]:
     except (AttributeError, TypeError):  # not a tensor: validation reports it
         return None
     return tuple(key)
+
+
+def _replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, varlen, return_lse):
+    """``(key, result)``: the call's ``_call_key`` (window bounds appended to ``scalars``), and the
+    remembered plan's ``(out, lse or None)`` when there is one, else None."""
+    window = tuple(window_size) if isinstance(window_size, (tuple, list)) else (None, None, window_size)
+    key = _call_key(tensors, (*scalars, *window), options)
+    plan = _PLANS.get(key) if key is not None else None
+    if plan is None:
+        return key, None
+    out, lse = plan.run(q, k, v, _plain_sink(learnable_sink), varlen)
+    return key, (out, lse if return_lse else None)
 
 
 def _plain_sink(learnable_sink):
@@ -496,13 +512,10 @@ def flash_attn_func(
         return out, (lse if (return_lse or _needs_grad(q, k, v)) else None)
     key = None
     if not _needs_grad(q, k, v):
-        window = tuple(window_size) if isinstance(window_size, (tuple, list)) else (None, None, window_size)
-        key = _call_key((q, k, v, learnable_sink), (softmax_scale, softcap, *window),
-                        ("dense", bool(causal), num_splits, pack_gqa))
-        plan = _PLANS.get(key) if key is not None else None
-        if plan is not None:
-            out, lse = plan.run(q, k, v, _plain_sink(learnable_sink), None)
-            return out, (lse if return_lse else None)
+        key, result = _replay((q, k, v, learnable_sink), (softmax_scale, softcap), window_size,
+                              ("dense", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink, None, return_lse)
+        if result is not None:
+            return result
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, return_lse, key)
@@ -562,15 +575,12 @@ def flash_attn_varlen_func(
     # no host metadata check.
     if (not _needs_grad(q, k, v) and (cu_seqlens_q is None or max_seqlen_q is not None)
             and (cu_seqlens_k is None or max_seqlen_k is not None) and not check_requested(check_metadata)):
-        window = tuple(window_size) if isinstance(window_size, (tuple, list)) else (None, None, window_size)
         varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-        key = _call_key((q, k, v, learnable_sink, *varlen),
-                        (max_seqlen_q, max_seqlen_k, softmax_scale, softcap, *window),
-                        ("varlen", bool(causal), num_splits, pack_gqa))
-        plan = _PLANS.get(key) if key is not None else None
-        if plan is not None:
-            out, lse = plan.run(q, k, v, _plain_sink(learnable_sink), varlen)
-            return out, (lse if return_lse else None)
+        key, result = _replay((q, k, v, learnable_sink, *varlen), (max_seqlen_q, max_seqlen_k, softmax_scale, softcap),
+                              window_size, ("varlen", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink,
+                              varlen, return_lse)
+        if result is not None:
+            return result
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
