@@ -594,7 +594,8 @@ class FlashFwdMultistage:
     # ------------------------------------------------------------------------------------------
     @property
     def single_stage(self) -> bool:
-        return self.config.num_stages == 1 and not self.config.overlap and not self.config.uses_tma
+        # the predicate (config.fwd_config_problems) admits one stage only for cp.async without overlap
+        return self.config.num_stages == 1
 
     @cute.jit
     def single_stage_prologue(self, ctx: SimpleNamespace):
