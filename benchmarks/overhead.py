@@ -60,8 +60,8 @@ def main():
     lse_part = torch.empty((splits, *lse.shape), dtype=torch.float32, device="cuda")
     scalars = (prm.scale_log2, prm.softcap_scale, prm.window_left, prm.window_right)
     rows = {
-        "kernel call (tvm-ffi), unsplit": lambda: kern(q, k, k, o, lse, *scalars, None, None, None, None, None, 1, 1, 0, 1),
-        "kernel call, split": lambda: split_kern(q, k, k, o_part, lse_part, *scalars, None, None, None, None, None,
+        "kernel call (tvm-ffi), unsplit": lambda: kern(q, k, k, o, lse, *scalars, None, None, None, None, None, None, 1, 1, 0, 1),
+        "kernel call, split": lambda: split_kern(q, k, k, o_part, lse_part, *scalars, None, None, None, None, None, None,
                                                  1, splits, 0, 1),
         "combine call": lambda: comb(o_part, lse_part, o, lse, None, None, None, 1),
         "validate_fwd": lambda: validate_fwd(q, k, k, None, False),

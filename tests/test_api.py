@@ -158,14 +158,35 @@ def test_torch_compile_fullgraph_traces_the_custom_op():
                      id="seqused-length"),
         pytest.param(lambda: dict(cu_seqlens_q=torch.tensor([0, 8], dtype=torch.int32),
                                   cu_seqlens_k=torch.tensor([0, 8], dtype=torch.int32),
-                                  page_table=torch.zeros(1, 1, dtype=torch.int32)), NotImplementedError, "paged",
-                     id="page-table"),
+                                  page_table=torch.zeros(1, 1, dtype=torch.int32)), ValueError, "instead of cu_seqlens_k",
+                     id="page-table-with-cu-seqlens-k"),
     ],
 )
 def test_varlen_validation(make, exc, match):
     q = _t(8, 4, 64)
     with pytest.raises(exc, match=match):
         fa.flash_attn_varlen_func(q, q, q, **make())
+
+
+@pytest.mark.parametrize(
+    "table, cache_shape, exc, match",
+    [
+        pytest.param(torch.zeros(2, 3, dtype=torch.int32), (5, 16, 2, 64), ValueError, "CUDA tensors", id="valid"),
+        pytest.param(torch.zeros(2, 3, dtype=torch.int64), (5, 16, 2, 64), TypeError, "int32", id="int64"),
+        pytest.param(torch.zeros(6, dtype=torch.int32), (5, 16, 2, 64), TypeError, "2-D", id="rank-1"),
+        pytest.param(torch.zeros(3, 3, dtype=torch.int32), (5, 16, 2, 64), ValueError, "batch", id="batch-mismatch"),
+        pytest.param(torch.zeros(2, 6, dtype=torch.int32)[:, ::2], (5, 16, 2, 64), ValueError, "contiguous rows",
+                     id="strided-rows"),
+        pytest.param(torch.zeros(2, 3, dtype=torch.int32), (0, 16, 2, 64), ValueError, "no pages", id="no-pages"),
+        pytest.param(torch.zeros(2, 3, dtype=torch.int32), (5, 16, 3, 64), ValueError, "multiple", id="heads"),
+    ],
+)
+def test_paged_validation(table, cache_shape, exc, match):
+    """Paged K/V: (num_pages, page_size, heads_kv, d) caches and an int32 (batch, max_pages) table; a call
+    that passes validation reaches the device check (CPU tensors here)."""
+    q, cache = _t(2, 1, 4, 64), _t(*cache_shape)
+    with pytest.raises(exc, match=match):
+        fa.flash_attn_varlen_func(q, cache, cache, page_table=table, seqused_k=torch.ones(2, dtype=torch.int32))
 
 
 def test_varlen_packed_q_needs_rank_3():

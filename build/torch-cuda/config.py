@@ -196,8 +196,11 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     elif cfg.uses_tma:
         if not model.has_tma:
             out.append(f"mainloop={cfg.mainloop} needs TMA, which the {model.name} model lacks (use cp_async)")
-        if spec.varlen_k or spec.seqused_k:
-            out.append(f"mainloop={cfg.mainloop} needs dense K/V: varlen / seqused K run the cp_async mainloop")
+        if spec.varlen_k or spec.seqused_k or spec.page_size:
+            out.append(f"mainloop={cfg.mainloop} needs dense K/V: varlen / seqused / paged K run the cp_async mainloop")
+    if spec.page_size and (spec.varlen_k or spec.page_size < 0):
+        out.append(f"page_size={spec.page_size} with varlen_k={spec.varlen_k}: paged K/V are (num_pages, page_size, "
+                   "heads, d) caches with a page table, never packed with cu_seqlens_k; page_size >= 1")
     if spec.split_kv and spec.has_sink:
         out.append("split-KV forward with a learnable sink: the sink enters once, in the combine kernel "
                    "(build the split spec without it)")

@@ -146,7 +146,7 @@ def _packed_spec(spec):
 def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, config=None, num_splits=None,
                 max_ctas=None):
     """Allocate (or check) outputs and launch; inputs are already validated. ``varlen`` is
-    (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k) for packed/varlen calls. ``config`` overrides
+    (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table) for packed/varlen/paged calls. ``config`` overrides
     the table's choice (tests and tuning only). ``num_splits`` > 1 (or automatic, see ``_splits``)
     runs the split-KV forward into fp32 workspaces and the combine kernel into out/lse. ``max_ctas``
     caps a persistent config's grid (default: one CTA per SM; tests pass fewer so that every CTA
@@ -204,17 +204,17 @@ class _LaunchPlan:
             if sink is not None:
                 return out, lse.copy_(sink.view(self.sink_view).expand(self.lse_shape))
             return out, lse.fill_(-math.inf)
-        cu_q, cu_k, used_q, used_k = varlen or (None, None, None, None)
+        cu_q, cu_k, used_q, used_k, pages = varlen or (None, None, None, None, None)
         if self.splits == 1:
             kernel, = self.launches
-            calls = ((kernel, (q, k, v, out, lse, *self.scalars, sink, cu_q, cu_k, used_q, used_k, self.seqlen_q, 1,
+            calls = ((kernel, (q, k, v, out, lse, *self.scalars, sink, cu_q, cu_k, used_q, used_k, pages, self.seqlen_q, 1,
                                self.max_ctas, self.band)),)
         else:
             # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
             o_part = torch.empty((self.splits, *self.out_shape), dtype=torch.float32, device=device)
             lse_part = torch.empty((self.splits, *self.lse_shape), dtype=torch.float32, device=device)
             split_kernel, combine_kernel = self.launches
-            calls = ((split_kernel, (q, k, v, o_part, lse_part, *self.scalars, None, cu_q, cu_k, used_q, used_k,
+            calls = ((split_kernel, (q, k, v, o_part, lse_part, *self.scalars, None, cu_q, cu_k, used_q, used_k, pages,
                                      self.seqlen_q, self.splits, 0, self.band)),
                      (combine_kernel, (o_part, lse_part, out, lse, sink, cu_q, used_q, self.seqlen_q)))
         if device.index == torch.cuda.current_device():
@@ -299,19 +299,19 @@ def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
                  seqused_k: Optional[torch.Tensor], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
                  softmax_scale: Optional[float], causal: bool, window_left: Optional[int],
                  window_right: Optional[int], softcap: float, learnable_sink: Optional[torch.Tensor],
-                 num_splits: int, pack_gqa: Optional[bool],
-                 check_metadata: Optional[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+                 num_splits: int, pack_gqa: Optional[bool], check_metadata: Optional[bool],
+                 page_table: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale,
-        causal, (window_left, window_right), softcap, learnable_sink, check_metadata)
+        causal, (window_left, window_right), softcap, learnable_sink, check_metadata, page_table)
     return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen=varlen,
                        num_splits=num_splits)
 
 
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                  softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits, pack_gqa,
-                 check_metadata):
+                 check_metadata, page_table):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     heads = q.shape[-2]
     lse_shape = (heads, q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], heads, q.shape[1])
@@ -501,8 +501,16 @@ def flash_attn_func(
     every row's softmax denominator (gpt-oss) and to the LSE. ``num_splits``: split each query
     tile's key range over this many CTAs and merge the fp32 partials in a combine kernel (flash
     decoding); None or 0 chooses automatically (splits only grids too small to fill the GPU, e.g.
-    decode), 1 never splits.
+    decode), 1 never splits. ``page_table=`` (batch, max_pages) int32 reads k / v as paged caches
+    (num_pages, page_size, heads_kv, d), every sequence max_pages * page_size keys long (for per-sequence
+    lengths use ``flash_attn_varlen_func(..., seqused_k=...)`` or ``flash_attn_with_kvcache``).
     """
+    page_table = kwargs.pop("page_table", None)
+    if page_table is not None:
+        return flash_attn_varlen_func(q, k, v, page_table=page_table, softmax_scale=softmax_scale, causal=causal,
+                                      window_size=window_size, learnable_sink=learnable_sink, softcap=softcap,
+                                      num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
+                                      score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse, **kwargs)
     _refuse_unimplemented(num_splits, pack_gqa, deterministic and _needs_grad(q, k, v), score_mod, mask_mod, kwargs)
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
@@ -556,26 +564,29 @@ def flash_attn_varlen_func(
     else (batch, heads, seqlen_q); lse is None unless ``return_lse`` or a gradient is required.
     Masks, windows, softcap and sinks are as in ``flash_attn_func``, per sequence.
 
+    Paged K/V: ``page_table`` (batch, max_pages) int32 with k / v as caches (num_pages, page_size,
+    heads_kv, d), any page size; key j of sequence b is row j % page_size of page
+    ``page_table[b, j // page_size]``, for the first ``seqused_k[b]`` keys (without ``seqused_k``, all
+    max_pages * page_size). Pages may be shared and in any order. Not with ``cu_seqlens_k``.
+
     The kernels clamp every sequence to the tensors' extents, so no metadata reaches memory outside
-    them. ``check_metadata=True`` (or ``FA4_SM120_CHECK_METADATA=1``) also checks ``cu_seqlens``,
-    ``seqused`` and ``max_seqlen_*`` on the host (one sync) and raises ``ValueError`` naming the first
-    bad entry (``metadata.py``).
+    them (page indices into the caches' pages). ``check_metadata=True`` (or ``FA4_SM120_CHECK_METADATA=1``)
+    also checks ``cu_seqlens``, ``seqused``, ``max_seqlen_*`` and the page table on the host (one sync) and
+    raises ``ValueError`` naming the first bad entry (``metadata.py``).
     """
-    if page_table is not None:
-        manifest.require("paged_kv")
     _refuse_unimplemented(num_splits, pack_gqa, deterministic and _needs_grad(q, k, v), score_mod, mask_mod, kwargs)
     if torch.compiler.is_compiling():
         # Like flash_attn_func: graphs see the namespaced custom op; validation runs inside it.
         out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                               softmax_scale, bool(causal), *_window_entries(window_size), float(softcap or 0.0),
-                              learnable_sink, num_splits or 0, pack_gqa, check_metadata)
+                              learnable_sink, num_splits or 0, pack_gqa, check_metadata, page_table)
         return out, (lse if (return_lse or _needs_grad(q, k, v)) else None)
     key = None
     # Remembered only when nothing is read from the device: the maxima given where a side is packed,
     # no host metadata check.
     if (not _needs_grad(q, k, v) and (cu_seqlens_q is None or max_seqlen_q is not None)
             and (cu_seqlens_k is None or max_seqlen_k is not None) and not check_requested(check_metadata)):
-        varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+        varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
         key, result = _replay((q, k, v, learnable_sink, *varlen), (max_seqlen_q, max_seqlen_k, softmax_scale, softcap),
                               window_size, ("varlen", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink,
                               varlen, return_lse)
@@ -584,19 +595,20 @@ def flash_attn_varlen_func(
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
-        window_size, softcap, learnable_sink, check_metadata)
+        window_size, softcap, learnable_sink, check_metadata, page_table)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse, key)
 
 
 def _validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
-                          softmax_scale, causal, window_size, softcap, learnable_sink, check_metadata):
+                          softmax_scale, causal, window_size, softcap, learnable_sink, check_metadata, page_table=None):
     """``validate_varlen`` plus the opt-in metadata check; returns (spec, shape, params, varlen tensors)."""
     spec, shape, params = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           seqused_q, seqused_k, softmax_scale, causal, window_size, softcap,
-                                          learnable_sink)
+                                          learnable_sink, page_table)
     if check_requested(check_metadata):
-        check_varlen_metadata(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
-    return spec, shape, params, (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+        check_varlen_metadata(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                              page_table)
+    return spec, shape, params, (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
 
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_fwd", "dispatch_model"]

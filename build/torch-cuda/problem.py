@@ -42,6 +42,10 @@ class FwdSpec:
     #: value); every split writes fp32 partial O and LSE, merged by the combine kernel
     #: (``CombineSpec``), which also adds the learnable sink: a split spec never has one
     split_kv: bool = False
+    #: paged K/V: keys per page of the (num_pages, page_size, heads_kv, d) caches, addressed through a page
+    #: table (batch, max_pages); 0 = K/V dense or packed. Compile-time (a constant divisor), one build per
+    #: page size a serving engine uses
+    page_size: int = 0
 
     @property
     def mask(self) -> str:
@@ -276,10 +280,18 @@ def _check_index_vector(name: str, t, length: Optional[int], device) -> None:
 
 
 def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
-                    softmax_scale, causal, window_size=(None, None), softcap=0.0, learnable_sink=None):
+                    softmax_scale, causal, window_size=(None, None), softcap=0.0, learnable_sink=None,
+                    page_table=None):
     """Check varlen inputs: each side (Q/O, K/V) is packed (total, heads, d) with cu_seqlens (batch+1,)
     or dense (batch, seqlen, heads, d); seqused_* (batch,) cap the lengths. Returns (spec, shape, params);
-    shape.seqlen_q / seqlen_k are the maxima (``max_seqlen_*``, computed with a device sync when None)."""
+    shape.seqlen_q / seqlen_k are the maxima (``max_seqlen_*``, computed with a device sync when None).
+    With ``page_table`` (batch, max_pages) int32, k / v are paged caches (num_pages, page_size, heads_kv,
+    d) (``check_page_table``); sequence b's keys are its first ``seqused_k[b]`` (else max_pages *
+    page_size) keys through its table row."""
+    paged = page_table is not None
+    if paged and cu_seqlens_k is not None:
+        raise ValueError("page_table with cu_seqlens_k: paged K/V are (num_pages, page_size, heads_kv, head_dim) "
+                         "caches whose per-sequence lengths come from seqused_k; pass seqused_k instead of cu_seqlens_k")
     packed_q, packed_k = cu_seqlens_q is not None, cu_seqlens_k is not None
     _check_tensor("q", q, 3 if packed_q else 4)
     _check_tensor("k", k, 3 if packed_k else 4)
@@ -293,7 +305,7 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         if cu is not None:
             _check_index_vector(name, cu, None if batch is None else batch + 1, q.device)
             batch = cu.shape[0] - 1
-    for name, dense in (("q", None if packed_q else q), ("k", None if packed_k else k)):
+    for name, dense in (("q", None if packed_q else q), ("k", None if packed_k or paged else k)):
         if dense is not None:
             if batch is not None and dense.shape[0] != batch:
                 raise ValueError(f"dense {name} has batch {dense.shape[0]} but cu_seqlens give {batch} sequences")
@@ -301,12 +313,16 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
         if used is not None:
             _check_index_vector(name, used, batch, q.device)
+    if paged:
+        check_page_table(page_table, k, q.device, batch)
+
+    capacity = page_table.shape[1] * k.shape[1] if paged else None  # keys one table row reaches
 
     def longest(cu, dense, given):
         if given is not None:
-            return int(given)
+            return int(given) if capacity is None or dense is q else min(int(given), capacity)
         if cu is None:
-            return dense.shape[1]
+            return capacity if capacity is not None and dense is k else dense.shape[1]
         return int((cu[1:] - cu[:-1]).max().item()) if cu.shape[0] > 1 else 0  # device sync: pass max_seqlen
 
     max_q = longest(cu_seqlens_q, q, max_seqlen_q)
@@ -315,10 +331,32 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         raise ValueError("max_seqlen_q / max_seqlen_k must be non-negative")
     # Window bounds are clamped against the rows the tensors hold, not max_seqlen_*: the kernels clamp
     # every sequence to those extents, so no (even corrupt) metadata makes a clamped bound too narrow.
-    extent = (q.shape[0] if packed_q else q.shape[1]) + (k.shape[0] if packed_k else k.shape[1])
+    extent = (q.shape[0] if packed_q else q.shape[1]) + (capacity if paged else k.shape[0] if packed_k else k.shape[1])
     params, local, causal_mask, capped = _runtime_params(q, heads_q, softmax_scale, causal, window_size, softcap,
                                                          learnable_sink, extent)
     spec = FwdSpec(dtype=_DTYPES[q.dtype], head_dim=q.shape[-1], head_dim_v=v.shape[-1], causal=causal_mask,
                    local=local, softcap=capped, has_sink=params.sink is not None, varlen_q=packed_q,
-                   varlen_k=packed_k, seqused_q=seqused_q is not None, seqused_k=seqused_k is not None)
+                   varlen_k=packed_k, seqused_q=seqused_q is not None, seqused_k=seqused_k is not None,
+                   page_size=k.shape[1] if paged else 0)
     return spec, FwdShape(batch, max_q, max_k, heads_q, heads_kv), params
+
+
+def check_page_table(page_table, k, device, batch: int) -> None:
+    """A page table the kernels can index: (batch, max_pages) int32 on ``device``, rows contiguous, over
+    paged caches that hold at least one page when the table reaches any key. Its entries are clamped
+    into the caches' pages in the kernels (``kv_source.PagedKV``); ``metadata.check_page_table_entries``
+    checks them on request."""
+    if not isinstance(page_table, torch.Tensor) or page_table.dtype != torch.int32 or page_table.dim() != 2:
+        raise TypeError(f"page_table must be a 2-D torch.int32 tensor (batch, max_pages), got "
+                        f"{getattr(page_table, 'dtype', type(page_table).__name__)} with shape "
+                        f"{tuple(getattr(page_table, 'shape', ()))}")
+    if page_table.shape[0] != batch:
+        raise ValueError(f"page_table has {page_table.shape[0]} rows but q has batch {batch}: one row per sequence")
+    if page_table.device != device or (page_table.shape[1] > 1 and page_table.stride(1) != 1):
+        raise ValueError(f"page_table must be on {device} with contiguous rows (stride 1 along max_pages)")
+    if k.shape[1] == 0:
+        raise ValueError(f"paged k {tuple(k.shape)} has page_size 0: k_cache / v_cache are (num_pages, page_size, "
+                         "heads_kv, head_dim) with page_size >= 1")
+    if k.shape[0] == 0 and page_table.numel():
+        raise ValueError(f"page_table {tuple(page_table.shape)} points into paged caches with no pages "
+                         f"(k {tuple(k.shape)})")

@@ -59,8 +59,13 @@ def _fake_fwd_args(spec: FwdSpec):
         return _fake_vector(cutlass.Int32, n)
 
     q = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim)
-    k = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim)
-    v = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim_v)
+    if spec.page_size:  # (num_pages, page_size, heads_kv, d) caches, the page size static
+        num_pages = cute.sym_int()
+        k = _fake_tensor(dtype, (num_pages, spec.page_size, heads_kv, spec.head_dim))
+        v = _fake_tensor(dtype, (num_pages, spec.page_size, heads_kv, spec.head_dim_v))
+    else:
+        k = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim)
+        v = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim_v)
     # split-KV: fp32 partial O and LSE with a leading (num_splits,) dimension
     splits = (cute.sym_int(),) if spec.split_kv else ()
     o = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim_v,
@@ -73,10 +78,14 @@ def _fake_fwd_args(spec: FwdSpec):
     cu_k = int_vector(batch_p1) if spec.varlen_k else None
     used_q = int_vector(cute.sym_int()) if spec.seqused_q else None
     used_k = int_vector(cute.sym_int()) if spec.seqused_k else None
+    # page table (batch, max_pages): rows contiguous, any row stride
+    page_table = (cute.runtime.make_fake_tensor(cutlass.Int32, (cute.sym_int(), cute.sym_int()),
+                                                stride=(cute.sym_int64(), 1), assumed_align=4)
+                  if spec.page_size else None)
     # scale_log2, softcap_scale, window_left, window_right are runtime scalars; so are max_seqlen_q,
     # num_splits, max_ctas and tile_band.
     scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0))
-    return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, cutlass.Int32(0), cutlass.Int32(1),
+    return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, page_table, cutlass.Int32(0), cutlass.Int32(1),
             cutlass.Int32(0), cutlass.Int32(1), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
@@ -99,8 +108,9 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
                 check_valid: bool = True, launch_smem: int = 0):
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
     ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink, cu_seqlens_q,
-    cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, num_splits, max_ctas, tile_band)`` taking torch tensors (TVM FFI,
-    current stream); the optional tensors are None unless the spec's matching flag is set. With
+    cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q, num_splits, max_ctas, tile_band)`` taking torch
+    tensors (TVM FFI, current stream); the optional tensors are None unless the spec's matching flag is set
+    (``page_table`` with ``spec.page_size``: k / v are then (num_pages, page_size, heads_kv, d) caches). With
     ``spec.split_kv`` out/lse are the fp32 (num_splits, ...) partial workspaces. ``max_ctas`` caps the
     grid of persistent configs (``config.persistent``: one CTA per SM, so the SM count); others ignore it.
     ``tile_band``: (batch, head) pairs per band of the causal/local longest-first tile order
@@ -198,6 +208,8 @@ class Case:
             mask += "_packgqa"
         if s.split_kv:
             mask += "_splitkv"
+        if s.page_size:
+            mask += f"_paged{s.page_size}"
         qr = "_qreg" if c.q_in_regs else ""
         ml = "_" + c.mainloop if c.uses_tma else ""
         ml += "" if c.frag_prefetch else "_nopf"
@@ -291,12 +303,14 @@ def make_case(
     seqused: bool = False,
     pack_gqa: bool = False,
     split_kv: bool = False,
+    page_size: int = 0,
     dtype: str = "bf16",
     model: str = SM120.name,
 ) -> Case:
     spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal and not local,
-                   local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen,
-                   seqused_q=seqused, seqused_k=seqused, pack_gqa=pack_gqa, split_kv=split_kv)
+                   local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen and not page_size,
+                   seqused_q=seqused, seqused_k=seqused or bool(page_size), pack_gqa=pack_gqa, split_kv=split_kv,
+                   page_size=page_size)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
                     mainloop=mainloop, frag_prefetch=frag_prefetch, overlap=overlap, pingpong=pingpong,
                     persistent=persistent, mbarrier_release=mbarrier_release)

@@ -10,6 +10,8 @@ Head dims are any multiples of 8 up to 256 (padded to 16 in shared memory), head
 
 Tensors: Q, O (batch, seqlen_q, heads_q, d); K, V (batch, seqlen_k, heads_kv, d); LSE (batch, heads_q,
 seqlen_q) fp32. Sizes and strides are runtime values (last dim contiguous, 16-byte aligned rows).
+Paged K/V (``spec.page_size``): K, V (num_pages, page_size, heads_kv, d) caches and a page table
+(batch, max_pages) int32 (``kv_source.PagedKV``).
 
 Algorithm (one CTA = one tile_m x d block of Q for one head; ``num_warps`` warps split it by rows;
 key blocks are visited from the last to the first, so the few that need an element mask come first):
@@ -58,7 +60,7 @@ from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
-from .kv_source import CpAsyncKV, DenseKV
+from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
 from .softmax import OnlineSoftmax, softmax_step
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
@@ -144,7 +146,7 @@ class FlashFwdMultistage:
     def init_mbarriers(self, storage):
         return None
 
-    def kv_loader(self, kv_src: DenseKV, tidx, sm: SimpleNamespace) -> CpAsyncKV:
+    def kv_loader(self, kv_src, tidx, sm: SimpleNamespace) -> CpAsyncKV:
         """This thread's K/V loader (``kv_source``; ``kv_src`` narrowed to one KV head and cut into key
         blocks): cp.async into the stages of sK / sV."""
         return kv_src.cp_async(tidx, sm.sK, sm.sV, self.g2s_qk, self.g2s_v)
@@ -296,6 +298,7 @@ class FlashFwdMultistage:
         mCuSeqlensK: Optional[cute.Tensor],
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
+        mPageTable: Optional[cute.Tensor],
         max_seqlen_q: Int32,
         num_splits: Int32,
         max_ctas: Int32,
@@ -328,7 +331,7 @@ class FlashFwdMultistage:
         tma_atom_K, mK_tma, tma_atom_V, mV_tma = self.make_tma_atoms(mK, mV)
         self.kernel(
             mQ, mK, mV, mO, mLSE, softmax_scale_log2, softcap_scale, window_left, window_right, mSink,
-            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, num_splits,
+            mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
             tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks, cutlass.max(tile_band, 1),
@@ -365,6 +368,7 @@ class FlashFwdMultistage:
         mCuSeqlensK: Optional[cute.Tensor],
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
+        mPageTable: Optional[cute.Tensor],
         num_splits: Int32,
         sQ_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
@@ -406,8 +410,11 @@ class FlashFwdMultistage:
             # Q's (rows, heads, d) view of this sequence and its runtime length (dense or packed); K/V's
             # source for this sequence and KV head (``kv_source``).
             mQ_h, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
-            kv_src = DenseKV.locate(mK, mV, batch, mCuSeqlensK, mSeqUsedK, (tma_atom_K, mK_tma), (tma_atom_V, mV_tma),
-                                    head_kv)
+            if const_expr(self.spec.page_size):
+                kv_src = PagedKV.locate(mK, mV, mPageTable, batch, mSeqUsedK, self.spec.page_size, head_kv)
+            else:
+                kv_src = DenseKV.locate(mK, mV, batch, mCuSeqlensK, mSeqUsedK, (tma_atom_K, mK_tma),
+                                        (tma_atom_V, mV_tma), head_kv)
             seqlen_k = kv_src.seqlen_k
             tile_rows = seqlen_q * group if const_expr(pack) else seqlen_q  # M extent of this (batch, head)
             if m_block * self.tile_m < tile_rows:  # packed batches: tiles past a short sequence do nothing

@@ -27,6 +27,17 @@ Loaders (the interface the mainloops use):
     past them, and ``zero_k_padding(num_stages)``, which zeroes K's padded columns in every stage once
     (they are never loaded, and the padded part of every dot product must be 0).
 
+Paged source:
+  * ``PagedKV.locate(mK, mV, mPageTable, batch, seqused_k, page_size, head_kv)``: K/V caches
+    (num_pages, page_size, heads, d) and the sequence's row of the page table (batch, max_pages): key
+    j lives in row ``j % page_size`` of page ``page_table[batch, j // page_size]``. Its ``cp_async``
+    loader (``PagedCpAsyncKV``) looks up each copy row's page as it issues the row, so any page size
+    (1 to thousands of keys, not only multiples of tile_n) and any page order work; a block's rows may
+    come from several pages. The sequence's length is ``seqused_k[batch]`` (else the table row's
+    capacity, max_pages * page_size), clamped into that capacity, and every page index read from the
+    table is clamped into ``[0, num_pages)``: a corrupt table gives wrong keys, never an access
+    outside the caches. TMA reads whole boxes of one tensor, so paged K/V take the cp.async loader.
+
 Sources and loaders are frozen dataclasses: the DSL carries an object through a dynamic ``if`` or loop
 when one of its methods is called there, unless it is a frozen dataclass (read-only). A mainloop
 therefore calls a loader through a local name (``kv = ctx.kv``), never through ``ctx``.
@@ -43,7 +54,7 @@ import cutlass.cute as cute
 from cutlass import Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
-from .seqlen_info import sequence_heads
+from .seqlen_info import clamp, sequence_heads
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
 
 
@@ -143,6 +154,57 @@ class DenseKV:
 
 
 @dataclass(frozen=True)
+class PagedKV:
+    """K and V of sequence ``batch`` in paged caches ``mK`` / ``mV`` (num_pages, page_size, heads_kv, d):
+    ``pages`` is the sequence's row of the page table (max_pages,), ``seqlen_k`` its clamped length,
+    ``page_size`` the compile-time keys per page (``FwdSpec.page_size``)."""
+
+    batch: Any
+    mK: cute.Tensor
+    mV: cute.Tensor
+    pages: cute.Tensor
+    seqlen_k: Any
+    page_size: int
+    head_kv: Any = None
+    #: (tile_n, d, dv) of a key block
+    block_shape: tuple = ()
+
+    @staticmethod
+    def locate(mK: cute.Tensor, mV: cute.Tensor, mPageTable: cute.Tensor, batch, mSeqUsedK, page_size: int,
+               head_kv=None) -> "PagedKV":
+        """The source for sequence ``batch``: its table row, and its length capped by the row's capacity."""
+        capacity = mPageTable.shape[1] * page_size
+        seqlen_k = capacity
+        if const_expr(mSeqUsedK is not None):
+            seqlen_k = clamp(mSeqUsedK[batch], 0, capacity)
+        return PagedKV(batch, mK, mV, mPageTable[batch, None], seqlen_k, page_size, head_kv)
+
+    def head(self, head_kv) -> "PagedKV":
+        return replace(self, head_kv=head_kv)
+
+    def blocks(self, tile_n: int, head_dim: int, head_dim_v: int) -> "PagedKV":
+        return replace(self, block_shape=(tile_n, head_dim, head_dim_v))
+
+    def cp_async(self, tidx, sK: cute.Tensor, sV: cute.Tensor, g2s_k: cute.TiledCopy,
+                 g2s_v: cute.TiledCopy) -> "PagedCpAsyncKV":
+        """Thread ``tidx``'s cp.async loader of the key blocks into ``sK`` / ``sV`` (see ``DenseKV.cp_async``)."""
+        tile_n, head_dim, head_dim_v = self.block_shape
+        thr_k, thr_v = g2s_k.get_slice(tidx), g2s_v.get_slice(tidx)
+        cK = cute.make_identity_tensor((tile_n, head_dim))
+        cV = cute.make_identity_tensor((tile_n, head_dim_v))
+        return PagedCpAsyncKV(
+            g2s_k=g2s_k, g2s_v=g2s_v, seqlen_k=self.seqlen_k, tile_n=tile_n,
+            tKgK=None, tKsK=thr_k.partition_D(sK), tVgV=None, tVsV=thr_v.partition_D(sV),
+            tKcK=thr_k.partition_S(cK), t0KcK=None, tVcV=thr_v.partition_S(cV), t0VcV=None,
+            tidx=tidx, mK=self.mK, mV=self.mV, pages=self.pages, page_size=self.page_size, head_kv=self.head_kv,
+            widths=(head_dim, head_dim_v),
+        )
+
+    def tma(self, sK: cute.Tensor, sV: cute.Tensor, dtype):
+        raise TypeError("paged K/V take the cp.async loader (config.fwd_config_problems refuses TMA for them)")
+
+
+@dataclass(frozen=True)
 class CpAsyncKV:
     """cp.async of key blocks into the K/V stages by one thread (see ``DenseKV.cp_async``). ``tKp`` /
     ``tVp``: column predicates of padded head dims (None: every column is read)."""
@@ -238,3 +300,60 @@ class TmaKV:
             cute.arch.mbarrier_arrive_and_expect_tx(full, self.k_bytes + self.v_bytes)
         self.load_k(n_block, stage, full)
         self.load_v(n_block, stage, full)
+
+
+@dataclass(frozen=True)
+class PagedCpAsyncKV(CpAsyncKV):
+    """cp.async of key blocks gathered from a paged cache by one thread (see ``PagedKV``): each of the
+    thread's copy rows is key ``n_block * tile_n + row``, found in its page as the row is issued."""
+
+    tidx: Any = None
+    mK: Optional[cute.Tensor] = None
+    mV: Optional[cute.Tensor] = None
+    pages: Optional[cute.Tensor] = None
+    page_size: int = 1
+    head_kv: Any = None
+    #: padded (d, dv): the columns one row's copy covers
+    widths: tuple = ()
+
+    @cute.jit
+    def load_k(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool]):
+        """K of key block ``n_block`` into stage ``stage``; ``bounded``: rows past seqlen_k are not read."""
+        self.gather_block(self.g2s_k, self.mK, self.widths[0], self.tKsK[None, None, None, stage], self.tKcK,
+                          self.tKp, n_block, bounded, zero_fill=False)
+
+    @cute.jit
+    def load_v(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool]):
+        """V of key block ``n_block`` into stage ``stage``; ``bounded``: rows past seqlen_k are zeroed."""
+        self.gather_block(self.g2s_v, self.mV, self.widths[1], self.tVsV[None, None, None, stage], self.tVcV,
+                          self.tVp, n_block, bounded, zero_fill=True)
+
+    @cute.jit
+    def gather_block(self, g2s: cute.TiledCopy, mX: cute.Tensor, width: cutlass.Constexpr[int], dst: cute.Tensor,
+                     tXcX: cute.Tensor, col_pred, n_block: Int32, bounded: cutlass.Constexpr[bool],
+                     zero_fill: cutlass.Constexpr[bool]):
+        """This thread's rows of key block ``n_block`` from their pages into ``dst`` (CPY, CPY_ROWS,
+        CPY_COLS); ``bounded``: rows at or past seqlen_k are not read (zeroed with ``zero_fill``)."""
+        thr = g2s.get_slice(self.tidx)
+        first_key = n_block * self.tile_n
+        for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
+            key = first_key + tXcX[0, m, 0][0]
+            if const_expr(bounded):
+                if key < self.seqlen_k:
+                    self.copy_row(g2s, thr, mX, width, dst, col_pred, m, key)
+                else:
+                    if const_expr(zero_fill):
+                        dst[None, m, None].fill(0)
+            else:
+                self.copy_row(g2s, thr, mX, width, dst, col_pred, m, key)
+
+    @cute.jit
+    def copy_row(self, g2s: cute.TiledCopy, thr, mX: cute.Tensor, width: cutlass.Constexpr[int], dst: cute.Tensor,
+                 col_pred, m: cutlass.Constexpr[int], key):
+        """Copy row ``m`` of this thread's share: key ``key`` (< seqlen_k), from its page."""
+        page = clamp(self.pages[key // self.page_size], 0, mX.shape[0] - 1)
+        row = mX[page, key % self.page_size, self.head_kv, None]
+        # a (tile_n, width) tensor whose every row is that key's row: partitioned like a block, its copy
+        # row m holds this thread's addresses in it
+        src = thr.partition_S(cute.make_tensor(row.iterator, cute.make_layout((self.tile_n, width), stride=(0, 1))))
+        cute.copy(g2s, src[None, m, None], dst[None, m, None], pred=None if const_expr(col_pred is None) else col_pred[None, m, None])
