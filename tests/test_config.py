@@ -20,9 +20,10 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     # 3 varlen layouts x masks per class, and per class packed GQA: 2 x masks (plain, softcap + sink),
     # fp16 causal and causal over packed Q/K; split-KV: 2 x masks (unpacked, packed GQA), fp16 packed
     # causal over packed Q/K; plus each exact-head-dims entry in both dtypes with and without the sink
-    # (those not already listed)
+    # (those not already listed); paged K/V: 3 x masks per class (prefill, packed GQA with softcap +
+    # sink, packed GQA split) plus chunked prefill and page sizes 1 and 256
     base = (2 * masks * dims + 3 * masks * classes + 3 * masks * classes + (2 * masks + 2) * classes
-            + (2 * masks + 2) * classes)
+            + (2 * masks + 2) * classes + (3 * masks + 3) * classes)
     assert len(set(pairs)) == len(pairs)
     # every spec with each config the tile-efficiency rule may pick for it
     assert all([cfg for s2, cfg in pairs if s2 == s] == list(config.dispatch_candidates(s, model))
@@ -46,12 +47,12 @@ def test_table_records_device_and_date():
     base = {f"d{c}_{m}" for c in config.HEAD_DIM_CLASSES for m in ("full", "causal")}
     assert base <= set(data["table"])
     suffixes = ("bf16", "fp16", "local", "cp_async", "m128", "m64", "mha")
-    packed = {f"d{c}_packgqa" for c in config.HEAD_DIM_CLASSES}
+    packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES for kind in ("packgqa", "paged")}
     exact = config.EXACT_KEY
     assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
                for k in data["table"])
     for key, knobs in data["table"].items():
-        if key.endswith("_cp_async"):
+        if key.endswith(("_cp_async", "_paged")):  # paged K/V: no TMA
             assert knobs.get("mainloop", "cp_async") == "cp_async", key
         if key.endswith(("_m128", "_m64")):
             assert knobs["tile_m"] == int(key.rsplit("_m", 1)[1]), key

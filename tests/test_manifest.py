@@ -42,7 +42,7 @@ IMPLICIT = {c["id"] for c in DATA["conditions"] if c["implicit"]}
 IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", "conformance_gate",
                      "sliding_window", "softcap", "learnable_sink", "varlen",
                      "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward", "pack_gqa",
-                     "split_kv", "combine"}
+                     "split_kv", "combine", "paged_kv"}
 
 
 def _involved(conflict: dict) -> list[str]:
@@ -203,10 +203,10 @@ def test_todays_forward_calls_pass():
 
 
 def test_specific_conflict_wins_over_generic_refusal():
-    # paged_kv + head_dim_256 is refused with its own message, not paged_kv's generic one; head_dim_256
+    # block_sparsity + causal is refused with its own message, not block_sparsity's generic one; head_dim_256
     # alone is routed (tile_m 64 fits the implicit 99 KB condition) and passes.
     by_id = {c["id"]: c for c in DATA["conflicts"]}
-    assert _refusal(["forward", "head_dim_256", "paged_kv"]) == by_id["paged_kv+head_dim_256"]["message"]
+    assert _refusal(["forward", "causal", "block_sparsity"]) == by_id["block_sparsity+causal"]["message"]
     assert by_id["head_dim_256+smem_101376"]["resolution"] == "routed"
     manifest.check_combination(["forward", "head_dim_256"])
 
@@ -308,13 +308,13 @@ def _mutate_alternative_not_in_message(d):
 
 
 def _mutate_message_not_naming_features(d):
-    c = _first(d["conflicts"], lambda c: c["id"] == "paged_kv+split_kv")
+    c = _first(d["conflicts"], lambda c: c["id"] == "block_sparsity+causal")
     c["message"] = f"this is not yet available in {VERSION}; use torch SDPA."
     c["alternative"] = "use torch SDPA"
 
 
 def _mutate_supported_with_planned(d):
-    c = _first(d["conflicts"], lambda c: c["id"] == "paged_kv+split_kv")
+    c = _first(d["conflicts"], lambda c: c["id"] == "block_sparsity+causal")
     c["resolution"] = "supported"
     c["note"] = "works"
     del c["message"], c["alternative"]
@@ -356,9 +356,9 @@ def _mutate_planned_message_without_version(d):
     f["message"] = f["message"].replace(VERSION, "this version")
 
 
-def _mutate_paged_kv_lands_without_message_update(d):
-    f = _first(d["features"], lambda f: f["id"] == "paged_kv")
-    f.update(status="implemented", since=VERSION, envelope={"page_size": "any"})
+def _mutate_kvcache_lands_without_message_update(d):
+    f = _first(d["features"], lambda f: f["id"] == "kvcache_api")
+    f.update(status="implemented", since=VERSION, envelope={"api": "flash_attn_with_kvcache"})
     del f["message"], f["alternative"]
 
 
@@ -367,7 +367,7 @@ MUTATIONS = {
     "conflict-names-unknown-feature": (_mutate_unknown_feature, "unknown feature 'warp_drive'"),
     "invalid-status": (_mutate_bad_status, "status must be one of"),
     "alternative-missing-from-message": (_mutate_alternative_not_in_message, "does not name the alternative"),
-    "message-does-not-name-combination": (_mutate_message_not_naming_features, "message does not name 'paged KV'"),
+    "message-does-not-name-combination": (_mutate_message_not_naming_features, "message does not name 'block sparsity'"),
     "supported-while-feature-planned": (_mutate_supported_with_planned, "it can only be refused"),
     "planned-feature-without-message": (_mutate_planned_without_message, "needs message and alternative"),
     "implemented-feature-without-envelope": (_mutate_implemented_without_envelope, "envelope"),
@@ -378,8 +378,8 @@ MUTATIONS = {
     "upstream-url-mismatch": (_mutate_upstream_url, "does not match"),
     "planned-message-without-version": (_mutate_planned_message_without_version, "which version"),
     "feature-lands-but-conflict-message-not-updated": (
-        _mutate_paged_kv_lands_without_message_update,
-        "conflict paged_kv+head_dim_256: message says a feature is not available",
+        _mutate_kvcache_lands_without_message_update,
+        "conflict kvcache_api+paged_kv: message says a feature is not available",
     ),
 }
 
@@ -398,9 +398,9 @@ LOG_MUTATIONS = {
                            "logged as supported"),
     "section-missing": (lambda t: t.replace("### `fp8+softcap`", "### fp8 and softcap"), "fp8+softcap is missing"),
     "stale-section": (lambda t: t + "\n### `old+thing`: gone\n\n- Resolution: **refused**\n", "old+thing is not"),
-    "message-edited": (lambda t: t.replace("gather the pages into contiguous K/V (split-KV then applies), or",
-                                           "gather the pages, or"),
-                       "paged_kv+split_kv message differs"),
+    "message-edited": (lambda t: t.replace("use torch FlexAttention with a causal mask_mod and a BlockMask",
+                                           "use torch FlexAttention"),
+                       "block_sparsity+causal message differs"),
 }
 
 

@@ -4,16 +4,17 @@
 
 Each family is a small workload (``FAMILIES``): a mainloop forced by config (cp.async, TMA, TMA with
 mbarrier release, TMA warp-specialized, overlapped, ping-pong, persistent ping-pong), the table's
-packed-GQA decode, split-KV + combine, varlen (packed and dense with seqused), and the public
-combine. Every family first runs with good inputs, then (where it takes metadata) with corrupt
-metadata: cu_seqlens past the packed rows, negative or decreasing offsets, seqused past the tensor
-or negative, max_seqlen too small. Corrupt metadata may give wrong rows; it must never touch memory
+packed-GQA decode, split-KV + combine, varlen (packed and dense with seqused), paged K/V (page
+sizes 1, 16, 48; decode, prefill and chunked prefill), and the public combine. Every family first runs
+with good inputs, then (where it takes metadata) with corrupt metadata: cu_seqlens past the packed
+rows, negative or decreasing offsets, seqused past the tensor or negative, max_seqlen too small, page
+table entries past the pool or negative. Corrupt metadata may give wrong rows; it must never touch memory
 outside the tensors, so the bar is 0 errors in every run.
 
 The driver first runs every family once without a sanitizer (compiling into a shared disk cache),
 then runs ``compute-sanitizer --tool T python tools/sanitize.py --run FAMILY`` per family and tool
 (memcheck on all; racecheck and synccheck on the families with warp specialization, named
-barriers or mbarriers, and the one-stage schedule) and records each run's "ERROR SUMMARY" count in the JSON.
+barriers or mbarriers, the one-stage schedule and the paged gather) and records each run's "ERROR SUMMARY" count in the JSON.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
-SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent")
+SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged")
 
 
 def _i32(xs, device="cuda"):
@@ -133,6 +134,43 @@ def _decode_run():
     torch.cuda.synchronize()
 
 
+def _paged_runs():
+    """Paged K/V through the page table (dense and packed q, decode with splits and prefill tiles, page sizes
+    1, 16 and 48), with good and corrupt tables: pages past the pool, negative pages, seqused_k past the
+    table row's capacity or negative."""
+    import torch
+
+    import flash_attn_4_sm120 as fa
+
+    if "page_table" not in inspect.signature(fa.flash_attn_varlen_func).parameters:
+        print("no paged K/V in this build: skipped")
+        return
+    torch.manual_seed(4)
+    hq, hkv, d = 8, 2, 128
+    for page_size in (16, 1, 48):
+        num_pages, max_pages = -(-2000 // page_size) * 3, -(-2000 // page_size)
+        kc = torch.randn(num_pages, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
+        good = torch.randperm(num_pages, device="cuda")[: 3 * max_pages].view(3, max_pages).to(torch.int32)
+        past, negative = good.clone(), good.clone()
+        past[0, 1], past[2, -1] = num_pages, 2**30
+        negative[1, 0], negative[2, 3] = -1, -(2**30)
+        used = _i32([2000, 1, 1500])
+        tables = [("good", good, used), ("page past the pool", past, used), ("negative page", negative, used),
+                  ("seqused past the row", good, _i32([10**7, 1, 2001])), ("negative seqused", good, _i32([-5, 1, 7]))]
+        qd = torch.randn(3, 1, hq, d, dtype=torch.bfloat16, device="cuda")
+        qp = torch.randn(3, 300, hq, d, dtype=torch.bfloat16, device="cuda")
+        cu_q = _i32([0, 100, 101, 400])
+        q_packed = torch.randn(400, hq, d, dtype=torch.bfloat16, device="cuda")
+        for label, table, seqused in tables:
+            for splits in (0, 1, 5):
+                fa.flash_attn_varlen_func(qd, kc, kc, seqused_k=seqused, page_table=table, num_splits=splits,
+                                          return_lse=True)
+            fa.flash_attn_varlen_func(qp, kc, kc, seqused_k=seqused, page_table=table, causal=True)
+            fa.flash_attn_varlen_func(q_packed, kc, kc, cu_seqlens_q=cu_q, max_seqlen_q=300, seqused_k=seqused,
+                                      page_table=table, causal=True, window_size=(256, 0))
+    torch.cuda.synchronize()
+
+
 def _combine_run():
     """The public combine (when this build has it), dense and varlen with corrupt cu_seqlens / seqused."""
     import torch
@@ -159,6 +197,7 @@ FAMILIES = {
     "varlen_packgqa": lambda: _varlen_runs(1, True),
     "varlen_splitkv": lambda: _varlen_runs(4, True),
     "decode": _decode_run,
+    "paged": _paged_runs,
     "combine": _combine_run,
 }
 

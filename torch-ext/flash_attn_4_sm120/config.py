@@ -388,13 +388,18 @@ def exact_key(spec: FwdSpec) -> str:
 
 def table_keys(spec: FwdSpec) -> list[str]:
     """The table keys a spec may use, most specific first: a packed-GQA entry (short queries: the
-    row gather adds registers and a 64-row tile wastes less), the exact-head-dims entry
+    row gather adds registers and a 64-row tile wastes less), a paged entry (paged K/V: the page
+    lookups of a one-stage refill sit beside the live S accumulator, where d64 / d96 / d256 one-stage
+    tiles spilled 4-100 B on sm_120a, 2026-11-25, so those classes take a two-stage tile; the others
+    fall through to their class entries), the exact-head-dims entry
     (``exact_key``), a dtype entry (ptxas allocates registers differently for fp16 and bf16), a
     local-window entry (the two-sided mask adds registers), the class entry, then the class's
     cp.async entry (for specs or models the class entry's mainloop cannot serve: varlen / seqused K,
     parts without TMA)."""
     key = table_key(spec)
     keys = [f"d{head_dim_class(spec)}_packgqa"] if spec.pack_gqa else []
+    if spec.page_size:
+        keys.append(f"d{head_dim_class(spec)}_paged")
     keys += [exact_key(spec), f"{key}_{spec.dtype}"]
     if spec.local:
         keys.append(f"{key}_local")
@@ -560,6 +565,18 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True))
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_k=True, seqused_k=True))
             specs.append(replace(_spec("bf16", d, dv, mask), seqused_k=True))  # dense KV cache, filled length
+            # paged K/V (page size 16: the division is a compile-time constant, the code path the same for
+            # every size): prefill tiles, and decode (packed GQA, split) with softcap + sink
+            specs.append(replace(_spec("bf16", d, dv, mask), seqused_k=True, page_size=16))
+            specs.append(replace(_spec("bf16", d, dv, mask, True, True), seqused_k=True, page_size=16,
+                                 pack_gqa=True))
+            specs.append(replace(_spec("bf16", d, dv, mask), seqused_k=True, page_size=16, pack_gqa=True,
+                                 split_kv=True))
+        # chunked prefill: packed Q over paged K/V; page sizes 1 and 256 at the decode spec
+        specs.append(replace(_spec("bf16", d, dv, "causal"), varlen_q=True, seqused_k=True, page_size=16))
+        for page_size in (1, 256):
+            specs.append(replace(_spec("bf16", d, dv, "causal"), seqused_k=True, page_size=page_size,
+                                 pack_gqa=True, split_kv=True))
     # exact-head-dims entries: both dtypes, with and without the sink (the features their key omits)
     for key in fwd_table():
         m = EXACT_KEY.match(key)
