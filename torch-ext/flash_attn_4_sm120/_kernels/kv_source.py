@@ -54,7 +54,7 @@ import cutlass.cute as cute
 from cutlass import Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
-from .seqlen_info import clamp, sequence_heads
+from .seqlen_info import clamp, row_tile, sequence_heads
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
 
 
@@ -352,8 +352,7 @@ class PagedCpAsyncKV(CpAsyncKV):
                  col_pred, m: cutlass.Constexpr[int], key):
         """Copy row ``m`` of this thread's share: key ``key`` (< seqlen_k), from its page."""
         page = clamp(self.pages[key // self.page_size], 0, mX.shape[0] - 1)
-        row = mX[page, key % self.page_size, self.head_kv, None]
-        # a (tile_n, width) tensor whose every row is that key's row: partitioned like a block, its copy
-        # row m holds this thread's addresses in it
-        src = thr.partition_S(cute.make_tensor(row.iterator, cute.make_layout((self.tile_n, width), stride=(0, 1))))
+        # that key's row repeated over a block (seqlen_info.row_tile): its copy row m holds this thread's addresses
+        src = thr.partition_S(row_tile(mX[page, None, None, None], key % self.page_size, self.head_kv, self.tile_n,
+                                       width))
         cute.copy(g2s, src[None, m, None], dst[None, m, None], pred=None if const_expr(col_pred is None) else col_pred[None, m, None])
