@@ -130,6 +130,11 @@ def main():
             used = torch.full((b,), sk, dtype=torch.int32, device="cuda")
             calls[f"ours paged{p}"] = (lambda kc=kc, vc=vc, table=table, used=used: fa.flash_attn_varlen_func(
                 q, kc, vc, seqused_k=used, page_table=table, causal=causal))
+            if p == 16 and sq <= 8:  # the KV-cache API: the step's sq keys appended, then attended with the rest
+                kn, vn = k[:, sk - sq:].clone(), v[:, sk - sq:].clone()
+                calls["ours kvcache16 append"] = (lambda kc=kc, vc=vc, table=table, kn=kn, vn=vn, lens=used - sq:
+                                                  fa.flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens,
+                                                                             block_table=table, causal=causal))
         for peer, fn in peers.items():
             # SDPA's is_causal aligns the diagonal top-left: with seqlen_q < seqlen_k its rows would see
             # only the first keys. Its rows see every key instead (94-100% of the causal work here).

@@ -74,6 +74,22 @@ def main():
         "flash_attn_func, unsplit, no plan": lambda: (interface._PLANS.clear(), fa.flash_attn_func(q, k, k, num_splits=1)),
         "flash_attn_func, split, no plan": lambda: (interface._PLANS.clear(), fa.flash_attn_func(q, k, k, num_splits=splits)),
     }
+    # the KV-cache entry at the same decode shape over a paged cache (page size 16), and the paged varlen call
+    page = 16
+    kc = torch.randn(b * sk // page + 8, page, hkv, d, dtype=torch.bfloat16, device="cuda")
+    table = torch.randperm(kc.shape[0], device="cuda")[: b * sk // page].view(b, -1).to(torch.int32)
+    lens = torch.full((b,), sk - 8, dtype=torch.int32, device="cuda")
+    k_new = torch.randn(b, 1, hkv, d, dtype=torch.bfloat16, device="cuda")
+    cos, sin = (torch.randn(sk + 8, d // 2, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    rows.update({
+        "flash_attn_varlen_func, paged": lambda: fa.flash_attn_varlen_func(q, kc, kc, seqused_k=lens, page_table=table),
+        "flash_attn_with_kvcache, paged": lambda: fa.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=lens,
+                                                                             block_table=table, causal=True),
+        "flash_attn_with_kvcache, paged + append": lambda: fa.flash_attn_with_kvcache(
+            q, kc, kc, k_new, k_new, cache_seqlens=lens, block_table=table, causal=True),
+        "flash_attn_with_kvcache, paged + append + rotary": lambda: fa.flash_attn_with_kvcache(
+            q, kc, kc, k_new, k_new, cos, sin, cache_seqlens=lens, block_table=table, causal=True),
+    })
     qt, kt = q.transpose(1, 2), k.transpose(1, 2)
 
     def sdpa():
@@ -85,14 +101,17 @@ def main():
     for name, fn in rows.items():
         result[name] = host_us(fn)
         print(f"{name:40s} {result[name]:8.1f} us/call", flush=True)
-    pr = cProfile.Profile()
-    pr.enable()
-    for _ in range(200):
-        fa.flash_attn_func(q, k, k, num_splits=splits)
-    pr.disable()
-    torch.cuda.synchronize()
     text = io.StringIO()
-    pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(18)
+    for label in ("flash_attn_func, split", "flash_attn_with_kvcache, paged + append + rotary"):
+        fn = rows[label]
+        pr = cProfile.Profile()
+        pr.enable()
+        for _ in range(200):
+            fn()
+        pr.disable()
+        torch.cuda.synchronize()
+        text.write(f"== {label}\n")
+        pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(18)
     print(text.getvalue())
     if args.out:
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(),

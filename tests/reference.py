@@ -98,3 +98,25 @@ def varlen_batch(lens_q, lens_k, hq, hkv, d, dtype=torch.bfloat16):
     k = torch.randn(sum(lens_k), hkv, d, dtype=dtype, device="cuda")
     v = torch.randn(sum(lens_k), hkv, d, dtype=dtype, device="cuda")
     return q, k, v, cu(lens_q), cu(lens_k)
+
+
+def rotary_ref(x, cos, sin, positions, interleaved):
+    """x (s, h, d) rotated at ``positions`` (s,) in fp32 and rounded once, as the kernel does."""
+    r = 2 * cos.shape[1]
+    pos = positions.clamp(0, cos.shape[0] - 1).long()
+    c, s = cos[pos].float()[:, None, :], sin[pos].float()[:, None, :]
+    xr = x[..., :r].float()
+    if interleaved:
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        rot = torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2)
+    else:
+        x1, x2 = xr[..., : r // 2], xr[..., r // 2:]
+        rot = torch.cat((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1)
+    return torch.cat((rot.to(x.dtype), x[..., r:]), dim=-1)
+
+
+def rotary_tables(seqlen_ro, rotary_dim, dtype, device="cuda"):
+    """(cos, sin) (seqlen_ro, rotary_dim / 2) of the usual 10000-base rotary embedding, in ``dtype``."""
+    inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device=device).float() / rotary_dim))
+    ang = torch.arange(seqlen_ro, device=device).float()[:, None] * inv[None, :]
+    return ang.cos().to(dtype), ang.sin().to(dtype)

@@ -42,7 +42,7 @@ IMPLICIT = {c["id"] for c in DATA["conditions"] if c["implicit"]}
 IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", "conformance_gate",
                      "sliding_window", "softcap", "learnable_sink", "varlen",
                      "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward", "pack_gqa",
-                     "split_kv", "combine", "paged_kv"}
+                     "split_kv", "combine", "paged_kv", "kvcache_api"}
 
 
 def _involved(conflict: dict) -> list[str]:
@@ -356,9 +356,9 @@ def _mutate_planned_message_without_version(d):
     f["message"] = f["message"].replace(VERSION, "this version")
 
 
-def _mutate_kvcache_lands_without_message_update(d):
-    f = _first(d["features"], lambda f: f["id"] == "kvcache_api")
-    f.update(status="implemented", since=VERSION, envelope={"api": "flash_attn_with_kvcache"})
+def _mutate_feature_lands_without_message_update(d):
+    f = _first(d["features"], lambda f: f["id"] == "stmatrix_tma_o")
+    f.update(status="implemented", since=VERSION, envelope={"epilogue": "stmatrix + TMA store"})
     del f["message"], f["alternative"]
 
 
@@ -378,8 +378,8 @@ MUTATIONS = {
     "upstream-url-mismatch": (_mutate_upstream_url, "does not match"),
     "planned-message-without-version": (_mutate_planned_message_without_version, "which version"),
     "feature-lands-but-conflict-message-not-updated": (
-        _mutate_kvcache_lands_without_message_update,
-        "conflict kvcache_api+paged_kv: message says a feature is not available",
+        _mutate_feature_lands_without_message_update,
+        "conflict stmatrix_tma_o+split_kv: message says a feature is not available",
     ),
 }
 

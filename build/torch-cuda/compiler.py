@@ -16,7 +16,7 @@ from typing import Optional
 
 from .config import FwdConfig, candidate_fwd_configs, dispatchable_fwd, fwd_smem_bytes
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
-from .problem import CombineSpec, FwdSpec
+from .problem import AppendSpec, CombineSpec, FwdSpec
 
 _TVM_FFI = "--enable-tvm-ffi"
 _KEEP_ARTIFACTS = "--keep-ptx --keep-cubin --keep-sass"
@@ -184,6 +184,66 @@ def get_combine_kernel(spec: CombineSpec, model: ExecutionModel, target: str):
     return default_cache().get(("combine", spec, model, target), lambda: compile_combine(spec, model, target))
 
 
+def _fake_append_args(spec: AppendSpec):
+    """Fake tensors for the KV-cache append kernel (``_kernels/kv_append.py``), symbolic sizes; the
+    tensors a spec does not use are None."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from ._kernels import CUTLASS_DTYPES
+
+    dtype = CUTLASS_DTYPES[spec.dtype]
+    batch, heads_q, heads_kv = (cute.sym_int() for _ in range(3))
+
+    def rows(packed, heads, d):
+        return _fake_tensor(dtype, (cute.sym_int(), heads, d) if packed else (batch, cute.sym_int(), heads, d))
+
+    def int_vector(n=None):
+        return _fake_vector(cutlass.Int32, n if n is not None else cute.sym_int())
+
+    rotary = spec.rotary_dim > 0
+    q = rows(spec.varlen_q, heads_q, spec.head_dim) if rotary else None
+    q_out = rows(spec.varlen_q, heads_q, spec.head_dim) if rotary else None
+    k_new = rows(spec.varlen_new, heads_kv, spec.head_dim) if spec.new_kv else None
+    v_new = rows(spec.varlen_new, heads_kv, spec.head_dim_v) if spec.new_kv else None
+    slots = (cute.sym_int(), spec.page_size or cute.sym_int())  # (num_pages, page_size) or (batch_cache, seqlen)
+    k_cache = _fake_tensor(dtype, (*slots, heads_kv, spec.head_dim))
+    v_cache = _fake_tensor(dtype, (*slots, heads_kv, spec.head_dim_v))
+    page_table = (cute.runtime.make_fake_tensor(cutlass.Int32, (batch, cute.sym_int()), stride=(cute.sym_int64(), 1),
+                                                assumed_align=4) if spec.page_size else None)
+    # cos / sin (seqlen_ro, rotary_dim / 2): rows of whole 16-byte vectors
+    cos, sin = ((_fake_tensor(dtype, (cute.sym_int(), spec.rotary_dim // 2)) for _ in range(2)) if rotary
+                else (None, None))
+    return (q, q_out, k_new, v_new, k_cache, v_cache, page_table, int_vector(batch),
+            int_vector(batch) if spec.batch_idx else None, int_vector(batch) if spec.leftpad else None,
+            int_vector(batch) if spec.rotary_seqlens else None, cos, sin,
+            int_vector() if spec.varlen_q and rotary else None, int_vector() if spec.varlen_new and spec.new_kv else None,
+            int_vector(batch), int_vector() if spec.key_starts else None, cutlass.Int32(0),
+            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+def compile_append(spec: AppendSpec, model: ExecutionModel, target: str, extra_options: str = ""):
+    """Trace and compile the KV-cache append kernel; returns ``fn(q, q_out, k_new, v_new, k_cache, v_cache,
+    page_table, cache_seqlens, cache_batch_idx, cache_leftpad, rotary_seqlens, cos, sin, cu_seqlens_q,
+    cu_seqlens_k_new, used_k, key_start, max_rows)`` taking torch tensors (TVM FFI, current stream)."""
+    import cutlass.cute as cute
+
+    from ._kernels.kv_append import KVCacheAppend
+
+    problems = KVCacheAppend.can_implement(spec, model)
+    if problems:
+        raise ValueError(f"append kernel cannot implement {spec}: {'; '.join(problems)}")
+    options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
+    return cute.compile(KVCacheAppend(spec, model), *_fake_append_args(spec), options=options)
+
+
+def get_append_kernel(spec: AppendSpec, model: ExecutionModel, target: str):
+    """The compiled KV-cache append kernel from the compile cache."""
+    from .compile_cache import default_cache
+
+    return default_cache().get(("append", spec, model, target), lambda: compile_append(spec, model, target))
+
+
 # ----------------------------------------------------------------------------------------------
 # Conformance provider
 # ----------------------------------------------------------------------------------------------
@@ -242,6 +302,41 @@ class CombineCase:
         return {"kernel": "fwd_combine", **asdict(self.spec), "model": self.model_name, "uses_mma": False}
 
 
+@dataclass(frozen=True)
+class AppendCase:
+    """A KV-cache append kernel for the conformance gate (no MMA: it copies and rotates rows)."""
+
+    spec: AppendSpec
+    model_name: str = SM120.name
+    subset_ci: bool = False
+
+    @property
+    def name(self) -> str:
+        s = self.spec
+        flags = (f"_rot{s.rotary_dim}" + ("i" if s.rotary_interleaved else "") if s.rotary_dim else "") + \
+            ("_new" if s.new_kv else "") + ("_varlen" if s.varlen_q or s.varlen_new else "") + \
+            (f"_paged{s.page_size}" if s.page_size else "") + ("_starts" if s.key_starts else "")
+        return f"append_{s.dtype}_d{s.head_dim}x{s.head_dim_v}{flags}"
+
+    def describe(self) -> dict:
+        return {"kernel": "kv_append", **asdict(self.spec), "model": self.model_name, "uses_mma": False}
+
+
+def append_specs() -> list[AppendSpec]:
+    """Every append code path: rotary off / GPT-NeoX / GPT-J (partial and full), dense, paged and
+    read-from-starts caches, packed q / new k, the smallest and largest head dims, both dtypes."""
+    specs = []
+    for dtype in ("bf16", "fp16"):
+        for d, dv in ((64, 64), (128, 128), (192, 128), (256, 256)):
+            for rotary, inter in ((0, False), (d // 2 - d // 2 % 16, False), (d, True)):
+                for paged, starts, varlen in ((16, False, True), (0, True, False), (0, False, False)):
+                    specs.append(AppendSpec(dtype, d, dv, rotary_dim=rotary, rotary_interleaved=inter,
+                                            rotary_q_per_row=True, rotary_seqlens=bool(rotary and starts),
+                                            new_kv=True, varlen_q=varlen, varlen_new=varlen, page_size=paged,
+                                            batch_idx=starts, leftpad=starts))
+    return specs
+
+
 def combine_specs() -> list[CombineSpec]:
     """Every combine code path: both dtypes (and the public combine's fp32 output), a padded and the
     largest head dim, dense and packed Q (with seqused), with and without the sink."""
@@ -270,6 +365,9 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
     for spec in combine_specs():
         ci = spec.dtype == "bf16" and spec.head_dim_v == 256 and spec.varlen_q and spec.has_sink
         cases.append(CombineCase(spec, model.name, subset_ci=ci))
+    for spec in append_specs():
+        ci = spec.dtype == "bf16" and spec.head_dim == 256 and spec.rotary_dim == 256 and spec.page_size > 0
+        cases.append(AppendCase(spec, model.name, subset_ci=ci))
     return cases
 
 
@@ -331,6 +429,8 @@ def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bo
     keep = f"{_KEEP_ARTIFACTS} --dump-dir {dump_dir or tempfile.mkdtemp(prefix='fa4sm120-conformance-')}"
     if isinstance(case, CombineCase):
         return compile_combine(case.spec, model, target, keep), 0
+    if isinstance(case, AppendCase):
+        return compile_append(case.spec, model, target, keep), 0
     if check_valid:
         problems = fwd_kernel_class(case.config).can_implement(case.spec, case.config, model)
         if problems:

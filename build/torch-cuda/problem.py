@@ -360,3 +360,38 @@ def check_page_table(page_table, k, device, batch: int) -> None:
     if k.shape[0] == 0 and page_table.numel():
         raise ValueError(f"page_table {tuple(page_table.shape)} points into paged caches with no pages "
                          f"(k {tuple(k.shape)})")
+
+
+@dataclass(frozen=True)
+class AppendSpec:
+    """What changes the code of the KV-cache append kernel (``_kernels/kv_append.py``), which runs
+    ahead of ``flash_attn_with_kvcache``'s attention: writes the new keys/values into the cache,
+    applies the rotary embedding to q and the new keys, and derives the attention's per-sequence
+    key lengths (and starts, for a dense cache with ``cache_batch_idx`` / ``cache_leftpad``)."""
+
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    #: columns rotated (2 * rotary_cos.shape[1]); 0 = no rotary embedding
+    rotary_dim: int = 0
+    #: GPT-J pairs (2i, 2i + 1) when True, GPT-NeoX halves (i, i + rotary_dim / 2) when False
+    rotary_interleaved: bool = False
+    #: q row i sits at position base + i (causal / local attention); else every row at base
+    rotary_q_per_row: bool = False
+    #: per-sequence rotary base positions (``rotary_seqlens``) instead of ``cache_seqlens``
+    rotary_seqlens: bool = False
+    #: new keys/values to write at ``cache_seqlens``
+    new_kv: bool = False
+    #: q packed (total, heads, d) with cu_seqlens_q; new k/v packed with cu_seqlens_k_new
+    varlen_q: bool = False
+    varlen_new: bool = False
+    #: paged cache (num_pages, page_size, heads_kv, d); 0 = dense (batch_cache, seqlen_cache, heads_kv, d)
+    page_size: int = 0
+    #: dense cache rows of sequence b are ``cache_batch_idx[b]``'s; keys start at ``cache_leftpad[b]``
+    batch_idx: bool = False
+    leftpad: bool = False
+
+    @property
+    def key_starts(self) -> bool:
+        """The attention reads the dense cache as packed rows from per-sequence starts."""
+        return self.batch_idx or self.leftpad
