@@ -1,7 +1,8 @@
 """Per-call host overhead of the forward, by layer (a script, not a test): host microseconds per call
 of back-to-back launches at a decode shape (GPU work ~50-100 us, queued, never waited on inside
-the loop), unsplit and split-KV, with and without the remembered launch plan, and a cProfile of the
-split path.
+the loop), unsplit and split-KV, with and without the remembered launch plan, the paged varlen and
+KV-cache entries (with append and rotary), beside torch SDPA's; the median of 7 rounds that take the
+rows in turn; and cProfiles of the split and KV-cache paths.
 
     python benchmarks/overhead.py [--out overhead.json]
 """
@@ -29,7 +30,8 @@ from flash_attn_4_sm120.config import select_fwd_config  # noqa: E402
 from flash_attn_4_sm120.problem import CombineSpec, validate_fwd  # noqa: E402
 
 
-def host_us(fn, n=200):
+def host_us(fn, n=100):
+    """Host microseconds per call over ``n`` back-to-back calls (one sample)."""
     fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -38,6 +40,16 @@ def host_us(fn, n=200):
     elapsed = time.perf_counter() - t
     torch.cuda.synchronize()
     return elapsed / n * 1e6
+
+
+def median_host_us(rows: dict, rounds: int = 7) -> dict:
+    """Median over ``rounds`` samples per row, the rows taken in turn each round, so that a slow phase of the
+    host (frequency, another tenant) lands on every row rather than on the rows measured during it."""
+    samples = {name: [] for name in rows}
+    for _ in range(rounds):
+        for name, fn in rows.items():
+            samples[name].append(host_us(fn))
+    return {name: sorted(v)[len(v) // 2] for name, v in samples.items()}
 
 
 def main():
@@ -97,10 +109,9 @@ def main():
             return F.scaled_dot_product_attention(qt, kt, kt, enable_gqa=True)
 
     rows["torch SDPA flash"] = sdpa
-    result = {}
-    for name, fn in rows.items():
-        result[name] = host_us(fn)
-        print(f"{name:40s} {result[name]:8.1f} us/call", flush=True)
+    result = median_host_us(rows)
+    for name, us in result.items():
+        print(f"{name:50s} {us:8.1f} us/call  ({us / result['torch SDPA flash']:.2f}x SDPA)", flush=True)
     text = io.StringIO()
     for label in ("flash_attn_func, split", "flash_attn_with_kvcache, paged + append + rotary"):
         fn = rows[label]

@@ -1,6 +1,8 @@
-"""Regenerate the README performance table from a committed benchmark result (benchmarks/results).
+"""Regenerate the README performance tables from committed benchmark results (benchmarks/results): the
+forward table (bench_fwd.py) and the serving table (bench_serving.py).
 
-    python tools/gen_perf.py [--result benchmarks/results/fwd_h100_2026-11-25.json] [--check]
+    python tools/gen_perf.py [--result benchmarks/results/fwd_h100_2026-11-25.json]
+                             [--serving-result benchmarks/results/serving_h100_2026-11-25.json] [--check]
 """
 
 import argparse
@@ -11,7 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT = ROOT / "benchmarks" / "results" / "fwd_h100_2026-11-25.json"
+SERVING_DEFAULT = ROOT / "benchmarks" / "results" / "serving_h100_2026-11-25.json"
 BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
+SERVING_BEGIN, SERVING_END = "<!-- serving-table:begin -->", "<!-- serving-table:end -->"
 PEERS = [("ours", "this bundle"), ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
          ("sdpa_cudnn", "SDPA cuDNN (wgmma, H100 ceiling)")]
 #: Peers of the issue's targets (same instruction class as ours) and their ratio columns; cuDNN's wgmma is not one.
@@ -75,17 +79,57 @@ def table(result: dict, source: str) -> str:
     return "\n".join(lines)
 
 
+def _eager_graph(results: dict, label: str, field: str) -> str:
+    """"eager / graph" figures of one implementation, "-" where it did not run."""
+    cells = []
+    for mode in ("eager", "graph"):
+        r = results.get(f"{label} {mode}", {})
+        cells.append(f"{r[field]:.0f}" if field in r else "-")
+    return " / ".join(cells)
+
+
+def serving_table(result: dict, source: str) -> str:
+    """The serving table: per case, eager / graph-replayed K/V GB/s (TFLOPS for prefill) of ours dense, paged
+    (every page size measured), the KV-cache API with its append, and the peers on dense K/V."""
+    lines = [f"`python benchmarks/bench_serving.py` ({result['device']}, {result['date']}, SM120 occupancy for every "
+             f"kernel, `{source}`): effective K/V GB/s (K and V bytes read once / time; chunked prefill in TFLOPS), "
+             f"eager / replayed from a CUDA graph. The device copies at {result['copy_gbps']:.0f} GB/s (read + write). "
+             "Paged rows read the same keys through shuffled pages; `kvcache16` is `flash_attn_with_kvcache` over "
+             "the page-16 cache, appending the step's keys before attending; the peers read dense K/V (none of them "
+             "takes this bundle's page table; SDPA runs seqlen_q < seqlen_k without its top-left causal mask).",
+             "", "| case | ours dense | ours paged (page size) | ours kvcache16 + append | SDPA FA2 | "
+                 "upstream SM120 path | paged16 / dense (graph) |", "|---|---|---|---|---|---|---|"]
+    for row in result["rows"]:
+        res = row["results"]
+        field = "tflops" if row["seqlen_q"] > 64 else "kv_gbps"
+        paged = sorted({k.split()[1] for k in res if k.startswith("ours paged")}, key=lambda p: (p != "paged16", p))
+        paged_cells = "; ".join(f"p{p.removeprefix('paged')} {_eager_graph(res, 'ours ' + p, field)}" for p in paged)
+        ratio = "-"
+        if field in res.get("ours paged16 graph", {}) and field in res.get("ours dense graph", {}):
+            ratio = f"{res['ours paged16 graph'][field] / res['ours dense graph'][field]:.2f}"
+        lines.append(f"| {row['case']} | {_eager_graph(res, 'ours dense', field)} | {paged_cells or '-'} | "
+                     f"{_eager_graph(res, 'ours kvcache16 append', field)} | {_eager_graph(res, 'sdpa_flash_fa2', field)} | "
+                     f"{_eager_graph(res, 'fa4_sm120_path', field)} | {ratio} |")
+    return "\n".join(lines)
+
+
+def _replace(body: str, begin: str, end: str, text: str) -> str:
+    start, stop = body.index(begin) + len(begin), body.index(end)
+    return body[:start] + "\n" + text + "\n" + body[stop:]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--result", default=str(DEFAULT))
+    ap.add_argument("--serving-result", default=str(SERVING_DEFAULT))
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
-    path = Path(args.result)
-    text = table(json.loads(path.read_text()), path.relative_to(ROOT).as_posix())
     readme = ROOT / "README.md"
     body = readme.read_text()
-    start, end = body.index(BEGIN) + len(BEGIN), body.index(END)
-    new = body[:start] + "\n" + text + "\n" + body[end:]
+    new = body
+    for path, begin, end, make in ((Path(args.result), BEGIN, END, table),
+                                   (Path(args.serving_result), SERVING_BEGIN, SERVING_END, serving_table)):
+        new = _replace(new, begin, end, make(json.loads(path.read_text()), path.relative_to(ROOT).as_posix()))
     if args.check:
         sys.exit(0 if new == body else 1)
     readme.write_text(new)
