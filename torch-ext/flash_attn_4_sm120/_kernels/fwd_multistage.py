@@ -532,6 +532,8 @@ class FlashFwdMultistage:
                 kv.load_k(n_block, j, bounded=True)
                 kv.load_v(n_block, j, bounded=True)
             cute.arch.cp_async_commit_group()
+        if ctx.n_end - stages >= ctx.n_start:  # the first refill's pages (paged K/V), read while we wait
+            kv.lookahead(ctx.n_end - stages)
         cute.arch.cp_async_wait_group(stages - 2)
         cute.arch.sync_threads()
 
@@ -585,8 +587,10 @@ class FlashFwdMultistage:
         n_ahead = n_block - (stages - 1)
         if n_ahead >= ctx.n_start:
             stage_ahead = (stage + stages - 1) % stages
-            kv.load_k(n_ahead, stage_ahead, bounded=False)
-            kv.load_v(n_ahead, stage_ahead, bounded=False)
+            kv.load_k(n_ahead, stage_ahead, bounded=False, looked_up=True)
+            kv.load_v(n_ahead, stage_ahead, bounded=False, looked_up=True)
+            if n_ahead - 1 >= ctx.n_start:  # the next refill's pages (paged K/V) load under this block's math
+                kv.lookahead(n_ahead - 1)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
         self.compute_block(ctx, n_block, stage, masked)
         # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.

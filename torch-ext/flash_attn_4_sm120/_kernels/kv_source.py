@@ -16,9 +16,11 @@ Source:
 
 Loaders (the interface the mainloops use):
   * ``CpAsyncKV``, every MMA thread issues its share; the caller commits the cp.async groups and
-    waits. ``load_k(n_block, stage, bounded)``, ``load_v(n_block, stage, bounded)``: ``bounded`` when
+    waits. ``load_k(n_block, stage, bounded, looked_up=False)``, ``load_v(...)``: ``bounded`` when
     the block may end past seqlen_k (the sequence's last block); K rows past it are not read (their
     scores are masked), V rows past it are zero-filled (P is 0 there, but 0 * garbage could be NaN).
+    ``lookahead(n_block)`` prepares a later unbounded load of that block (``looked_up=True``): a
+    no-op for dense K/V, the page-table reads for paged K/V.
   * ``TmaKV``, one converged warp issues and every copy is counted on an mbarrier. ``load_k(n_block,
     stage, full)``, ``load_v(...)``, and ``issue(n_block, stage, full)``: expect both tiles' bytes
     (``k_bytes + v_bytes``), then both copies. TMA zero-fills rows past the tensor's seqlen and
@@ -192,12 +194,15 @@ class PagedKV:
         thr_k, thr_v = g2s_k.get_slice(tidx), g2s_v.get_slice(tidx)
         cK = cute.make_identity_tensor((tile_n, head_dim))
         cV = cute.make_identity_tensor((tile_n, head_dim_v))
+        tKsK, tVsV = thr_k.partition_D(sK), thr_v.partition_D(sV)  # (CPY, CPY_ROWS, CPY_COLS, stages)
         return PagedCpAsyncKV(
             g2s_k=g2s_k, g2s_v=g2s_v, seqlen_k=self.seqlen_k, tile_n=tile_n,
-            tKgK=None, tKsK=thr_k.partition_D(sK), tVgV=None, tVsV=thr_v.partition_D(sV),
+            tKgK=None, tKsK=tKsK, tVgV=None, tVsV=tVsV,
             tKcK=thr_k.partition_S(cK), t0KcK=None, tVcV=thr_v.partition_S(cV), t0VcV=None,
             tidx=tidx, mK=self.mK, mV=self.mV, pages=self.pages, page_size=self.page_size, head_kv=self.head_kv,
             widths=(head_dim, head_dim_v),
+            ahead_k=cute.make_rmem_tensor(cute.size(tKsK, mode=[1]), Int32),
+            ahead_v=cute.make_rmem_tensor(cute.size(tVsV, mode=[1]), Int32),
         )
 
     def tma(self, sK: cute.Tensor, sV: cute.Tensor, dtype):
@@ -237,14 +242,20 @@ class CpAsyncKV:
             for j in cutlass.range_constexpr(num_stages):
                 zero_masked_cols(self.tKsK[None, None, None, j], self.tKp)
 
+    def lookahead(self, n_block):
+        """Nothing: dense rows are addressed without a lookup (see ``PagedCpAsyncKV.lookahead``)."""
+
     @cute.jit
-    def load_k(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool]):
-        """K of key block ``n_block`` into stage ``stage``; ``bounded``: rows past seqlen_k are not read."""
+    def load_k(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool],
+               looked_up: cutlass.Constexpr[bool] = False):
+        """K of key block ``n_block`` into stage ``stage``; ``bounded``: rows past seqlen_k are not read.
+        ``looked_up``: ``lookahead(n_block)`` ran (paged loaders use its registers; nothing here)."""
         self.copy_block(self.g2s_k, self.tKgK[None, None, None, n_block], self.tKsK[None, None, None, stage],
                         self.tKcK, self.t0KcK, self.tKp, n_block, bounded, zero_fill=False)
 
     @cute.jit
-    def load_v(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool]):
+    def load_v(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool],
+               looked_up: cutlass.Constexpr[bool] = False):
         """V of key block ``n_block`` into stage ``stage``; ``bounded``: rows past seqlen_k are zeroed."""
         self.copy_block(self.g2s_v, self.tVgV[None, None, None, n_block], self.tVsV[None, None, None, stage],
                         self.tVcV, self.t0VcV, self.tVp, n_block, bounded, zero_fill=True)
@@ -315,43 +326,66 @@ class PagedCpAsyncKV(CpAsyncKV):
     head_kv: Any = None
     #: padded (d, dv): the columns one row's copy covers
     widths: tuple = ()
+    #: (CPY_ROWS,) Int32 registers: the pages of the K / V copy rows of the block ``lookahead`` last read
+    ahead_k: Optional[cute.Tensor] = None
+    ahead_v: Optional[cute.Tensor] = None
 
     @cute.jit
-    def load_k(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool]):
-        """K of key block ``n_block`` into stage ``stage``; ``bounded``: rows past seqlen_k are not read."""
+    def lookahead(self, n_block: Int32):
+        """Read the pages of key block ``n_block``'s copy rows (a whole block: every key below seqlen_k)
+        into registers, one step before its copies are issued: ``load_k`` / ``load_v`` with ``looked_up``
+        then issue cp.async at once instead of waiting on the table read (a dependent global load), so
+        the lookup's latency hides behind the step's MMAs and softmax."""
+        first_key = n_block * self.tile_n
+        for regs, tXcX, mX in ((self.ahead_k, self.tKcK, self.mK), (self.ahead_v, self.tVcV, self.mV)):
+            for m in cutlass.range_constexpr(cute.size(regs)):
+                regs[m] = self.page_of(mX, first_key + tXcX[0, m, 0][0])
+
+    @cute.jit
+    def page_of(self, mX: cute.Tensor, key):
+        """The page holding key ``key`` (< seqlen_k), clamped into the cache."""
+        return clamp(self.pages[key // self.page_size], 0, mX.shape[0] - 1)
+
+    @cute.jit
+    def load_k(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool],
+               looked_up: cutlass.Constexpr[bool] = False):
+        """K of key block ``n_block`` into stage ``stage``; ``bounded``: rows past seqlen_k are not read;
+        ``looked_up``: the pages come from ``lookahead(n_block)``'s registers."""
         self.gather_block(self.g2s_k, self.mK, self.widths[0], self.tKsK[None, None, None, stage], self.tKcK,
-                          self.tKp, n_block, bounded, zero_fill=False)
+                          self.tKp, n_block, bounded, zero_fill=False, ahead=self.ahead_k if const_expr(looked_up) else None)
 
     @cute.jit
-    def load_v(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool]):
+    def load_v(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool],
+               looked_up: cutlass.Constexpr[bool] = False):
         """V of key block ``n_block`` into stage ``stage``; ``bounded``: rows past seqlen_k are zeroed."""
         self.gather_block(self.g2s_v, self.mV, self.widths[1], self.tVsV[None, None, None, stage], self.tVcV,
-                          self.tVp, n_block, bounded, zero_fill=True)
+                          self.tVp, n_block, bounded, zero_fill=True, ahead=self.ahead_v if const_expr(looked_up) else None)
 
     @cute.jit
     def gather_block(self, g2s: cute.TiledCopy, mX: cute.Tensor, width: cutlass.Constexpr[int], dst: cute.Tensor,
                      tXcX: cute.Tensor, col_pred, n_block: Int32, bounded: cutlass.Constexpr[bool],
-                     zero_fill: cutlass.Constexpr[bool]):
+                     zero_fill: cutlass.Constexpr[bool], ahead=None):
         """This thread's rows of key block ``n_block`` from their pages into ``dst`` (CPY, CPY_ROWS,
-        CPY_COLS); ``bounded``: rows at or past seqlen_k are not read (zeroed with ``zero_fill``)."""
+        CPY_COLS); ``bounded``: rows at or past seqlen_k are not read (zeroed with ``zero_fill``);
+        ``ahead``: the rows' pages, read by ``lookahead`` (else looked up here)."""
         thr = g2s.get_slice(self.tidx)
         first_key = n_block * self.tile_n
         for m in cutlass.range_constexpr(cute.size(dst, mode=[1])):
             key = first_key + tXcX[0, m, 0][0]
             if const_expr(bounded):
                 if key < self.seqlen_k:
-                    self.copy_row(g2s, thr, mX, width, dst, col_pred, m, key)
+                    self.copy_row(g2s, thr, mX, width, dst, col_pred, m, key, self.page_of(mX, key))
                 else:
                     if const_expr(zero_fill):
                         dst[None, m, None].fill(0)
             else:
-                self.copy_row(g2s, thr, mX, width, dst, col_pred, m, key)
+                page = ahead[m] if const_expr(ahead is not None) else self.page_of(mX, key)
+                self.copy_row(g2s, thr, mX, width, dst, col_pred, m, key, page)
 
     @cute.jit
     def copy_row(self, g2s: cute.TiledCopy, thr, mX: cute.Tensor, width: cutlass.Constexpr[int], dst: cute.Tensor,
-                 col_pred, m: cutlass.Constexpr[int], key):
-        """Copy row ``m`` of this thread's share: key ``key`` (< seqlen_k), from its page."""
-        page = clamp(self.pages[key // self.page_size], 0, mX.shape[0] - 1)
+                 col_pred, m: cutlass.Constexpr[int], key, page):
+        """Copy row ``m`` of this thread's share: key ``key`` (< seqlen_k), row key % page_size of ``page``."""
         # that key's row repeated over a block (seqlen_info.row_tile): its copy row m holds this thread's addresses
         src = thr.partition_S(row_tile(mX[page, None, None, None], key % self.page_size, self.head_kv, self.tile_n,
                                        width))
