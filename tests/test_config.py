@@ -47,12 +47,12 @@ def test_table_records_device_and_date():
     base = {f"d{c}_{m}" for c in config.HEAD_DIM_CLASSES for m in ("full", "causal")}
     assert base <= set(data["table"])
     suffixes = ("bf16", "fp16", "local", "cp_async", "m128", "m64", "mha")
-    packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES for kind in ("packgqa", "paged")}
+    packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES for kind in ("packgqa", "paged", "paged_m64")}
     exact = config.EXACT_KEY
     assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
                for k in data["table"])
     for key, knobs in data["table"].items():
-        if key.endswith(("_cp_async", "_paged")):  # paged K/V: no TMA
+        if key.endswith(("_cp_async", "_paged", "_paged_m64")):  # paged K/V: no TMA
             assert knobs.get("mainloop", "cp_async") == "cp_async", key
         if key.endswith(("_m128", "_m64")):
             assert knobs["tile_m"] == int(key.rsplit("_m", 1)[1]), key

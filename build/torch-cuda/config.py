@@ -390,8 +390,9 @@ def table_keys(spec: FwdSpec) -> list[str]:
     """The table keys a spec may use, most specific first: a packed-GQA entry (short queries: the
     row gather adds registers and a 64-row tile wastes less), a paged entry (paged K/V: the page
     lookups of a one-stage refill sit beside the live S accumulator, where d64 / d96 / d256 one-stage
-    tiles spilled 4-100 B on sm_120a, 2026-11-25, so those classes take a two-stage tile; the others
-    fall through to their class entries), the exact-head-dims entry
+    tiles spilled 4-100 B on sm_120a, 2026-11-25, so those classes take a two-stage tile; d128 prefill
+    takes a 128-row two-stage cp.async tile, 1.26-1.35x the 64-row one, since the class entry's TMA
+    tile cannot gather pages; the others fall through to their class entries), the exact-head-dims entry
     (``exact_key``), a dtype entry (ptxas allocates registers differently for fp16 and bf16), a
     local-window entry (the two-sided mask adds registers), the class entry, then the class's
     cp.async entry (for specs or models the class entry's mainloop cannot serve: varlen / seqused K,
