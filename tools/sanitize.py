@@ -5,7 +5,8 @@
 Each family is a small workload (``FAMILIES``): a mainloop forced by config (cp.async, TMA, TMA with
 mbarrier release, TMA warp-specialized, overlapped, ping-pong, persistent ping-pong), the table's
 packed-GQA decode, split-KV + combine, varlen (packed and dense with seqused), paged K/V (page
-sizes 1, 16, 48; decode, prefill and chunked prefill), and the public combine. Every family first runs
+sizes 1, 16, 48; decode, prefill and chunked prefill), flash_attn_with_kvcache (append and rotary into
+paged and dense caches), and the public combine. Every family first runs
 with good inputs, then (where it takes metadata) with corrupt metadata: cu_seqlens past the packed
 rows, negative or decreasing offsets, seqused past the tensor or negative, max_seqlen too small, page
 table entries past the pool or negative. Corrupt metadata may give wrong rows; it must never touch memory
@@ -34,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
-SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged")
+SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
+                 "kvcache")
 
 
 def _i32(xs, device="cuda"):
@@ -171,6 +173,48 @@ def _paged_runs():
     torch.cuda.synchronize()
 
 
+def _kvcache_runs():
+    """flash_attn_with_kvcache: append + rotary into paged (page size 16) and dense caches (cache_batch_idx,
+    cache_leftpad), packed q and new k / v, with good and corrupt metadata: cache_seqlens past the cache or
+    negative, page entries past the pool or negative, cache_batch_idx past the cache rows or negative,
+    cache_leftpad past the sequence, cu_seqlens_k_new past the new rows, rotary positions past cos / sin."""
+    import torch
+
+    import flash_attn_4_sm120 as fa
+
+    if not hasattr(fa, "flash_attn_with_kvcache"):
+        print("no flash_attn_with_kvcache in this build: skipped")
+        return
+    torch.manual_seed(5)
+    hq, hkv, d, b = 8, 2, 128, 3
+    cos, sin = (torch.randn(300, 32, dtype=torch.bfloat16, device="cuda") for _ in range(2))
+    q = torch.randn(b, 2, hq, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(b, 2, hkv, d, dtype=torch.bfloat16, device="cuda")
+    kc = torch.randn(60, 16, hkv, d, dtype=torch.bfloat16, device="cuda")
+    good = torch.randperm(60, device="cuda")[:48].view(b, 16).to(torch.int32)
+    bad = good.clone()
+    bad[0, 0], bad[1, 3], bad[2, 15] = 60, -1, 2**30
+    lens = [("good", _i32([10, 200, 254])), ("past the cache", _i32([255, 10**6, 2**31 - 2])),
+            ("negative", _i32([-1, -(2**30), 3]))]
+    for label, cache_seqlens in lens:
+        for table in (good, bad):
+            fa.flash_attn_with_kvcache(q, kc, kc, k, k, cos, sin, cache_seqlens=cache_seqlens, block_table=table,
+                                       causal=True)
+            fa.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=cache_seqlens, page_table=table, num_splits=3)
+        dense = torch.randn(b + 1, 256, hkv, d, dtype=torch.bfloat16, device="cuda")
+        for idx, pad in ((_i32([3, 0, 1]), _i32([0, 5, 7])), (_i32([4, -1, 2**30]), _i32([300, -3, 2**30]))):
+            fa.flash_attn_with_kvcache(q, dense, dense, k, k, cos, sin, cache_seqlens=cache_seqlens, cache_batch_idx=idx,
+                                       cache_leftpad=pad, causal=True, rotary_interleaved=False)
+        cu = _i32([0, 2, 3, 6])
+        qp = torch.randn(6, hq, d, dtype=torch.bfloat16, device="cuda")
+        kp = torch.randn(6, hkv, d, dtype=torch.bfloat16, device="cuda")
+        for cu_new in (cu, _i32([0, 5, 2, 10**6])):
+            fa.flash_attn_with_kvcache(qp, kc, kc, kp, kp, cos, sin, cache_seqlens=cache_seqlens, page_table=good,
+                                       cu_seqlens_q=cu, max_seqlen_q=3, cu_seqlens_k_new=cu_new, causal=True,
+                                       rotary_seqlens=_i32([0, 10**6, -4]))
+    torch.cuda.synchronize()
+
+
 def _combine_run():
     """The public combine (when this build has it), dense and varlen with corrupt cu_seqlens / seqused."""
     import torch
@@ -198,6 +242,7 @@ FAMILIES = {
     "varlen_splitkv": lambda: _varlen_runs(4, True),
     "decode": _decode_run,
     "paged": _paged_runs,
+    "kvcache": _kvcache_runs,
     "combine": _combine_run,
 }
 
