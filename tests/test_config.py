@@ -233,6 +233,7 @@ def test_split_spec_with_a_sink_is_refused_by_the_predicate():
     (None, 64, 128, 132, 16, 1, 2),     # decode 16 x 4 KV heads (7-way GQA)
     (None, 256, 128, 132, 16, 2, 1),    # decode 16 x 16 heads: nearly 2 per SM already
     (None, 32, 128, 132, 4, 1, 4),      # decode 4 x 8 KV heads
+    (None, 8, 683, 132, 1, 1, 16),      # decode 1 x 8 KV heads: 16 splits fill one wave (17 would spill a second)
     (None, 4096, 64, 132, 4, 1, 1),     # prefill fills the GPU: no split
     (None, 8, 6, 132, 1, 1, 1),         # too few key blocks for 4 per split
     (None, 8, 40, 132, 1, 1, 10),       # ... at most blocks // 4 splits

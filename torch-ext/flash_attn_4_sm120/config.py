@@ -291,18 +291,21 @@ def num_splits_for(requested, num_ctas: int, num_n_blocks: int, num_sms: int, ba
     clamped to the key blocks of the longest tile (a split must have a block to visit), to
     ``MAX_SPLITS`` and to the grid's z extent (batch * splits <= 65535).
 
-    Automatic: the split count that brings the grid (``num_ctas`` unsplit) nearest to one wave of the
-    split kernel's resident CTAs, ``ctas_per_sm`` per SM under the execution model (rounded: a grid
-    already at 1.5 waves stays whole), each split keeping at least ``MIN_BLOCKS_PER_SPLIT`` key blocks
-    (decode: one query tile per KV head and sequence over thousands of keys). Measured at the SM120's
-    occupancy (split_sweep_h100_2026-11-23_sm120occ.json): 16 x 8 KV heads of an 80 KB tile (one per
-    SM) stream fastest unsplit, 64 tiles with 2 splits, 8 tiles with 16."""
+    Automatic: the most splits whose grid (``num_ctas`` unsplit, times the splits) still fits one wave
+    of the split kernel's resident CTAs, ``ctas_per_sm`` per SM under the execution model, each split
+    keeping at least ``MIN_BLOCKS_PER_SPLIT`` key blocks (decode: one query tile per KV head and
+    sequence over thousands of keys). Measured at the SM120's occupancy
+    (split_sweep_h100_2026-11-23_sm120occ.json): 16 x 8 KV heads of an 80 KB tile (one per SM) stream
+    fastest unsplit, 64 tiles with 2 splits, 8 tiles with 16, which is one wave each on 132 SMs; a
+    count that spills into a second wave loses (decode_tiles_h100_2026-11-25.json, 8 tiles of 64x48:
+    17 splits 2081 GB/s, 16 splits 2450). Until 2026-11-25 the count was rounded, not floored, which
+    gave 17 there."""
     cap = max(1, min(MAX_SPLITS, num_n_blocks, 65535 // max(batch, 1)))
     if requested is not None and requested > 0:
         return min(int(requested), cap)
     if num_ctas <= 0:
         return 1
-    want = (2 * ctas_per_sm * num_sms + num_ctas) // (2 * num_ctas)  # round(slots / num_ctas)
+    want = ctas_per_sm * num_sms // num_ctas  # splits of a grid that fits one wave
     return max(1, min(want, cap, num_n_blocks // MIN_BLOCKS_PER_SPLIT))
 
 
