@@ -166,15 +166,21 @@ def _fake_combine_args(spec: CombineSpec):
 def compile_combine(spec: CombineSpec, model: ExecutionModel, target: str, extra_options: str = ""):
     """Trace and compile the split-KV combine kernel; returns ``fn(o_partial, lse_partial, out, lse,
     sink, cu_seqlens_q, seqused_q, max_seqlen_q)`` taking torch tensors (TVM FFI, current stream)."""
-    import cutlass.cute as cute
-
     from ._kernels.fwd_combine import FlashFwdCombine
 
-    problems = FlashFwdCombine.can_implement(spec, model)
+    return _compile_small(FlashFwdCombine, "combine", spec, model, target, _fake_combine_args, extra_options)
+
+
+def _compile_small(cls, what: str, spec, model: ExecutionModel, target: str, fake_args, extra_options: str):
+    """Compile a kernel class built from (spec, model) alone (the combine, the KV-cache append) on
+    ``fake_args(spec)``, after its ``can_implement``."""
+    import cutlass.cute as cute
+
+    problems = cls.can_implement(spec, model)
     if problems:
-        raise ValueError(f"combine kernel cannot implement {spec}: {'; '.join(problems)}")
+        raise ValueError(f"{what} kernel cannot implement {spec}: {'; '.join(problems)}")
     options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
-    return cute.compile(FlashFwdCombine(spec, model), *_fake_combine_args(spec), options=options)
+    return cute.compile(cls(spec, model), *fake_args(spec), options=options)
 
 
 def get_combine_kernel(spec: CombineSpec, model: ExecutionModel, target: str):
@@ -226,15 +232,9 @@ def compile_append(spec: AppendSpec, model: ExecutionModel, target: str, extra_o
     """Trace and compile the KV-cache append kernel; returns ``fn(q, q_out, k_new, v_new, k_cache, v_cache,
     page_table, cache_seqlens, cache_batch_idx, cache_leftpad, rotary_seqlens, cos, sin, cu_seqlens_q,
     cu_seqlens_k_new, used_k, key_start, max_rows)`` taking torch tensors (TVM FFI, current stream)."""
-    import cutlass.cute as cute
-
     from ._kernels.kv_append import KVCacheAppend
 
-    problems = KVCacheAppend.can_implement(spec, model)
-    if problems:
-        raise ValueError(f"append kernel cannot implement {spec}: {'; '.join(problems)}")
-    options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
-    return cute.compile(KVCacheAppend(spec, model), *_fake_append_args(spec), options=options)
+    return _compile_small(KVCacheAppend, "append", spec, model, target, _fake_append_args, extra_options)
 
 
 def get_append_kernel(spec: AppendSpec, model: ExecutionModel, target: str):
