@@ -337,3 +337,25 @@ def test_unshared_kv_takes_the_deeper_pipeline():
     causal = FwdSpec("bf16", 64, 64, True)
     assert config.fwd_candidates(causal, SM120, False) == config.fwd_candidates(causal, SM120, True)
     assert len(config.dispatch_candidates(spec, SM120)) == 3
+
+
+@pytest.mark.parametrize("head_dim", [96, 128])
+def test_paged_prefill_tile_follows_the_chunk_length(head_dim):
+    """Prefill over paged K/V (no TMA: pages are gathered row by row) takes the 128-row 8-warp cp.async tile for
+    long chunks and the 64-row tile where half a 128-row tile would be padding (paged_prefill_tiles_*:
+    d128 4x512 306 vs 242 TFLOPS, 16x64 147 vs 218)."""
+    spec = FwdSpec("bf16", head_dim, head_dim, causal=True, seqused_k=True, page_size=16)
+    long = config.choose_fwd_config(spec, SM120, 512, 512, 4608, True)
+    short = config.choose_fwd_config(spec, SM120, 64, 64, 2112, True)
+    assert (long.tile_m, long.tile_n, long.num_warps, long.mainloop) == (128, 64, 8, "cp_async")
+    assert (short.tile_m, short.num_warps) == (64, 4)
+    for cfg in (long, short):
+        assert config.is_valid(spec, cfg, SM120)
+
+
+def test_paged_decode_keeps_the_packed_gqa_tile():
+    """Decode over paged K/V packs the query heads of a KV group: the packed-GQA entry comes before the paged one."""
+    spec = FwdSpec("bf16", 128, 128, causal=False, seqused_k=True, page_size=16, pack_gqa=True)
+    assert config.table_keys(spec)[:2] == ["d128_packgqa", "d128_paged"]
+    cfg = config.choose_fwd_config(spec, SM120, 4, 1, 8192, True)
+    assert (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (64, 48, 3)
