@@ -281,3 +281,18 @@ def test_repeated_calls_reuse_plan_and_graph_replay():
         torch.cuda.synchronize()
         assert torch.equal(got, want), f"replay {it} differs from the eager call"
         assert torch.equal(k_graph, cache.k)
+
+
+def test_max_seqlen_k_is_ignored():
+    """transformers' continuous batching passes max_seqlen_k=1 with a block table: it must not bound the keys
+    (nor turn split-KV off); 0 must not read as "no keys"."""
+    import flash_attn_4_sm120 as fa
+
+    cache = Cache(2, 4096, 2, 128, 128, page_size=16)
+    lens = torch.tensor([4000, 1500], dtype=torch.int32, device="cuda")
+    q = torch.randn(2, 1, 8, 128, dtype=torch.bfloat16, device="cuda")
+    want = fa.flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=lens, block_table=cache.table)
+    for hint in (1, 0, 10**6):
+        got = fa.flash_attn_with_kvcache(q, cache.k, cache.v, cache_seqlens=lens, block_table=cache.table,
+                                         max_seqlen_q=1, max_seqlen_k=hint)
+        assert torch.equal(got, want), hint
