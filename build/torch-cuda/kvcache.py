@@ -158,8 +158,9 @@ def flash_attn_with_kvcache(
     halves), positions as in the module docstring; ``rotary_seqlens`` (batch,) int32 overrides the rotary
     base position. ``causal``, ``window_size`` (FA4's convention; FA2's (-1, -1) means none),
     ``softcap``, ``learnable_sink``, ``num_splits`` (0 automatic), ``pack_gqa`` as in ``flash_attn_func``.
-    ``max_seqlen_k``: an upper bound of the keys any sequence attends to (an int; helps the split-KV
-    choice; a tensor is ignored). ``out``: a preallocated output shaped like q with v's head dim.
+    ``max_seqlen_k`` is accepted and ignored: the keys come from ``cache_seqlens`` and the appended rows, and
+    the split-KV choice from the cache's capacity (transformers' continuous batching passes ``max_seqlen_k=1``
+    with a block table, so it cannot be a bound). ``out``: a preallocated output shaped like q with v's head dim.
 
     Returns ``out`` (q's layout, head dim dv), or ``(out, softmax_lse)`` with ``return_softmax_lse`` (lse
     fp32 (batch, heads, seqlen_q), or (heads, total_q) for packed q).
@@ -187,8 +188,7 @@ def flash_attn_with_kvcache(
     if isinstance(cache_seqlens, int):  # FA2: one length for every sequence
         tensors = tensors[:7] + (None,) + tensors[8:]
     plain_max_q = max_seqlen_q if cu_seqlens_q is not None else None  # ignored for dense q (no sync)
-    plain_max_k = max_seqlen_k if isinstance(max_seqlen_k, int) else None
-    key = _call_key(tensors, (plain_max_q, plain_max_k, softmax_scale, softcap,
+    key = _call_key(tensors, (plain_max_q, softmax_scale, softcap,
                               *(window_size if isinstance(window_size, (tuple, list)) else (None, window_size))),
                     ("kvcache", bool(causal), bool(rotary_interleaved), num_splits, pack_gqa,
                      bool(return_softmax_lse), isinstance(cache_seqlens, int)))
@@ -198,7 +198,7 @@ def flash_attn_with_kvcache(
     if plan is None:
         plan = _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                      page_table, cu_seqlens_q, cu_seqlens_k_new, plain_max_q if cu_seqlens_q is not None else None,
-                     plain_max_k, rotary_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                     rotary_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved,
                      learnable_sink, num_splits, pack_gqa, return_softmax_lse)
         if key is not None:
             if len(_PLANS) >= MAX_CACHED_PLANS:
@@ -219,7 +219,7 @@ def _full_lengths(q, k_cache, page_table, cu_seqlens_q, length: Optional[int]) -
 
 
 def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
-          cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, max_seqlen_k, rotary_seqlens, softmax_scale, causal,
+          cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens, softmax_scale, causal,
           window_size, softcap, rotary_interleaved, learnable_sink, num_splits, pack_gqa,
           return_lse) -> _KVCachePlan:
     """Validate a call and build its ``_KVCachePlan``."""
@@ -299,7 +299,7 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
         att_k, att_v = k_cache.view(packed_cache[0]), v_cache.view(packed_cache[1])
         starts = torch.zeros((batch + 1,), dtype=torch.int32, device=device)  # shapes only: never launched on
     capacity = k_cache.shape[1] * (page_table.shape[1] if paged else 1)
-    max_k = capacity if max_seqlen_k is None else min(int(max_seqlen_k), capacity)
+    max_k = capacity  # the split choice sees the cache's capacity (FA2 does the same); never tensor contents
     spec_att, shape, params = validate_varlen(q, att_k, att_v, cu_seqlens_q, starts, max_seqlen_q, max_k, None,
                                               cache_seqlens, softmax_scale, causal, window_size, softcap,
                                               learnable_sink, page_table)
