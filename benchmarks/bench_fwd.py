@@ -98,7 +98,7 @@ OCCUPANCY_METHOD = (
     "cuDNN (wgmma) is not timed there. h100: every kernel at the H100's own occupancy (ours with "
     "FA4_SM120_OCCUPANCY=device).")
 #: Peers of the SM120 comparison (cuDNN's wgmma kernels are a ceiling of the H100, not an SM120 peer)
-SM120_PEERS = ("sdpa_flash_fa2", "fa4_sm120_path")
+SM120_PEERS = ("sdpa_flash_fa2", "fa4_sm120_path", "flashinfer")
 
 
 def timed(impl: str, call, occ: str, model, emulation: dict) -> dict:

@@ -1,8 +1,9 @@
 """Serving benchmark: decode, speculative decode and chunked prefill, dense and paged K/V, against the
 peers, eager and replayed from a CUDA graph (a script, not a test).
 
-Peers (dense K/V: none of them reads this bundle's page tables): PyTorch SDPA flash (FA2) and cuDNN,
-upstream flash-attn-4 forced onto its SM120 path (``bench_fwd.upstream_fa4``). SDPA runs seqlen_q <
+Peers: PyTorch SDPA flash (FA2) and cuDNN, upstream flash-attn-4 forced onto its SM120 path
+(``bench_fwd.upstream_fa4``), all on dense K/V (none of them reads a page table); FlashInfer on the same
+page-16 caches when it is installed (``flashinfer_paged``). SDPA runs seqlen_q <
 seqlen_k without its (top-left) causal mask. Occupancy and timing as
 in ``bench_fwd.py``: every kernel at an SM120's CTAs per SM (ours padded by the package, the peers through
 the cache preference), median of CUDA-event timings of back-to-back calls.
@@ -65,6 +66,39 @@ def paged(k, v, page_size, seed=0):
     return pool(k), pool(v), perm.view(b, per_seq).to(torch.int32)
 
 
+def flashinfer_paged():
+    """FlashInfer (flashinfer-python, the paged attention vLLM runs on consumer Blackwell) over the same paged
+    caches (its NHD layout is this bundle's (num_pages, page_size, heads_kv, d)): ``make(q, k_cache, v_cache,
+    table, seqlen_k, page_size, causal)`` plans a decode wrapper (seqlen_q 1) or a prefill wrapper (causal
+    bottom-right) and returns the call; None when FlashInfer is not installed."""
+    try:
+        import flashinfer
+    except Exception as e:  # not installed here: reported, not fatal
+        print(f"flashinfer unavailable: {e}")
+        return None
+    workspace = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+
+    def make(q, kc, vc, table, seqlen_k, page_size, causal):
+        b, sq, hq, d = q.shape
+        hkv, per_seq = kc.shape[2], table.shape[1]
+        indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * per_seq
+        indices = table.flatten().contiguous()
+        last = torch.full((b,), seqlen_k - (per_seq - 1) * page_size, dtype=torch.int32, device="cuda")
+        types = dict(q_data_type=q.dtype, kv_data_type=kc.dtype)
+        if sq == 1:
+            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=hq != hkv)
+            w.plan(indptr, indices, last, hq, hkv, d, page_size, **types)
+            q1 = q[:, 0]
+            return lambda: w.run(q1, (kc, vc))
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        qo_indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * sq
+        w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page_size, causal=causal, **types)
+        packed = q.reshape(b * sq, hq, d)
+        return lambda: w.run(packed, (kc, vc))
+
+    return make
+
+
 def copy_gbps() -> float:
     """Device-to-device copy bandwidth, read + write bytes per second, of 2 GiB."""
     src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
@@ -113,6 +147,7 @@ def main():
     up = upstream_fa4()
     if up is not None:
         peers["fa4_sm120_path"] = up
+    fi = flashinfer_paged()
     rows = []
     for name, b, sq, sk, hq, hkv, d, page_sizes in CASES:
         if args.cases and not any(s in name for s in args.cases):
@@ -130,6 +165,11 @@ def main():
             used = torch.full((b,), sk, dtype=torch.int32, device="cuda")
             calls[f"ours paged{p}"] = (lambda kc=kc, vc=vc, table=table, used=used: fa.flash_attn_varlen_func(
                 q, kc, vc, seqused_k=used, page_table=table, causal=causal))
+            if p == 16 and fi is not None:  # the serving peer on the same paged caches
+                try:
+                    calls["flashinfer paged16"] = fi(q, kc, vc, table, sk, p, causal)
+                except Exception as e:
+                    print(f"flashinfer plan failed for {name}: {type(e).__name__}: {str(e)[:200]}")
             if p == 16 and sq <= 8:  # the KV-cache API: the step's sq keys appended, then attended with the rest
                 kn, vn = k[:, sk - sq:].clone(), v[:, sk - sq:].clone()
                 calls["ours kvcache16 append"] = (lambda kc=kc, vc=vc, table=table, kn=kn, vn=vn, lens=used - sq:
@@ -143,7 +183,7 @@ def main():
         row = {"case": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
                "head_dim": d, "causal": causal, "kv_bytes": kv_bytes, "results": {}, "emulation": {}}
         for label, call in calls.items():
-            impl = "ours" if label.startswith("ours") else label
+            impl = "ours" if label.startswith("ours") else label.split()[0]
             for mode in ("eager", "graph"):
                 try:
                     r = time_impl(impl, call, mode, model, row["emulation"])

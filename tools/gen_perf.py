@@ -96,9 +96,10 @@ def serving_table(result: dict, source: str) -> str:
              f"eager / replayed from a CUDA graph. The device copies at {result['copy_gbps']:.0f} GB/s (read + write). "
              "Paged rows read the same keys through shuffled pages; `kvcache16` is `flash_attn_with_kvcache` over "
              "the page-16 cache, appending the step's keys before attending; the peers read dense K/V (none of them "
-             "takes this bundle's page table; SDPA runs seqlen_q < seqlen_k without its top-left causal mask).",
+             "takes this bundle's page table; SDPA runs seqlen_q < seqlen_k without its top-left causal mask); FlashInfer "
+             "reads the page-16 caches (\"-\": not installed on the device for this run).",
              "", "| case | ours dense | ours paged (page size) | ours kvcache16 + append | SDPA FA2 | "
-                 "upstream SM120 path | paged16 / dense (graph) |", "|---|---|---|---|---|---|---|"]
+                 "upstream SM120 path | FlashInfer paged16 | paged16 / dense (graph) |", "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:
         res = row["results"]
         field = "tflops" if row["seqlen_q"] > 64 else "kv_gbps"
@@ -109,7 +110,8 @@ def serving_table(result: dict, source: str) -> str:
             ratio = f"{res['ours paged16 graph'][field] / res['ours dense graph'][field]:.2f}"
         lines.append(f"| {row['case']} | {_eager_graph(res, 'ours dense', field)} | {paged_cells or '-'} | "
                      f"{_eager_graph(res, 'ours kvcache16 append', field)} | {_eager_graph(res, 'sdpa_flash_fa2', field)} | "
-                     f"{_eager_graph(res, 'fa4_sm120_path', field)} | {ratio} |")
+                     f"{_eager_graph(res, 'fa4_sm120_path', field)} | {_eager_graph(res, 'flashinfer paged16', field)} | "
+                     f"{ratio} |")
     return "\n".join(lines)
 
 
