@@ -70,7 +70,8 @@ def flashinfer_paged():
     """FlashInfer (flashinfer-python, the paged attention vLLM runs on consumer Blackwell) over the same paged
     caches (its NHD layout is this bundle's (num_pages, page_size, heads_kv, d)): ``make(q, k_cache, v_cache,
     table, seqlen_k, page_size, causal)`` plans a decode wrapper (seqlen_q 1) or a prefill wrapper (causal
-    bottom-right) and returns the call; None when FlashInfer is not installed."""
+    bottom-right) on FlashInfer's fa2 backend, the one it runs on SM120 (its fa3 backend is SM90 wgmma), and
+    returns the call; None when FlashInfer is not installed (``explore/stage_flashinfer.sh`` stages it)."""
     try:
         import flashinfer
     except Exception as e:  # not installed here: reported, not fatal
@@ -86,11 +87,13 @@ def flashinfer_paged():
         last = torch.full((b,), seqlen_k - (per_seq - 1) * page_size, dtype=torch.int32, device="cuda")
         types = dict(q_data_type=q.dtype, kv_data_type=kc.dtype)
         if sq == 1:
-            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=hq != hkv)
+            # vLLM's rule: tensor cores (the fa2 prefill kernel) for query groups above 4, else the CUDA-core decode
+            w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=hq // hkv > 4,
+                                                              backend="fa2")
             w.plan(indptr, indices, last, hq, hkv, d, page_size, **types)
             q1 = q[:, 0]
             return lambda: w.run(q1, (kc, vc))
-        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        w = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD", backend="fa2")
         qo_indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda") * sq
         w.plan(qo_indptr, indptr, indices, last, hq, hkv, d, page_size, causal=causal, **types)
         packed = q.reshape(b * sq, hq, d)
