@@ -64,7 +64,7 @@ import torch
 
 from . import compiler
 from .execution_model import COMPILE_TARGET_ENV, DISPATCH_ENV
-from .interface import _model_and_target
+from .interface import _model_and_target, launch_on
 from .problem import CombineSpec, check_head_dim, misaligned_row_dim
 
 #: output dtype -> ``CombineSpec.dtype``
@@ -116,11 +116,7 @@ def flash_attn_combine(
                                              model, target)
         uncovered = _uncovered_rows(rows, cu_seqlens, seqused, device)
         args = (_readable_partials(o5), _kernel_lse(lse5, uncovered), out4, lse_buf, None, None, None, rows)
-        if device.index == torch.cuda.current_device():
-            kernel(*args)
-        else:
-            with torch.cuda.device(device):
-                kernel(*args)
+        launch_on(device, ((kernel, args),))
     if not return_lse:
         return out, None
     return out, (lse_buf[0] if packed else lse_buf).transpose(-1, -2)

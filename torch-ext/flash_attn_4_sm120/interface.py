@@ -217,14 +217,20 @@ class _LaunchPlan:
             calls = ((split_kernel, (q, k, v, o_part, lse_part, *self.scalars, None, cu_q, cu_k, used_q, used_k, pages,
                                      self.seqlen_q, self.splits, 0, self.band)),
                      (combine_kernel, (o_part, lse_part, out, lse, sink, cu_q, used_q, self.seqlen_q)))
-        if device.index == torch.cuda.current_device():
+        launch_on(device, calls)
+        return out, lse
+
+
+def launch_on(device: torch.device, calls) -> None:
+    """Run ``calls``, ``(kernel, args)`` pairs, on ``device`` (the kernels launch on the current device's
+    current stream): switching the current device only when it differs, which costs host time per call."""
+    if device.index == torch.cuda.current_device():
+        for kernel, args in calls:
+            kernel(*args)
+    else:
+        with torch.cuda.device(device):
             for kernel, args in calls:
                 kernel(*args)
-        else:
-            with torch.cuda.device(device):
-                for kernel, args in calls:
-                    kernel(*args)
-        return out, lse
 
 
 def _plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, config, num_splits, max_ctas,
@@ -409,11 +415,7 @@ def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None)
     if needs_grad:
         out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, varlen, num_splits)
     else:
-        plan = _plan_for(q, v, spec, shape, params, None, num_splits, None)
-        if key is not None:
-            if len(_PLANS) >= MAX_CACHED_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+        plan = remember(key, _plan_for(q, v, spec, shape, params, None, num_splits, None))
         out, lse = plan.run(q, k, v, params.sink, varlen)
     return out, (lse if (return_lse or needs_grad) else None)
 
@@ -424,6 +426,21 @@ _PLANS: dict = {}
 #: Cleared when full (a decode loop over a growing dense K/V makes a new key per step).
 MAX_CACHED_PLANS = 1024
 _PLAIN = (int, float, type(None))
+
+
+def remember(key: Optional[tuple], plan):
+    """``plan``, stored in ``_PLANS`` under ``key`` (``_call_key``; None: not stored), the table cleared when
+    full. Every entry point's plans share the table: their keys carry the entry's name."""
+    if key is not None:
+        if len(_PLANS) >= MAX_CACHED_PLANS:
+            _PLANS.clear()
+        _PLANS[key] = plan
+    return plan
+
+
+def remembered(key: Optional[tuple]):
+    """The plan stored under ``key``, or None."""
+    return _PLANS.get(key) if key is not None else None
 
 
 def _call_key(tensors, scalars, options) -> Optional[tuple]:
@@ -456,7 +473,7 @@ def _replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, var
     remembered plan's ``(out, lse or None)`` when there is one, else None."""
     window = tuple(window_size) if isinstance(window_size, (tuple, list)) else (None, None, window_size)
     key = _call_key(tensors, (*scalars, *window), options)
-    plan = _PLANS.get(key) if key is not None else None
+    plan = remembered(key)
     if plan is None:
         return key, None
     out, lse = plan.run(q, k, v, _plain_sink(learnable_sink), varlen)

@@ -22,8 +22,8 @@ Algorithm (every step on the device, no host sync, so a step can be captured in 
   3. The forward kernel attends q to the first ``used_k[b]`` keys of each sequence: paged through the
      page table, dense through ``seqused_k``, or dense from per-sequence starts as packed rows
      (``cu_seqlens_k`` = the starts). Causal masks align bottom-right to those lengths.
-A repeated call with the same shapes replays a launch plan (``_KVCachePlan``): no validation or dispatch,
-only the output allocations and the launches.
+A repeated call with the same shapes replays a launch plan (``_KVCachePlan``, kept in ``interface._PLANS``): no
+validation or dispatch, only the output allocations and the launches.
 
 Positions (FA2/FA3): ``cache_seqlens[b]`` is where sequence b's cache ends, counted from the cache row's
 start (left padding included); new key i lands at position ``cache_seqlens[b] + i`` and is rotated
@@ -45,7 +45,8 @@ from typing import Optional
 import torch
 
 from . import compiler
-from .interface import _call_key, _check_options, _env, _model_and_target, _plan_for, _plain_sink, _with_packing
+from .interface import (_call_key, _check_options, _env, _model_and_target, _plan_for, _plain_sink, _with_packing,
+                        launch_on, remember, remembered)
 from .problem import AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
 
 
@@ -57,8 +58,9 @@ class _KVCachePlan:
 
     append: object
     max_rows: int
-    key_starts: bool
-    packed_cache: Optional[tuple]  # (k shape, v shape) of the dense cache viewed as packed rows
+    #: (k shape, v shape) of a dense cache read from per-sequence starts (cache_batch_idx / cache_leftpad) as
+    #: packed rows; the append kernel then writes the starts
+    packed_cache: Optional[tuple]
     attention: object
     batch: int
     return_lse: bool
@@ -71,17 +73,14 @@ class _KVCachePlan:
         q_att = q
         if self.append is not None:
             used_k = torch.empty((self.batch,), dtype=torch.int32, device=device)
-            key_start = torch.empty((self.batch + 1,), dtype=torch.int32, device=device) if self.key_starts else None
+            key_start = (torch.empty((self.batch + 1,), dtype=torch.int32, device=device)
+                         if self.packed_cache is not None else None)
             q_out = torch.empty_like(q) if rotary_cos is not None else None
             args = (q if q_out is not None else None, q_out, k, v, k_cache, v_cache, page_table, cache_seqlens,
                     cache_batch_idx, cache_leftpad, rotary_seqlens, rotary_cos, rotary_sin,
                     cu_seqlens_q if q_out is not None else None, cu_seqlens_k_new if k is not None else None, used_k,
                     key_start, self.max_rows)
-            if device.index == torch.cuda.current_device():
-                self.append(*args)
-            else:
-                with torch.cuda.device(device):
-                    self.append(*args)
+            launch_on(device, ((self.append, args),))
             if q_out is not None:
                 q_att = q_out
         if self.packed_cache is not None:
@@ -90,10 +89,6 @@ class _KVCachePlan:
         o, lse = self.attention.run(q_att, k_cache, v_cache, sink, varlen, out)
         return (o, lse) if self.return_lse else o
 
-
-#: Launch plans of calls seen before, by ``interface._call_key``; cleared when full.
-_PLANS: dict = {}
-MAX_CACHED_PLANS = 256
 
 _UNSUPPORTED = {
     "alibi_slopes": "ALiBi slopes are not supported; a score_mod is planned (issue 20)",
@@ -192,18 +187,14 @@ def flash_attn_with_kvcache(
                               *(window_size if isinstance(window_size, (tuple, list)) else (None, window_size))),
                     ("kvcache", bool(causal), bool(rotary_interleaved), num_splits, pack_gqa,
                      bool(return_softmax_lse), isinstance(cache_seqlens, int)))
-    plan = _PLANS.get(key) if key is not None else None
+    plan = remembered(key)
     if cache_seqlens is None or isinstance(cache_seqlens, int):
         cache_seqlens = _full_lengths(q, k_cache, page_table, cu_seqlens_q, cache_seqlens)
     if plan is None:
-        plan = _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                     page_table, cu_seqlens_q, cu_seqlens_k_new, plain_max_q if cu_seqlens_q is not None else None,
-                     rotary_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                     learnable_sink, num_splits, pack_gqa, return_softmax_lse)
-        if key is not None:
-            if len(_PLANS) >= MAX_CACHED_PLANS:
-                _PLANS.clear()
-            _PLANS[key] = plan
+        plan = remember(key, _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
+                                   cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, plain_max_q,
+                                   rotary_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved,
+                                   learnable_sink, num_splits, pack_gqa, return_softmax_lse))
     return plan.run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                     page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, _plain_sink(learnable_sink), out)
 
@@ -315,7 +306,7 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
         max_rows = max(q_rows * shape.num_heads, new_rows * shape.num_heads_kv, 1)
     attention = _plan_for(q, v_cache, _with_packing(spec_att, shape, pack_gqa), shape, params, None, num_splits or None,
                           None)
-    return _KVCachePlan(append=append, max_rows=max_rows, key_starts=key_starts, packed_cache=packed_cache,
+    return _KVCachePlan(append=append, max_rows=max_rows, packed_cache=packed_cache,
                         attention=attention, batch=batch, return_lse=bool(return_lse))
 
 
