@@ -1,7 +1,8 @@
 """Per-call host overhead of the forward, by layer (a script, not a test): host microseconds per call
 of back-to-back launches at a decode shape (GPU work ~50-100 us, queued, never waited on inside
 the loop), unsplit and split-KV, with and without the remembered launch plan, the paged varlen and
-KV-cache entries (with append and rotary), beside torch SDPA's; the median of 7 rounds that take the
+KV-cache entries (with append and rotary), beside torch SDPA's (alone, and with the cache append and rotary an
+SDPA user runs in torch for the same step); the median of 7 rounds that take the
 rows in turn; and cProfiles of the split and KV-cache paths.
 
     python benchmarks/overhead.py [--out overhead.json]
@@ -109,6 +110,29 @@ def main():
             return F.scaled_dot_product_attention(qt, kt, kt, enable_gqa=True)
 
     rows["torch SDPA flash"] = sdpa
+    # What an SDPA user pays for the same KV-cache step: the step's k / v written into a dense cache with
+    # index_copy_ (a static cache's update, graph-safe), then SDPA; with rotary, q and the new k rotated in
+    # torch (GPT-NeoX halves, cos / sin gathered at the position) before the write.
+    kd, vd = k.clone(), k.clone()
+    pos = torch.full((1,), sk - 8, dtype=torch.long, device="cuda")
+
+    def rope(x, c, s):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((x1 * c - x2 * s, x2 * c + x1 * s), dim=-1)
+
+    def sdpa_append(rotary=False):
+        qs, ks = q, k_new
+        if rotary:
+            c, s = cos.index_select(0, pos).view(1, 1, 1, -1), sin.index_select(0, pos).view(1, 1, 1, -1)
+            qs, ks = rope(q, c, s), rope(k_new, c, s)
+        kd.index_copy_(1, pos, ks)
+        vd.index_copy_(1, pos, k_new)
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qs.transpose(1, 2), kd.transpose(1, 2), vd.transpose(1, 2),
+                                                  enable_gqa=True)
+
+    rows["torch SDPA flash + cache append"] = sdpa_append
+    rows["torch SDPA flash + cache append + rotary"] = lambda: sdpa_append(rotary=True)
     result = median_host_us(rows)
     for name, us in result.items():
         print(f"{name:50s} {us:8.1f} us/call  ({us / result['torch SDPA flash']:.2f}x SDPA)", flush=True)

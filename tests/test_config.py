@@ -232,17 +232,30 @@ def test_split_spec_with_a_sink_is_refused_by_the_predicate():
     (0, 128, 128, 132, 16, 2, 2),       # 0 is automatic too
     (None, 64, 128, 132, 16, 1, 2),     # decode 16 x 4 KV heads (7-way GQA)
     (None, 256, 128, 132, 16, 2, 1),    # decode 16 x 16 heads: nearly 2 per SM already
+    (None, 120, 128, 132, 30, 1, 1),    # 120 tiles: 11 splits would even the waves but pay 10 prologues each
     (None, 32, 128, 132, 4, 1, 4),      # decode 4 x 8 KV heads
     (None, 8, 683, 132, 1, 1, 16),      # decode 1 x 8 KV heads: 16 splits fill one wave (17 would spill a second)
     (None, 4096, 64, 132, 4, 1, 1),     # prefill fills the GPU: no split
     (None, 8, 6, 132, 1, 1, 1),         # too few key blocks for 4 per split
     (None, 8, 40, 132, 1, 1, 10),       # ... at most blocks // 4 splits
-    (None, 1, 4096, 132, 1, 1, 128),    # at most MAX_SPLITS
+    (500, 1, 4096, 132, 1, 1, 128),     # at most MAX_SPLITS
+    (None, 1, 4096, 132, 1, 1, 122),    # ... the fewest splits within 5% of the best time
+    (None, 100, 128, 132, 25, 1, 5),    # 100 tiles leave 32 SMs idle: 5 splits, 4 waves (0.85 of unsplit)
     (500, 8, 7, 132, 1, 1, 7),          # an explicit count is clamped to the key blocks
     (200, 8, 4096, 132, 1000, 1, 65),   # ... and to the grid's z extent (batch * splits <= 65535)
 ])
 def test_num_splits_choice(requested, ctas, blocks, sms, batch, per_sm, want):
     assert config.num_splits_for(requested, ctas, blocks, sms, batch, per_sm) == want
+
+
+@pytest.mark.parametrize("ctas, one_m_block, want", [
+    (136, True, 4),     # decode 34 x 4 KV heads: unsplit, a second wave of 4 CTAs doubles the time
+    (136, False, 1),    # ... a prefill grid past one wave stays whole
+    (264, True, 1),     # two full waves: nothing to even out
+    (132, True, 1),     # one full wave
+])
+def test_split_choice_past_one_wave(ctas, one_m_block, want):
+    assert config.num_splits_for(None, ctas, 128, 132, 34, 1, one_m_block=one_m_block) == want
 
 
 def test_overlap_predicate():

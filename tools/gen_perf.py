@@ -97,7 +97,7 @@ def serving_table(result: dict, source: str) -> str:
              "Paged rows read the same keys through shuffled pages; `kvcache16` is `flash_attn_with_kvcache` over "
              "the page-16 cache, appending the step's keys before attending; the peers read dense K/V (none of them "
              "takes this bundle's page table; SDPA runs seqlen_q < seqlen_k without its top-left causal mask); FlashInfer "
-             "reads the page-16 caches (\"-\": not installed on the device for this run).",
+             "reads the page-16 caches (fa2 backend, the one it runs on SM120; eager times its `run` with the step's `plan` made once, as an engine plans once per step for every layer).",
              "", "| case | ours dense | ours paged (page size) | ours kvcache16 + append | SDPA FA2 | "
                  "upstream SM120 path | FlashInfer paged16 | paged16 / dense (graph) |", "|---|---|---|---|---|---|---|---|"]
     for row in result["rows"]:

@@ -286,27 +286,47 @@ MAX_SPLITS = 128
 #: Fewest key blocks one split gets from the automatic choice: each split pays a prologue (Q load,
 #: pipeline fill) and writes an fp32 partial row that the combine reads back.
 MIN_BLOCKS_PER_SPLIT = 4
-def num_splits_for(requested, num_ctas: int, num_n_blocks: int, num_sms: int, batch: int, ctas_per_sm: int) -> int:
+#: A split count whose predicted time (``num_splits_for``) is within this fraction of the best count's
+#: counts as good as it; the fewest such splits win (each split pays a prologue and fp32 partials).
+SPLIT_WAVE_SLACK = 0.05
+#: What one CTA costs beyond streaming its key blocks (launch, Q and first K/V loads, the partials'
+#: store), in key blocks of streaming time: ~2 us against ~1.4 us per 64-key d=128 block at one SM's
+#: decode rate. It makes many small splits lose to a few (16 splits of 8 tiles against 32: 2450 GB/s to
+#: 2014, decode_tiles_h100_2026-11-25.json).
+SPLIT_FIXED_BLOCKS = 2
+
+
+def num_splits_for(requested, num_ctas: int, num_n_blocks: int, num_sms: int, batch: int, ctas_per_sm: int,
+                   one_m_block: bool = False) -> int:
     """Key-range splits for a call: ``requested`` (the caller's num_splits; None or 0 = automatic),
     clamped to the key blocks of the longest tile (a split must have a block to visit), to
     ``MAX_SPLITS`` and to the grid's z extent (batch * splits <= 65535).
 
-    Automatic: the most splits whose grid (``num_ctas`` unsplit, times the splits) still fits one wave
-    of the split kernel's resident CTAs, ``ctas_per_sm`` per SM under the execution model, each split
-    keeping at least ``MIN_BLOCKS_PER_SPLIT`` key blocks (decode: one query tile per KV head and
-    sequence over thousands of keys). Measured at the SM120's occupancy
-    (split_sweep_h100_2026-11-23_sm120occ.json): 16 x 8 KV heads of an 80 KB tile (one per SM) stream
-    fastest unsplit, 64 tiles with 2 splits, 8 tiles with 16, which is one wave each on 132 SMs; a
-    count that spills into a second wave loses (decode_tiles_h100_2026-11-25.json, 8 tiles of 64x48:
-    17 splits 2081 GB/s, 16 splits 2450). Until 2026-11-25 the count was rounded, not floored, which
-    gave 17 there."""
+    Automatic: the grid runs in waves of ``ctas_per_sm * num_sms`` resident CTAs, and a wave lasts as
+    long as one CTA whether it is full or holds a few CTAs (a decode CTA streams K/V at about the rate
+    one SM sustains, so a part-filled wave is no faster). With ``s`` splits a CTA streams ``1/s`` of the
+    keys plus ``SPLIT_FIXED_BLOCKS`` blocks' worth of fixed cost, so the call takes
+    ``ceil(num_ctas * s / slots) * (1/s + SPLIT_FIXED_BLOCKS / num_n_blocks)`` unsplit-CTA times; the
+    count is the fewest splits within ``SPLIT_WAVE_SLACK`` of the best such time, each split keeping at
+    least ``MIN_BLOCKS_PER_SPLIT`` key blocks. Grids beyond one wave split only when each (batch, head) has ``one_m_block`` (decode and
+    short queries: the partials are a few rows); a prefill grid stays whole.
+
+    Measured at the SM120's occupancy on 132 SMs (split_sweep_h100_2026-11-23_sm120occ.json,
+    decode_tiles_h100_2026-11-25.json, pdl_decode_h100_2026-11-25.json): 16 x 8 KV heads of an 80 KB tile
+    (128 CTAs) stream fastest unsplit, 64 tiles with 2 splits, 8 tiles with 16 (17 spill into a second
+    wave: 2081 GB/s against 2450; 32, two full waves: 2014); 132 tiles 3064 GB/s, 136 unsplit 1896 (the
+    4-CTA second wave doubles the time), which this rule splits 4 ways (predicted 0.65 of unsplit)."""
     cap = max(1, min(MAX_SPLITS, num_n_blocks, 65535 // max(batch, 1)))
     if requested is not None and requested > 0:
         return min(int(requested), cap)
-    if num_ctas <= 0:
+    slots = max(1, ctas_per_sm * num_sms)
+    limit = min(cap, num_n_blocks // MIN_BLOCKS_PER_SPLIT)
+    if num_ctas <= 0 or limit < 2 or (num_ctas > slots and not one_m_block):
         return 1
-    want = ctas_per_sm * num_sms // num_ctas  # splits of a grid that fits one wave
-    return max(1, min(want, cap, num_n_blocks // MIN_BLOCKS_PER_SPLIT))
+    fixed = SPLIT_FIXED_BLOCKS / max(num_n_blocks, 1)
+    times = [-(-num_ctas * s // slots) * (1 / s + fixed) for s in range(1, limit + 1)]
+    good = min(times) * (1 + SPLIT_WAVE_SLACK)
+    return next(s for s, t in enumerate(times, start=1) if t <= good)
 
 
 #: Share of the device's L2 one band of the causal tile order may fill with K/V (``tile_band``): the rest

@@ -85,6 +85,11 @@ class ExecutionModel:
     has_setmaxnreg: bool = False
     has_wgmma: bool = False
     has_tmem: bool = False
+    #: Programmatic dependent launch (``griddepcontrol``, sm_90 and later): a kernel launched with it may
+    #: start while the previous kernel of its stream finishes, and waits for that kernel's memory in
+    #: ``griddepcontrol.wait``. It hides the launch gap between the split-KV forward and its combine, and
+    #: between the KV-cache append and the forward (``_kernels/grid_dependency``).
+    has_pdl: bool = False
     max_regs_per_thread: int = 255
     #: 32-bit registers per SM (64K on every part here: registers bind CTAs per SM the same way).
     regs_per_sm: int = 65536
@@ -132,6 +137,7 @@ _SM120_COMMON = dict(
     s2r_copy=CopyKind.LDMATRIX,
     r2s_copy=CopyKind.STMATRIX,
     has_setmaxnreg=True,
+    has_pdl=True,
 )
 
 SM120 = ExecutionModel(

@@ -127,7 +127,7 @@ def _splits(requested, spec, shape, cfg, split_spec, split_cfg, model, device) -
     heads = shape.num_heads_kv if spec.pack_gqa else shape.num_heads
     num_ctas = -(-rows // cfg.tile_m) * heads * shape.batch
     return num_splits_for(requested, num_ctas, -(-shape.seqlen_k // split_cfg.tile_n), _num_sms(device.index),
-                          shape.batch, fwd_ctas_per_sm(split_spec, split_cfg, model))
+                          shape.batch, fwd_ctas_per_sm(split_spec, split_cfg, model), one_m_block=rows <= cfg.tile_m)
 
 
 def _with_packing(spec, shape, pack_gqa: Optional[bool]):

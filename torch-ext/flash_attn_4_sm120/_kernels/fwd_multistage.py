@@ -59,6 +59,7 @@ from ..config import (FwdConfig, atom_cols, banded_tile_order, fwd_config_proble
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
 from . import CUTLASS_DTYPES, block_info
+from .grid_dependency import enter_grid
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
@@ -345,6 +346,7 @@ class FlashFwdMultistage:
             # -1 = CU_SHAREDMEM_CARVEOUT_DEFAULT, the attribute's own default; giving it keeps the DSL from
             # asking the driver for the build machine's smem per SM when min_blocks_per_mp > 1
             preferred_smem_carveout=-1,
+            use_pdl=self.model.has_pdl,
             stream=stream,
         )
 
@@ -388,6 +390,7 @@ class FlashFwdMultistage:
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
+        enter_grid(self.model.has_pdl)  # the append's rows, a user kernel's Q: visible from here on
         if const_expr(self.config.persistent):  # one CTA per SM walks the tiles (fwd_persistent)
             self.persistent_tiles(SimpleNamespace(
                 mQ=mQ, mK=mK, mV=mV, mO=mO, mLSE=mLSE, scale_log2=softmax_scale_log2, softcap_scale=softcap_scale,

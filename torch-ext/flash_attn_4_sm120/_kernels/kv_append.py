@@ -44,6 +44,7 @@ from cutlass import Float32, Int32, const_expr
 from ..execution_model import ExecutionModel
 from ..problem import MAX_HEAD_DIM, AppendSpec
 from . import CUTLASS_DTYPES
+from .grid_dependency import enter_grid
 from .seqlen_info import clamp, num_heads, sequence_heads
 
 #: elements one lane moves: a 16-byte vector of bf16 / fp16
@@ -102,6 +103,7 @@ class KVCacheAppend:
                     mRotarySeqlens, mCos, mSin, mCuSeqlensQ, mCuSeqlensNew, mUsedK, mKeyStart).launch(
             grid=(cute.ceil_div(max_rows, self.num_warps), 3, mCacheSeqlens.shape[0]),
             block=[self.num_warps * 32, 1, 1],
+            use_pdl=self.model.has_pdl,
             stream=stream,
         )
 
@@ -128,6 +130,7 @@ class KVCacheAppend:
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bx, job, batch = cute.arch.block_idx()
+        enter_grid(self.model.has_pdl)  # the new k/v and q of a user kernel are complete from here on
         lane = tidx % 32
         row = bx * self.num_warps + tidx // 32
         cache_end = mCacheSeqlens[batch]
