@@ -308,8 +308,9 @@ def num_splits_for(requested, num_ctas: int, num_n_blocks: int, num_sms: int, ba
     keys plus ``SPLIT_FIXED_BLOCKS`` blocks' worth of fixed cost, so the call takes
     ``ceil(num_ctas * s / slots) * (1/s + SPLIT_FIXED_BLOCKS / num_n_blocks)`` unsplit-CTA times; the
     count is the fewest splits within ``SPLIT_WAVE_SLACK`` of the best such time, each split keeping at
-    least ``MIN_BLOCKS_PER_SPLIT`` key blocks. Grids beyond one wave split only when each (batch, head) has ``one_m_block`` (decode and
-    short queries: the partials are a few rows); a prefill grid stays whole.
+    least ``MIN_BLOCKS_PER_SPLIT`` key blocks. Grids beyond one wave split only when each (batch, head)
+    has ``one_m_block`` (decode and short queries: the partials are a few rows); a prefill grid stays
+    whole.
 
     Measured at the SM120's occupancy on 132 SMs (split_sweep_h100_2026-11-23_sm120occ.json,
     decode_tiles_h100_2026-11-25.json, pdl_decode_h100_2026-11-25.json): 16 x 8 KV heads of an 80 KB tile
