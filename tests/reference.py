@@ -35,15 +35,19 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, upcast=True, window
         scores = softcap * torch.tanh(scores * (scale / softcap))
     else:
         scores = torch.einsum("bqhd,bkhd->bhqk", q * scale, k).float()
-    scores = scores.masked_fill(~visible(sq, sk, causal, window_size, q.device), float("-inf"))
+    seen = visible(sq, sk, causal, window_size, q.device)
+    scores = scores.masked_fill(~seen, float("-inf"))
     if learnable_sink is not None:
         sink = learnable_sink.float().view(1, hq, 1, 1).expand(b, hq, sq, 1)
         lse = torch.logsumexp(torch.cat([scores, sink], dim=-1), dim=-1)
+        empty = torch.zeros_like(lse, dtype=torch.bool)
     else:
-        lse = torch.logsumexp(scores, dim=-1)
-    empty = torch.isinf(lse) & (lse < 0)
-    p = torch.exp(scores - lse.masked_fill(empty, 0.0)[..., None])
-    p = p.masked_fill(empty[..., None], 0.0)
+        # A row that sees no key: its LSE is -inf and its P 0. The logsumexp runs over zeros there, so
+        # that autograd through it stays finite (its gradient is multiplied by P = 0).
+        empty = ~seen.any(dim=-1).expand(b, hq, sq)
+        lse = torch.logsumexp(scores.masked_fill(empty[..., None], 0.0), dim=-1)
+    p = torch.exp(scores - lse[..., None])
+    lse = lse.masked_fill(empty, float("-inf"))
     out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
     return out.to(dtype_out), lse
 
@@ -120,3 +124,19 @@ def rotary_tables(seqlen_ro, rotary_dim, dtype, device="cuda"):
     inv = 1.0 / (10000 ** (torch.arange(0, rotary_dim, 2, device=device).float() / rotary_dim))
     ang = torch.arange(seqlen_ro, device=device).float()[:, None] * inv[None, :]
     return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def attention_grads_ref(q, k, v, dout, upcast=True, dlse=None, **features):
+    """Gradients (dq, dk, dv, dsink or None) of ``attention_ref`` (fp32 with ``upcast``, else in the input
+    dtype: the ``pt`` baseline) for the output gradient ``dout`` and, optionally, an LSE gradient
+    ``dlse`` (b, hq, sq); ``features`` as ``attention_ref`` takes them (the sink as a tensor)."""
+    sink = features.pop("learnable_sink", None)
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    sink_leaf = sink.detach().clone().requires_grad_(True) if sink is not None else None
+    out, lse = attention_ref(*leaves, upcast=upcast, learnable_sink=sink_leaf, **features)
+    loss = (out.float() * dout.float()).sum()
+    if dlse is not None:
+        finite = torch.isfinite(lse)
+        loss = loss + (lse.masked_fill(~finite, 0.0) * dlse.masked_fill(~finite, 0.0)).sum()
+    grads = torch.autograd.grad(loss, leaves + ([sink_leaf] if sink_leaf is not None else []))
+    return (*grads[:3], grads[3] if sink_leaf is not None else None)

@@ -71,6 +71,38 @@ class CombineSpec:
 
 
 @dataclass(frozen=True)
+class BwdSpec:
+    """What changes the code of the backward kernels (``_kernels/bwd_*``): the forward's features of the
+    call being differentiated. Sizes, scales and window bounds are runtime
+    values. Packed GQA and split-KV are forward schedules, not features: the backward of such a call is
+    the plain backward of its spec. A learnable sink changes no backward code: it enters the kernels only
+    through the LSE, and its gradient is a reduction over the preprocess's D (``interface``)."""
+
+    dtype: str
+    head_dim: int
+    head_dim_v: int
+    causal: bool
+    local: bool = False
+    softcap: bool = False
+    varlen_q: bool = False
+    varlen_k: bool = False
+    seqused_q: bool = False
+    seqused_k: bool = False
+    #: the caller differentiates through the returned LSE (the preprocess folds dLSE into D)
+    has_dlse: bool = False
+
+    @staticmethod
+    def of(spec: "FwdSpec", has_dlse: bool = False) -> "BwdSpec":
+        if spec.page_size:
+            raise NotImplementedError("backward through paged K/V: paged caches are an inference layout; "
+                                      "train with dense or packed (cu_seqlens_k) K/V")
+        return BwdSpec(dtype=spec.dtype, head_dim=spec.head_dim, head_dim_v=spec.head_dim_v, causal=spec.causal,
+                       local=spec.local, softcap=spec.softcap, varlen_q=spec.varlen_q,
+                       varlen_k=spec.varlen_k, seqused_q=spec.seqused_q, seqused_k=spec.seqused_k,
+                       has_dlse=has_dlse)
+
+
+@dataclass(frozen=True)
 class FwdShape:
     """Runtime sizes of one call (not part of any compile key)."""
 

@@ -16,7 +16,8 @@ from typing import Optional
 
 from .config import FwdConfig, candidate_fwd_configs, dispatchable_fwd, fwd_smem_bytes
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
-from .problem import AppendSpec, CombineSpec, FwdSpec
+from .bwd_config import BwdConfig, bwd_padded_head_dim, bwd_smem_bytes, dispatchable_bwd
+from .problem import AppendSpec, BwdSpec, CombineSpec, FwdSpec
 
 _TVM_FFI = "--enable-tvm-ffi"
 _KEEP_ARTIFACTS = "--keep-ptx --keep-cubin --keep-sass"
@@ -245,6 +246,124 @@ def get_append_kernel(spec: AppendSpec, model: ExecutionModel, target: str):
 
 
 # ----------------------------------------------------------------------------------------------
+# Backward
+# ----------------------------------------------------------------------------------------------
+def _fake_bwd_args(spec: BwdSpec, config: BwdConfig):
+    """Fake arguments of the backward main kernel: Q, K, V, dO, the fp32 workspaces (LSE2 and D' rows,
+    the dQ accumulator with the padded head dim), dK, dV; symbolic sizes."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from ._kernels import CUTLASS_DTYPES
+
+    dtype = CUTLASS_DTYPES[spec.dtype]
+    batch, seqlen_q, seqlen_k, heads_q, heads_kv, total_q, total_k, rows_pad = (cute.sym_int() for _ in range(8))
+
+    def rows(packed, seqlen, total, heads, d):
+        return _fake_tensor(dtype, (total, heads, d) if packed else (batch, seqlen, heads, d))
+
+    q, do = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim), \
+        rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim_v)
+    k, dk = (rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim) for _ in range(2))
+    v, dv = (rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim_v) for _ in range(2))
+    ws_rows = (heads_q, rows_pad) if spec.varlen_q else (batch, heads_q, rows_pad)
+    lse2, dsum = (_fake_tensor(cutlass.Float32, ws_rows, rows_of_vectors=False) for _ in range(2))
+    dq_acc = _fake_tensor(cutlass.Float32, (*ws_rows, bwd_padded_head_dim(spec.head_dim, config)))
+    batch_p1 = cute.sym_int()
+    cu_q = _fake_vector(cutlass.Int32, batch_p1) if spec.varlen_q else None
+    cu_k = _fake_vector(cutlass.Int32, batch_p1) if spec.varlen_k else None
+    used_q = _fake_vector(cutlass.Int32, cute.sym_int()) if spec.seqused_q else None
+    used_k = _fake_vector(cutlass.Int32, cute.sym_int()) if spec.seqused_k else None
+    return (q, k, v, do, lse2, dsum, dq_acc, dk, dv, cutlass.Float32(1.0), cutlass.Float32(1.0),
+            cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0), cu_q, cu_k, used_q, used_k, cutlass.Int32(0),
+            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+def compile_bwd(spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target: str, extra_options: str = "",
+                check_valid: bool = True, launch_smem: int = 0):
+    """Trace and compile the backward main kernel; returns ``fn(q, k, v, dout, lse2, dsum, dq_accum, dk, dv,
+    softmax_scale, scale_log2, softcap_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k,
+    seqused_q, seqused_k, max_seqlen_k)`` taking torch tensors (TVM FFI, current stream)."""
+    import cutlass.cute as cute
+
+    from ._kernels.bwd_multistage import FlashBwdMultistage
+
+    problems = FlashBwdMultistage.can_implement(spec, config, model) if check_valid else ()
+    if problems:
+        raise ValueError(f"backward kernel cannot implement {spec} with {config} on {model.name}: "
+                         f"{'; '.join(problems)}")
+    kernel = FlashBwdMultistage(spec, config, model)
+    kernel.launch_smem = launch_smem
+    options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
+    return cute.compile(kernel, *_fake_bwd_args(spec, config), options=options)
+
+
+def get_bwd_kernel(spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target: str, launch_smem: int = 0):
+    """The compiled backward main kernel from the compile cache."""
+    from .compile_cache import default_cache
+
+    return default_cache().get(
+        ("bwd", spec, config, model, target, launch_smem),
+        lambda: compile_bwd(spec, config, model, target, launch_smem=launch_smem),
+    )
+
+
+def _fake_bwd_side_args(spec: BwdSpec, config: BwdConfig):
+    """(preprocess args, postprocess args): O, dO, LSE, dLSE into the LSE2 / D' workspaces; the dQ
+    accumulator into dQ. Symbolic sizes."""
+    import cutlass
+    import cutlass.cute as cute
+
+    from ._kernels import CUTLASS_DTYPES
+
+    dtype = CUTLASS_DTYPES[spec.dtype]
+    batch, seqlen, heads, total, rows_pad = (cute.sym_int() for _ in range(5))
+
+    def rows(d):
+        return _fake_tensor(dtype, (total, heads, d) if spec.varlen_q else (batch, seqlen, heads, d))
+
+    lse_shape = (heads, total) if spec.varlen_q else (batch, heads, seqlen)
+    lse, dlse = (_fake_tensor(cutlass.Float32, lse_shape, rows_of_vectors=False) for _ in range(2))
+    ws_rows = (heads, rows_pad) if spec.varlen_q else (batch, heads, rows_pad)
+    lse2, dsum = (_fake_tensor(cutlass.Float32, ws_rows, rows_of_vectors=False) for _ in range(2))
+    dq_acc = _fake_tensor(cutlass.Float32, (*ws_rows, bwd_padded_head_dim(spec.head_dim, config)))
+    cu_q = _fake_vector(cutlass.Int32, cute.sym_int()) if spec.varlen_q else None
+    used_q = _fake_vector(cutlass.Int32, cute.sym_int()) if spec.seqused_q else None
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    pre = (rows(spec.head_dim_v), rows(spec.head_dim_v), lse, dlse if spec.has_dlse else None, lse2, dsum, cu_q,
+           used_q, cutlass.Int32(0), stream)
+    post = (dq_acc, rows(spec.head_dim), cutlass.Float32(1.0), cu_q, used_q, cutlass.Int32(0), stream)
+    return pre, post
+
+
+def compile_bwd_side(which: str, spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target: str,
+                     extra_options: str = ""):
+    """The backward's ``"preprocess"`` (``fn(out, dout, lse, dlse, lse2, dsum, cu_seqlens_q, seqused_q,
+    max_seqlen_q)``) or ``"postprocess"`` (``fn(dq_accum, dq, softmax_scale, cu_seqlens_q, seqused_q,
+    max_seqlen_q)``) kernel. ``config`` sets the dQ accumulator's padded head dim."""
+    import cutlass.cute as cute
+
+    if which == "preprocess":
+        from ._kernels.bwd_preprocess import FlashBwdPreprocess as cls
+    else:
+        from ._kernels.bwd_postprocess import FlashBwdPostprocess as cls
+    problems = cls.can_implement(spec, model)
+    if problems:
+        raise ValueError(f"backward {which} cannot implement {spec}: {'; '.join(problems)}")
+    pre, post = _fake_bwd_side_args(spec, config)
+    options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
+    return cute.compile(cls(spec, model), *(pre if which == "preprocess" else post), options=options)
+
+
+def get_bwd_side_kernel(which: str, spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target: str):
+    """The compiled backward preprocess / postprocess kernel from the compile cache."""
+    from .compile_cache import default_cache
+
+    return default_cache().get((f"bwd_{which}", spec, config, model, target),
+                               lambda: compile_bwd_side(which, spec, config, model, target))
+
+
+# ----------------------------------------------------------------------------------------------
 # Conformance provider
 # ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
@@ -322,6 +441,32 @@ class AppendCase:
         return {"kernel": "kv_append", **asdict(self.spec), "model": self.model_name, "uses_mma": False}
 
 
+@dataclass(frozen=True)
+class BwdCase:
+    """A backward main kernel (spec, config) for the conformance gate."""
+
+    spec: BwdSpec
+    config: BwdConfig
+    model_name: str = SM120.name
+    subset_ci: bool = False
+
+    @property
+    def name(self) -> str:
+        s, c = self.spec, self.config
+        mask = "causal" if s.causal else ("local" if s.local else "full")
+        mask += "_softcap" if s.softcap else ""
+        if s.varlen_q or s.varlen_k:
+            mask += "_varlen" + ("q" if s.varlen_q else "") + ("k" if s.varlen_k else "")
+        if s.seqused_q or s.seqused_k:
+            mask += "_used" + ("q" if s.seqused_q else "") + ("k" if s.seqused_k else "")
+        return (f"bwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}"
+                f"q{c.stages_q}o{c.stages_do}_{c.sdp_warps_m}{c.dkv_warps_n}{c.dq_warps_m}"
+                + (f"c{c.dq_chunks}" if c.dq_chunks > 1 else ""))
+
+    def describe(self) -> dict:
+        return {"kernel": "bwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}
+
+
 def append_specs() -> list[AppendSpec]:
     """Every append code path: rotary off / GPT-NeoX / GPT-J (partial and full), dense, paged and
     read-from-starts caches, packed q / new k, the smallest and largest head dims, both dtypes."""
@@ -368,6 +513,9 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
     for spec in append_specs():
         ci = spec.dtype == "bf16" and spec.head_dim == 256 and spec.rotary_dim == 256 and spec.page_size > 0
         cases.append(AppendCase(spec, model.name, subset_ci=ci))
+    for spec, cfg in dispatchable_bwd(model):
+        ci = spec.dtype == "bf16" and spec.head_dim == spec.head_dim_v and spec.head_dim in (128, 256) and spec.causal
+        cases.append(BwdCase(spec, cfg, model.name, subset_ci=ci))
     return cases
 
 
@@ -431,6 +579,9 @@ def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bo
         return compile_combine(case.spec, model, target, keep), 0
     if isinstance(case, AppendCase):
         return compile_append(case.spec, model, target, keep), 0
+    if isinstance(case, BwdCase):
+        return (compile_bwd(case.spec, case.config, model, target, keep, check_valid=check_valid),
+                bwd_smem_bytes(case.spec, case.config))
     if check_valid:
         problems = fwd_kernel_class(case.config).can_implement(case.spec, case.config, model)
         if problems:

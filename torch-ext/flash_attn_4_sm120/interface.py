@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from . import compiler, manifest
+from . import backward, compiler, manifest
 from .metadata import check_requested, check_varlen_metadata
 from ._ops import add_op_namespace_prefix
 from .config import (
@@ -325,21 +325,37 @@ def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_
 
 
 def _fwd_backward(ctx, dout, dlse):
-    manifest.require("backward")
-    raise NotImplementedError("backward is not available in this version")  # require() raised already
+    """Autograd of the custom ops (``torch.compile`` graphs): not wired yet (the eager path is)."""
+    raise NotImplementedError("backward through the torch.compile custom op is not available in this version; "
+                              "run the training step eagerly (the autograd.Function path has a backward)")
 
 
 class _FlashAttnFunc(torch.autograd.Function):
     """Eager path: a plain autograd.Function costs microseconds where the custom op's Python
-    dispatch costs hundreds (measured ~600 us per call on CPU, 2026-11-22)."""
+    dispatch costs hundreds (measured ~600 us per call on CPU, 2026-11-22). The learnable sink is an
+    input of its own (``sink``, the caller's tensor) so that its gradient reaches it; the kernels read
+    the fp32 copy in ``params``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, spec, shape, params, varlen=None, num_splits=None):
-        return _launch_fwd(q, k, v, spec, shape, params, varlen=varlen, num_splits=num_splits)
+    def forward(ctx, q, k, v, sink, spec, shape, params, varlen=None, num_splits=None):
+        out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen, num_splits=num_splits)
+        ctx.save_for_backward(q, k, v, out, lse, *(varlen or (None,) * 5))
+        ctx.spec, ctx.shape, ctx.params = spec, shape, params
+        ctx.sink_dtype = sink.dtype if sink is not None else None
+        ctx.set_materialize_grads(False)
+        return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
-        return _fwd_backward(ctx, dout, dlse)
+        q, k, v, out, lse, *varlen = ctx.saved_tensors
+        if dout is None:
+            dout = torch.zeros_like(out)
+        model, target = _model_and_target(q.device.index, *_env()[:2])
+        dq, dk, dv, dsink = backward.run_bwd(
+            q, k, v, out, dout, lse, dlse, ctx.spec, ctx.shape, ctx.params,
+            tuple(varlen) if any(t is not None for t in varlen) else None, ctx.sink_dtype, model, target,
+            device_smem(q.device.index, _env()[2]))
+        return dq, dk, dv, dsink, None, None, None, None, None
 
 
 def _register_op(name: str, impl, fake):
@@ -403,17 +419,20 @@ def _refusal(requested: tuple) -> Optional[str]:
     return _REFUSALS[requested]
 
 
-def _needs_grad(q, k, v) -> bool:
-    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v))
+def _needs_grad(q, k, v, sink=None) -> bool:
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sink))
 
 
-def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None):
+def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None, sink=None):
     """The forward through autograd when a gradient is required, else launched directly; returns
     ``(out, lse or None)`` (the LSE when asked for or needed by the backward). A direct launch's plan
-    is remembered under the call's ``key`` (``_call_key``) when it has one."""
-    needs_grad = _needs_grad(q, k, v)
+    is remembered under the call's ``key`` (``_call_key``) when it has one. ``sink``: the caller's
+    learnable sink (its gradient goes there)."""
+    needs_grad = _needs_grad(q, k, v, sink)
     if needs_grad:
-        out, lse = _FlashAttnFunc.apply(q, k, v, spec, shape, params, varlen, num_splits)
+        if spec.page_size:
+            raise NotImplementedError(_refusal(("paged_kv", "backward")))
+        out, lse = _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, num_splits)
     else:
         plan = remember(key, _plan_for(q, v, spec, shape, params, None, num_splits, None))
         out, lse = plan.run(q, k, v, params.sink, varlen)
@@ -528,22 +547,23 @@ def flash_attn_func(
                                       window_size=window_size, learnable_sink=learnable_sink, softcap=softcap,
                                       num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
                                       score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse, **kwargs)
-    _refuse_unimplemented(num_splits, pack_gqa, deterministic and _needs_grad(q, k, v), score_mod, mask_mod, kwargs)
+    _refuse_unimplemented(num_splits, pack_gqa, deterministic and _needs_grad(q, k, v, learnable_sink), score_mod, mask_mod, kwargs)
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
         out, lse = _fwd_op(q, k, v, softmax_scale, bool(causal), *_window_entries(window_size),
                            float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa)
-        return out, (lse if (return_lse or _needs_grad(q, k, v)) else None)
+        return out, (lse if (return_lse or _needs_grad(q, k, v, learnable_sink)) else None)
     key = None
-    if not _needs_grad(q, k, v):
+    if not _needs_grad(q, k, v, learnable_sink):
         key, result = _replay((q, k, v, learnable_sink), (softmax_scale, softcap), window_size,
                               ("dense", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink, None, return_lse)
         if result is not None:
             return result
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
-    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, return_lse, key)
+    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, return_lse, key,
+                learnable_sink)
 
 
 def flash_attn_varlen_func(
@@ -591,17 +611,17 @@ def flash_attn_varlen_func(
     also checks ``cu_seqlens``, ``seqused``, ``max_seqlen_*`` and the page table on the host (one sync) and
     raises ``ValueError`` naming the first bad entry (``metadata.py``).
     """
-    _refuse_unimplemented(num_splits, pack_gqa, deterministic and _needs_grad(q, k, v), score_mod, mask_mod, kwargs)
+    _refuse_unimplemented(num_splits, pack_gqa, deterministic and _needs_grad(q, k, v, learnable_sink), score_mod, mask_mod, kwargs)
     if torch.compiler.is_compiling():
         # Like flash_attn_func: graphs see the namespaced custom op; validation runs inside it.
         out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                               softmax_scale, bool(causal), *_window_entries(window_size), float(softcap or 0.0),
                               learnable_sink, num_splits or 0, pack_gqa, check_metadata, page_table)
-        return out, (lse if (return_lse or _needs_grad(q, k, v)) else None)
+        return out, (lse if (return_lse or _needs_grad(q, k, v, learnable_sink)) else None)
     key = None
     # Remembered only when nothing is read from the device: the maxima given where a side is packed,
     # no host metadata check.
-    if (not _needs_grad(q, k, v) and (cu_seqlens_q is None or max_seqlen_q is not None)
+    if (not _needs_grad(q, k, v, learnable_sink) and (cu_seqlens_q is None or max_seqlen_q is not None)
             and (cu_seqlens_k is None or max_seqlen_k is not None) and not check_requested(check_metadata)):
         varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
         key, result = _replay((q, k, v, learnable_sink, *varlen), (max_seqlen_q, max_seqlen_k, softmax_scale, softcap),
@@ -613,7 +633,8 @@ def flash_attn_varlen_func(
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
         window_size, softcap, learnable_sink, check_metadata, page_table)
-    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse, key)
+    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse, key,
+                learnable_sink)
 
 
 def _validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,

@@ -87,3 +87,23 @@ def split_range(ranges, split, num_splits):
     lo = _min(start + split * per_split, end)
     hi = _min(lo + per_split, end)
     return lo, _min(_max(unmasked_start, lo), hi), _min(_max(unmasked_end, lo), hi), hi
+
+
+def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool, local: bool,
+                      window_left=0, window_right=0):
+    """The backward's view: ``[m_start, m_end)``, the query blocks with a row that sees a key of key block
+    ``n_block`` (the transpose of ``block_range``; query i sees key j iff i + off - left <= j <= i + off + right,
+    so the rows that see a key in ``[key_lo, key_hi)`` are ``[key_lo - off - right, key_hi - 1 - off + left]``)."""
+    off = seqlen_k - seqlen_q
+    key_lo = n_block * tile_n
+    key_hi = _min(key_lo + tile_n, seqlen_k)  # exclusive
+    num_m = ceil_div(seqlen_q, tile_m)
+    m_start = 0
+    m_end = num_m
+    if causal or local:
+        right = window_right if local else 0
+        m_start = _max(key_lo - off - right, 0) // tile_m
+    if local:
+        m_end = _min(ceil_div(_max(key_hi - off + window_left, 0), tile_m), num_m)
+    m_end = _max(m_end, m_start)
+    return m_start, m_end

@@ -1,0 +1,121 @@
+"""Backward benchmark: ours against FA2 (SDPA flash), cuDNN and upstream flash-attn-4 on its SM120 path.
+
+Times the backward alone (``torch.autograd.grad`` of a forward kept alive with ``retain_graph``) and the
+forward + backward, with ``timing.median_ms`` and the occupancy rules of ``bench_fwd`` (``--occupancy``:
+sm120 = every kernel at an SM120's CTAs per SM, h100 = the H100's own). TFLOPS use the house convention:
+backward = 2.5x the forward's 4 * b * h * sq * sk * d (half with causal), forward + backward = 3.5x.
+
+    python benchmarks/bench_bwd.py --out results.json [--cases d128] [--occupancy both|sm120|h100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import functools
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench_fwd import OCCUPANCY_METHOD, fa, timed, upstream_fa4  # noqa: E402  (sets FLASH_ATTENTION_ARCH first)
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+#: (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, d, dv, causal)
+CASES = [
+    ("d64_4x4096_32/8", 4, 4096, 4096, 32, 8, 64, 64, False),
+    ("d64_4x4096_32/8_causal", 4, 4096, 4096, 32, 8, 64, 64, True),
+    ("d96_4x4096_32/8_causal", 4, 4096, 4096, 32, 8, 96, 96, True),
+    ("d128_4x4096_32/8", 4, 4096, 4096, 32, 8, 128, 128, False),
+    ("d128_4x4096_32/8_causal", 4, 4096, 4096, 32, 8, 128, 128, True),
+    ("d128_8x2048_16/16_causal", 8, 2048, 2048, 16, 16, 128, 128, True),
+    ("d192x128_2x4096_16/16_causal", 2, 4096, 4096, 16, 16, 192, 128, True),
+    ("d256_2x4096_16/16_causal", 2, 4096, 4096, 16, 16, 256, 256, True),
+]
+
+
+def ours(q, k, v, causal):
+    return fa.flash_attn_func(q, k, v, causal=causal)[0]
+
+
+def sdpa(backend):
+    def run(q, k, v, causal):
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        with sdpa_kernel(backend):
+            out = F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=kt.shape[1] != qt.shape[1])
+        return out.transpose(1, 2)
+    return run
+
+
+def upstream():
+    up = upstream_fa4()
+    if up is None:
+        return None
+
+    def run(q, k, v, causal):
+        out = up(q, k, v, causal, None)
+        return out[0] if isinstance(out, tuple) else out
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--cases", nargs="*")
+    ap.add_argument("--occupancy", choices=("both", "sm120", "h100"), default="both")
+    args = ap.parse_args()
+    occupancies = ("sm120", "h100") if args.occupancy == "both" else (args.occupancy,)
+    model = fa.dispatch_model(torch.device("cuda"))
+    impls = {"ours": ours, "sdpa_flash_fa2": sdpa(SDPBackend.FLASH_ATTENTION),
+             "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
+    up = upstream()
+    if up is not None:
+        impls["fa4_sm120_path"] = up
+    rows = []
+    for name, b, sq, sk, hq, hkv, d, dv, causal in CASES:
+        if args.cases and not any(s in name for s in args.cases):
+            continue
+        torch.manual_seed(0)
+        q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        v = torch.randn(b, sk, hkv, dv, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        dout = torch.randn(b, sq, hq, dv, dtype=torch.bfloat16, device="cuda")
+        fwd_flops = 2 * b * hq * sq * sk * (d + dv) * (0.5 if causal else 1.0)
+        row = {"case": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
+               "head_dim": d, "head_dim_v": dv, "causal": causal}
+        for occ in occupancies:
+            key = "results" if occ == "sm120" else "results_h100"
+            row[key] = {}
+            for impl, fn in impls.items():
+                res = {}
+                try:
+                    out = fn(q, k, v, causal)
+                    bwd = functools.partial(torch.autograd.grad, out, (q, k, v), dout, retain_graph=True)
+                    res["bwd"] = timed(impl, bwd, occ, model, row.setdefault("emulation_bwd", {}))
+
+                    def step(fn=fn):
+                        torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout)
+                    res["fwd_bwd"] = timed(impl, step, occ, model, row.setdefault("emulation_fwd_bwd", {}))
+                    del out
+                except Exception as e:
+                    res["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+                for part, mult in (("bwd", 2.5), ("fwd_bwd", 3.5)):
+                    r = res.get(part, {})
+                    if "ms" in r:
+                        r["tflops"] = fwd_flops * mult / r["ms"] / 1e9
+                row[key][impl] = res
+            cells = [f"{i}={r['bwd']['tflops']:.0f}/{r['fwd_bwd']['tflops']:.0f}TF"
+                     if "tflops" in r.get("bwd", {}) and "tflops" in r.get("fwd_bwd", {}) else f"{i}=-"
+                     for i, r in row[key].items()]
+            print(f"{name:30s} [{occ}] bwd/fwd+bwd " + " ".join(cells), flush=True)
+        rows.append(row)
+        if args.out:
+            Path(args.out).write_text(json.dumps(
+                {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+                 "torch": torch.__version__, "bundle_version": fa.__version__, "dtype": "bf16",
+                 "occupancies": occupancies, "method": OCCUPANCY_METHOD, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,544 @@
+"""Backward attention, main kernel: dK, dV and the fp32 dQ partial sums (SM120 execution model).
+
+For one (batch, KV head) and one key block n of ``tile_n`` keys, with the forward's logits
+l_ij = scale * Q[i] K[j] (softcap c: l_ij = c * tanh(u_ij), u_ij = scale * Q[i] K[j] / c), its
+LSE, and D'_i = dO_i . O_i - dLSE_i from the preprocess:
+    P_ij  = exp(l_ij - LSE_i)                        (0 where the forward's mask hides j from i)
+    dV_j  = sum_i P_ij dO_i                          dP_ij = dO_i . V_j
+    dS_ij = P_ij (dP_ij - D'_i)   (softcap: times 1 - tanh(u_ij)^2)
+    dK_j  = scale * sum_i dS_ij Q_i                  dQ_i += sum_j dS_ij K_j  (scaled in the postprocess)
+summed over every query head of the KV group (MHA, GQA, MQA): the CTA walks all of them, so dK/dV are
+reduced in registers and stored once in 16 bits. dQ of each query block is added into an fp32
+accumulator with ``red.global.add`` (the other key blocks of the head add theirs: order-dependent).
+
+The workspaces come from the preprocess, with ``bwd_config.ROW_PAD`` rows reserved per started block of a
+sequence (dense: (batch, heads, seqlen_pad); packed: (heads, total + batch * ROW_PAD), sequence b from
+``cu_seqlens_q[b] + b * ROW_PAD``): LSE2 = LSE * log2(e) (0 for a row that saw no key, +inf for rows
+past the sequence, so P = 0 there) and D'. The dQ accumulator (same rows, padded head dim) is zeroed
+by the caller.
+
+Algorithm (one CTA of ``num_warps`` warps; three tiled MMAs, each splitting its GEMM over the warps as
+the config says):
+  1. Load K_n and V_n once (rows past seqlen_k zero-filled), and the first query block's Q and dO.
+  2. For each (query head of the group, query block m that sees block n), Q/dO in stage it % stages:
+     a. start the next block's Q (and dO, when double-buffered) loads;
+     b. S = Q K^T; softcap; element mask where the block pair needs one; P = exp2(S * scale_log2 - LSE2);
+     c. dP = dO V^T; dS = P (dP - D') (softcap: * (1 - t^2));
+     d. P and dS (16-bit) to shared memory; CTA barrier;
+     e. dV += P^T dO and dK += dS^T Q (ldmatrix.trans of the P, dS, dO and Q tiles);
+     f. dQ_m = dS K, added into the accumulator;
+     g. CTA barrier (single-buffered tiles refill after it).
+  3. dK *= scale; dK and dV to global memory (rows past seqlen_k skipped). A key block no query sees
+     stores zeros.
+
+The query blocks a key block visits are ``block_info.query_block_range`` (every block with a row that sees
+one of its keys); which of them need an element mask follows the forward's ``block_info.block_range`` (a
+pair is unmasked exactly when the forward treats it so).
+"""
+
+import math
+from types import SimpleNamespace
+from typing import Optional
+
+import cuda.bindings.driver as cuda
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warp
+
+from ..bwd_config import ROW_PAD, BwdConfig, bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes
+from ..execution_model import ExecutionModel
+from ..problem import BwdSpec
+from . import CUTLASS_DTYPES, block_info
+from .fragments import acc_rows_cols, convert
+from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
+from .grid_dependency import enter_grid
+from .mask import mask_scores
+from .seqlen_info import num_heads, packed_start, sequence_heads
+from .tile_io import column_predicate, copy_rows, zero_masked_cols
+
+
+def warp_tiled_mma(dtype, num_warps: int, warps_m: int) -> cute.TiledMma:
+    """m16n8k16 MMAs over ``warps_m`` x (num_warps / warps_m) warps, 16 columns per warp per step (two
+    n8 atoms: one ldmatrix.x4 of the B operand)."""
+    warps_n = num_warps // warps_m
+    return cute.make_tiled_mma(
+        warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
+        (warps_m, warps_n, 1),
+        permutation_mnk=(warps_m * 16, warps_n * 16, 16),
+    )
+
+
+def ldmatrix_atom(dtype, transpose: bool) -> cute.CopyAtom:
+    return cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=transpose, num_matrices=4), dtype)
+
+
+def transposed(s: cute.Tensor, rows: int, cols: int, stages: int = 0) -> cute.Tensor:
+    """A (cols, rows[, stages]) view of a (rows, cols[, stages]) smem tile (the same bytes)."""
+    if stages:
+        return cute.composition(s, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols)))
+    return cute.composition(s, cute.make_layout((cols, rows), stride=(rows, 1)))
+
+
+@cute.jit
+def workspace_row(mX: cute.Tensor, batch, head, mCuSeqlensQ, total_q):
+    """The LSE2 / D' (or dQ accumulator) rows of one (sequence, head): dense (batch, heads, seqlen_pad[, d]),
+    packed (heads, total_q + batch * ROW_PAD[, d]) from ``cu_seqlens_q[batch] + batch * ROW_PAD`` (the start
+    clamped into the ``total_q`` rows of Q, as ``seqlen_info`` clamps it)."""
+    if const_expr(mCuSeqlensQ is None):
+        if const_expr(cute.rank(mX) == 3):
+            return mX[batch, head, None]
+        return mX[batch, head, None, None]
+    start = packed_start(mCuSeqlensQ, batch, total_q) + batch * ROW_PAD
+    if const_expr(cute.rank(mX) == 2):
+        return cute.domain_offset((start,), mX[head, None])
+    return cute.domain_offset((start, 0), mX[head, None, None])
+
+
+class FlashBwdMultistage:
+    """cp.async + mma.sync backward main kernel. Build with a spec, a config and an execution model."""
+
+    def __init__(self, spec: BwdSpec, config: BwdConfig, model: ExecutionModel):
+        self.spec = spec
+        self.config = config
+        self.model = model
+        self.dtype = CUTLASS_DTYPES[spec.dtype]
+        self.head_dim = bwd_padded_head_dim(spec.head_dim, config)
+        self.head_dim_v = bwd_padded_head_dim(spec.head_dim_v, config, qk=False)
+        self.pad_qk = spec.head_dim != self.head_dim
+        self.pad_v = spec.head_dim_v != self.head_dim_v
+        self.tile_m = config.tile_m
+        self.tile_n = config.tile_n
+        self.num_threads = config.num_threads
+        #: dynamic smem to launch with when larger than the kernel's own (occupancy on a larger part)
+        self.launch_smem = 0
+
+    @staticmethod
+    def can_implement(spec: BwdSpec, config: BwdConfig, model: ExecutionModel) -> tuple[str, ...]:
+        return bwd_config_problems(spec, config, model)
+
+    # ------------------------------------------------------------------------------------------
+    # Host-side (trace-time) setup
+    # ------------------------------------------------------------------------------------------
+    def _setup(self):
+        dt, cfg = self.dtype, self.config
+        tm, tn, d, dv = self.tile_m, self.tile_n, self.head_dim, self.head_dim_v
+        atom_qk, atom_v, atom_mn = smem_layout_atom(dt, d), smem_layout_atom(dt, dv), smem_layout_atom(dt, tn)
+        self.sQ_layout = cute.tile_to_shape(atom_qk, (tm, d, cfg.stages_q), (0, 1, 2))
+        self.sdO_layout = cute.tile_to_shape(atom_v, (tm, dv, cfg.stages_do), (0, 1, 2))
+        self.sK_layout = cute.tile_to_shape(atom_qk, (tn, d), (0, 1))
+        self.sV_layout = cute.tile_to_shape(atom_v, (tn, dv), (0, 1))
+        self.sP_layout = cute.tile_to_shape(atom_mn, (tm, tn), (0, 1))
+        cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
+        self.g2s_qk = g2s_tiled_copy(dt, atom_qk.outer.shape[1], self.num_threads, cp_async)
+        self.g2s_v = g2s_tiled_copy(dt, atom_v.outer.shape[1], self.num_threads, cp_async)
+        nw = cfg.num_warps
+        self.mma_sdp = warp_tiled_mma(dt, nw, cfg.sdp_warps_m)
+        self.mma_dkv = warp_tiled_mma(dt, nw, cfg.dkv_warps_n)
+        self.mma_dq = warp_tiled_mma(dt, nw, cfg.dq_warps_m)
+
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sdO_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sP_layout)], 1024]
+            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sP_layout)], 1024]
+
+        if SharedStorage.size_in_bytes() != bwd_smem_bytes(self.spec, self.config):
+            raise RuntimeError(f"smem accounting mismatch: struct {SharedStorage.size_in_bytes()} B vs "
+                               f"predicate {bwd_smem_bytes(self.spec, self.config)} B")
+        self.SharedStorage = SharedStorage
+
+    @cute.jit
+    def __call__(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE2: cute.Tensor,
+        mD: cute.Tensor,
+        mdQacc: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        softmax_scale: Float32,
+        scale_log2: Float32,
+        softcap_scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        mCuSeqlensQ: Optional[cute.Tensor],
+        mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedQ: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
+        max_seqlen_k: Int32,
+        stream: cuda.CUstream,
+    ):
+        if const_expr(not (mQ.element_type == mK.element_type == mV.element_type == mdO.element_type
+                           == mdK.element_type == mdV.element_type == self.dtype)):
+            raise TypeError("Q, K, V, dO, dK, dV must have the spec's dtype")
+        self._setup()
+        packed_k = mCuSeqlensK is not None
+        seqlen_k = max_seqlen_k if const_expr(packed_k) else mK.shape[1]
+        batches = mCuSeqlensK.shape[0] - 1 if const_expr(packed_k) else mK.shape[0]
+        grid = (cute.ceil_div(seqlen_k, self.tile_n), num_heads(mK, packed_k), batches)
+        self.kernel(
+            mQ, mK, mV, mdO, mLSE2, mD, mdQacc, mdK, mdV, softmax_scale, scale_log2, softcap_scale,
+            window_left, window_right, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
+            self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sP_layout,
+            self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq,
+        ).launch(
+            grid=grid,
+            block=[self.num_threads, 1, 1],
+            smem=max(self.SharedStorage.size_in_bytes(), self.launch_smem),
+            preferred_smem_carveout=-1,
+            use_pdl=self.model.has_pdl,
+            stream=stream,
+        )
+
+    # ------------------------------------------------------------------------------------------
+    # Device code
+    # ------------------------------------------------------------------------------------------
+    @cute.kernel
+    def kernel(
+        self,
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mdO: cute.Tensor,
+        mLSE2: cute.Tensor,
+        mD: cute.Tensor,
+        mdQacc: cute.Tensor,
+        mdK: cute.Tensor,
+        mdV: cute.Tensor,
+        softmax_scale: Float32,
+        scale_log2: Float32,
+        softcap_scale: Float32,
+        window_left: Int32,
+        window_right: Int32,
+        mCuSeqlensQ: Optional[cute.Tensor],
+        mCuSeqlensK: Optional[cute.Tensor],
+        mSeqUsedQ: Optional[cute.Tensor],
+        mSeqUsedK: Optional[cute.Tensor],
+        sQ_layout: cute.ComposedLayout,
+        sdO_layout: cute.ComposedLayout,
+        sK_layout: cute.ComposedLayout,
+        sV_layout: cute.ComposedLayout,
+        sP_layout: cute.ComposedLayout,
+        g2s_qk: cute.TiledCopy,
+        g2s_v: cute.TiledCopy,
+        mma_sdp: cute.TiledMma,
+        mma_dkv: cute.TiledMma,
+        mma_dq: cute.TiledMma,
+    ):
+        self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq = g2s_qk, g2s_v, mma_sdp, mma_dkv, mma_dq
+        enter_grid(self.model.has_pdl)  # the preprocess's LSE2 / D' and the zeroed accumulator
+        tidx, _, _ = cute.arch.thread_idx()
+        n_block, head_kv, batch = cute.arch.block_idx()
+        packed_q = mCuSeqlensQ is not None
+        group = num_heads(mQ, packed_q) // num_heads(mK, mCuSeqlensK is not None)
+        mK_s, seqlen_k = sequence_heads(mK, batch, mCuSeqlensK, mSeqUsedK)
+        mV_s, _ = sequence_heads(mV, batch, mCuSeqlensK, mSeqUsedK)
+        mQ_s, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
+        mdO_s, _ = sequence_heads(mdO, batch, mCuSeqlensQ, mSeqUsedQ)
+        if n_block * self.tile_n < seqlen_k:
+            m_start, m_end = block_info.query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
+                                                          self.spec.causal, self.spec.local, window_left,
+                                                          window_right)
+            sm = self.shared_tiles(SimpleNamespace(sQ=sQ_layout, sdO=sdO_layout, sK=sK_layout, sV=sV_layout,
+                                                   sP=sP_layout))
+            ctx = self.mma_context(tidx, sm)
+            ctx.__dict__.update(
+                tidx=tidx, batch=batch, head_kv=head_kv, group=group, n_block=n_block, seqlen_q=seqlen_q,
+                seqlen_k=seqlen_k, m_start=m_start, num_m=m_end - m_start, mQ_s=mQ_s, mdO_s=mdO_s,
+                window_left=window_left, window_right=window_right, scale_log2=scale_log2,
+                softcap_scale=softcap_scale, total_q=mQ.shape[0],
+            )
+            self.load_kv(ctx, sm, mK_s, mV_s, head_kv)
+            num_steps = group * ctx.num_m
+            if num_steps > 0:
+                self.load_q_do(ctx, sm, 0, 0, True)
+            cute.arch.cp_async_commit_group()
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_threads()
+            for it in cutlass.range(num_steps, unroll=1):
+                self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mCuSeqlensQ)
+            ctx.sK_out, ctx.sV_out = sm.sK, sm.sV
+            self.store_dkv(ctx, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale)
+
+    @cute.jit
+    def shared_tiles(self, layouts: SimpleNamespace) -> SimpleNamespace:
+        """The CTA's tiles: sQ (tile_m, d, stages_q), sdO (tile_m, dv, stages_do), sK (tile_n, d), sV
+        (tile_n, dv), sP and sdS (tile_m, tile_n), and their transposed views for the operands that are
+        read across the stored rows (ldmatrix.trans)."""
+        storage = cutlass.memory.SmemAllocator().allocate(self.SharedStorage)
+        cfg = self.config
+        sQ = storage.sQ.get_tensor(layouts.sQ)
+        sdO = storage.sdO.get_tensor(layouts.sdO)
+        sK = storage.sK.get_tensor(layouts.sK)
+        sV = storage.sV.get_tensor(layouts.sV)
+        sP = storage.sP.get_tensor(layouts.sP)
+        sdS = storage.sdS.get_tensor(layouts.sP)
+        tm, tn, d, dv = self.tile_m, self.tile_n, self.head_dim, self.head_dim_v
+        return SimpleNamespace(
+            sQ=sQ, sdO=sdO, sK=sK, sV=sV, sP=sP, sdS=sdS,
+            sQt=transposed(sQ, tm, d, cfg.stages_q), sdOt=transposed(sdO, tm, dv, cfg.stages_do),
+            sKt=transposed(sK, tn, d), sPt=transposed(sP, tm, tn), sdSt=transposed(sdS, tm, tn),
+        )
+
+    @cute.jit
+    def mma_context(self, tidx, sm: SimpleNamespace) -> SimpleNamespace:
+        """Per thread: the three MMAs' operand fragments with their ldmatrix copies and smem partitions
+        (stage modes kept), the dK / dV accumulators (zeroed), the P / dS register-to-smem copy and the S
+        coordinates for masking (this thread's and thread 0's compile-time partition)."""
+        dt = self.dtype
+        thr_sdp, thr_dkv, thr_dq = (m.get_slice(tidx) for m in (self.mma_sdp, self.mma_dkv, self.mma_dq))
+        ctx = SimpleNamespace(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
+
+        def operands(name, thr_mma, tiled_mma, s_a, s_a0, trans_a, s_b, s_b0, trans_b):
+            """Fragments A/B of ``thr_mma`` and their ldmatrix copies: ``s_a`` / ``s_b`` are the smem
+            tensors (with their stage mode, if any), ``s_a0`` / ``s_b0`` one stage of them."""
+            s2r_a = cute.make_tiled_copy_A(ldmatrix_atom(dt, trans_a), tiled_mma)
+            s2r_b = cute.make_tiled_copy_B(ldmatrix_atom(dt, trans_b), tiled_mma)
+            rA = thr_mma.make_fragment_A(thr_mma.partition_A(s_a0))
+            rB = thr_mma.make_fragment_B(thr_mma.partition_B(s_b0))
+            ta, tb = s2r_a.get_slice(tidx), s2r_b.get_slice(tidx)
+            setattr(ctx, name, SimpleNamespace(rA=rA, rB=rB, sA=ta.partition_S(s_a), rA_v=ta.retile(rA),
+                                               sB=tb.partition_S(s_b), rB_v=tb.retile(rB), s2r_a=s2r_a,
+                                               s2r_b=s2r_b, mma=tiled_mma))
+
+        operands("S", thr_sdp, self.mma_sdp, sm.sQ, sm.sQ[None, None, 0], False, sm.sK, sm.sK, False)
+        operands("dP", thr_sdp, self.mma_sdp, sm.sdO, sm.sdO[None, None, 0], False, sm.sV, sm.sV, False)
+        operands("dV", thr_dkv, self.mma_dkv, sm.sPt, sm.sPt, True, sm.sdOt, sm.sdOt[None, None, 0], True)
+        operands("dK", thr_dkv, self.mma_dkv, sm.sdSt, sm.sdSt, True, sm.sQt, sm.sQt[None, None, 0], True)
+        operands("dQ", thr_dq, self.mma_dq, sm.sdS, sm.sdS, False, sm.sKt, sm.sKt, True)
+        ctx.acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
+        ctx.acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.head_dim_v)), Float32)
+        ctx.acc_dK.fill(0.0)
+        ctx.acc_dV.fill(0.0)
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt,
+                                                         num_bits_per_copy=2 * dt.width), self.mma_sdp)
+        thr_r2s = r2s.get_slice(tidx)
+        ctx.r2s, ctx.thr_r2s = r2s, thr_r2s
+        ctx.tPsP, ctx.tdSsdS = thr_r2s.partition_D(sm.sP), thr_r2s.partition_D(sm.sdS)
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        ctx.tScS_rc = acc_rows_cols(thr_sdp.partition_C(cS))
+        ctx.t0ScS_rc = acc_rows_cols(self.mma_sdp.get_slice(0).partition_C(cS))
+        return ctx
+
+    @cute.jit
+    def gemm(self, acc, ops: SimpleNamespace, a_stage, b_stage):
+        """acc += A B^T, both operands read from smem by ldmatrix one k16 step ahead; ``a_stage`` /
+        ``b_stage`` select the stage of an operand with a stage mode (None: it has none)."""
+        sA = ops.sA if const_expr(a_stage is None) else ops.sA[None, None, None, a_stage]
+        sB = ops.sB if const_expr(b_stage is None) else ops.sB[None, None, None, b_stage]
+        num_k = cute.size(sA, mode=[2])
+        cute.copy(ops.s2r_a, sA[None, None, 0], ops.rA_v[None, None, 0])
+        cute.copy(ops.s2r_b, sB[None, None, 0], ops.rB_v[None, None, 0])
+        for k in cutlass.range_constexpr(num_k):
+            if const_expr(k + 1 < num_k):
+                cute.copy(ops.s2r_a, sA[None, None, k + 1], ops.rA_v[None, None, k + 1])
+                cute.copy(ops.s2r_b, sB[None, None, k + 1], ops.rB_v[None, None, k + 1])
+            cute.gemm(ops.mma, acc, ops.rA[None, None, k], ops.rB[None, None, k], acc)
+
+    # ------------------------------------------------------------------------------------------
+    # Loads
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def load_kv(self, ctx: SimpleNamespace, sm: SimpleNamespace, mK_s, mV_s, head_kv):
+        """cp.async K_n and V_n (rows past seqlen_k zero-filled; padded head-dim columns zeroed once, in
+        the K / V tiles and in every Q / dO stage, since no copy writes them)."""
+        tidx, n = ctx.tidx, ctx.n_block
+        for src, dst, tiled, width, real in ((mK_s, sm.sK, self.g2s_qk, self.head_dim, self.spec.head_dim),
+                                             (mV_s, sm.sV, self.g2s_v, self.head_dim_v, self.spec.head_dim_v)):
+            thr = tiled.get_slice(tidx)
+            g = cute.local_tile(src[None, head_kv, None], (self.tile_n, width), (n, 0))
+            c = cute.make_identity_tensor((self.tile_n, width))
+            tc = thr.partition_S(c)
+            col_pred = column_predicate(tc, real) if const_expr(width != real) else None
+            tdst = thr.partition_D(dst)
+            if const_expr(width != real):
+                zero_masked_cols(tdst, col_pred)
+            copy_rows(tiled, thr.partition_S(g), tdst, tiled.get_slice(0).partition_S(c),
+                      ctx.seqlen_k - n * self.tile_n - tc[0][0], True, col_pred)
+        for s_x, tiled, width, real, stages in ((sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim,
+                                                 self.config.stages_q),
+                                                (sm.sdO, self.g2s_v, self.head_dim_v, self.spec.head_dim_v,
+                                                 self.config.stages_do)):
+            if const_expr(width != real):
+                thr = tiled.get_slice(tidx)
+                col_pred = column_predicate(thr.partition_S(cute.make_identity_tensor((self.tile_m, width))), real)
+                t_x = thr.partition_D(s_x)
+                for st in cutlass.range_constexpr(stages):
+                    zero_masked_cols(t_x[None, None, None, st], col_pred)
+
+    @cute.jit
+    def load_q_do(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, stages_of: cutlass.Constexpr[int],
+                  both: cutlass.Constexpr[bool]):
+        """cp.async step ``it``'s Q and / or dO tile (query block m of query head g, rows past seqlen_q
+        zero-filled) into stage it % stages: with ``both`` every tile, else only the tiles with
+        ``stages_of`` stages."""
+        tidx = ctx.tidx
+        g = it // ctx.num_m
+        m = ctx.m_start + it % ctx.num_m
+        head = ctx.head_kv * ctx.group + g
+        cfg = self.config
+        for src, dst, tiled, width, real, stages in ((ctx.mQ_s, sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim,
+                                                      cfg.stages_q),
+                                                     (ctx.mdO_s, sm.sdO, self.g2s_v, self.head_dim_v,
+                                                      self.spec.head_dim_v, cfg.stages_do)):
+            if const_expr(both or stages == stages_of):
+                thr = tiled.get_slice(tidx)
+                gX = cute.local_tile(src[None, head, None], (self.tile_m, width), (m, 0))
+                c = cute.make_identity_tensor((self.tile_m, width))
+                tc = thr.partition_S(c)
+                col_pred = column_predicate(tc, real) if const_expr(width != real) else None
+                copy_rows(tiled, thr.partition_S(gX), thr.partition_D(dst)[None, None, None, it % stages],
+                          tiled.get_slice(0).partition_S(c), ctx.seqlen_q - m * self.tile_m - tc[0][0], True,
+                          col_pred)
+
+    # ------------------------------------------------------------------------------------------
+    # One (query head, query block) step
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mCuSeqlensQ):
+        cfg = self.config
+        g = it // ctx.num_m
+        m = ctx.m_start + it % ctx.num_m
+        head = ctx.head_kv * ctx.group + g
+        sq = it % cfg.stages_q
+        sdo = it % cfg.stages_do
+        has_next = it + 1 < num_steps
+        # a. The next step's double-buffered tiles, into the stage the previous step used.
+        if const_expr(cfg.stages_q == 2 or cfg.stages_do == 2):
+            if has_next:
+                self.load_q_do(ctx, sm, it + 1, 2, False)
+            cute.arch.cp_async_commit_group()
+        # This block's rows of LSE2 and D' (padded workspaces: every row of the tile exists).
+        gLSE2 = workspace_row(mLSE2, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
+        gD = workspace_row(mD, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
+        num_rows = cute.size(ctx.tScS_rc, mode=[0])
+        lse2 = cute.make_rmem_tensor(num_rows, Float32)
+        dsum = cute.make_rmem_tensor(num_rows, Float32)
+        for r in cutlass.range_constexpr(num_rows):
+            row = m * self.tile_m + ctx.tScS_rc[r, 0][0]
+            lse2[r] = gLSE2[row]
+            dsum[r] = gD[row]
+        # b./c. S = Q K^T, dP = dO V^T
+        shape_S = ctx.thr_sdp.partition_shape_C((self.tile_m, self.tile_n))
+        acc_S = cute.make_rmem_tensor(shape_S, Float32)
+        acc_S.fill(0.0)
+        self.gemm(acc_S, ctx.S, sq, None)
+        acc_dP = cute.make_rmem_tensor(shape_S, Float32)
+        acc_dP.fill(0.0)
+        self.gemm(acc_dP, ctx.dP, sdo, None)
+        ranges = block_info.block_range(m, ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.spec.causal,
+                                        self.spec.local, ctx.window_left, ctx.window_right)
+        if ctx.n_block < ranges[1] or ctx.n_block >= ranges[2]:
+            self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, True)
+        else:
+            self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, False)
+        # d. P and dS to shared memory for the transposed and the dQ GEMMs
+        cute.copy(ctx.r2s, ctx.thr_r2s.retile(convert(acc_S, self.dtype)), ctx.tPsP)
+        cute.copy(ctx.r2s, ctx.thr_r2s.retile(convert(acc_dP, self.dtype)), ctx.tdSsdS)
+        cute.arch.sync_threads()
+        # e. dV += P^T dO, dK += dS^T Q
+        self.gemm(ctx.acc_dV, ctx.dV, None, sdo)
+        self.gemm(ctx.acc_dK, ctx.dK, None, sq)
+        # f. dQ_m (unscaled) into the accumulator, in ``dq_chunks`` head-dim slices
+        self.dq_into_accumulator(ctx, sm, workspace_row(mdQacc, ctx.batch, head, mCuSeqlensQ, ctx.total_q), m)
+        # g. Every warp is done with P, dS and this step's stages; single-buffered tiles refill now.
+        if const_expr(cfg.stages_q == 1 or cfg.stages_do == 1):
+            cute.arch.sync_threads()
+            if has_next:
+                self.load_q_do(ctx, sm, it + 1, 1, False)
+            cute.arch.cp_async_commit_group()
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+
+    @cute.jit
+    def dq_into_accumulator(self, ctx: SimpleNamespace, sm: SimpleNamespace, gAcc: cute.Tensor, m):
+        """dQ_m = dS K (sdS, sK^T) added into the fp32 accumulator rows ``gAcc`` (seqlen_pad, d_pad) with one
+        ``red.global.add.f32`` per element, one head-dim slice of ``dq_chunks`` at a time."""
+        chunks = self.config.dq_chunks
+        width = self.head_dim // chunks
+        for ch in cutlass.range_constexpr(chunks):
+            ops = ctx.dQ
+            if const_expr(chunks > 1):
+                thr = ctx.thr_dq
+                sKt = cute.local_tile(sm.sKt, (width, self.tile_n), (ch, 0))
+                rB = thr.make_fragment_B(thr.partition_B(sKt))
+                tb = ops.s2r_b.get_slice(ctx.tidx)
+                ops = SimpleNamespace(rA=ops.rA, rB=rB, sA=ops.sA, rA_v=ops.rA_v, sB=tb.partition_S(sKt),
+                                      rB_v=tb.retile(rB), s2r_a=ops.s2r_a, s2r_b=ops.s2r_b, mma=ops.mma)
+            acc_dQ = cute.make_rmem_tensor(ctx.thr_dq.partition_shape_C((self.tile_m, width)), Float32)
+            acc_dQ.fill(0.0)
+            self.gemm(acc_dQ, ops, None, None)
+            tdQgdQ = ctx.thr_dq.partition_C(cute.local_tile(gAcc, (self.tile_m, width), (m, ch)))
+            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i], op="add", dtype="f32",
+                              sem="relaxed", scope="gpu")
+
+    @cute.jit
+    def gradient_of_scores(self, ctx: SimpleNamespace, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool]):
+        """In place: acc_S becomes P = exp2(S * scale_log2 - LSE2) (softcap first, then the element mask
+        where ``masked``), acc_dP becomes dS = P (dP - D') (softcap: times 1 - tanh^2, the tanh taken
+        before the mask so that a masked entry's factor stays finite)."""
+        t = None
+        if const_expr(self.spec.softcap):
+            acc_S.store(cute.math.tanh(acc_S.load() * ctx.softcap_scale, fastmath=True))
+            t = cute.make_rmem_tensor_like(acc_S, Float32)
+            t.store(acc_S.load())
+        S_rc, dP_rc = acc_rows_cols(acc_S), acc_rows_cols(acc_dP)
+        if const_expr(masked):
+            mask_scores(S_rc, ctx.tScS_rc, ctx.t0ScS_rc, m, ctx.n_block, ctx.seqlen_q, ctx.seqlen_k,
+                        ctx.window_left, ctx.window_right, self.tile_m, self.tile_n, self.spec.causal,
+                        self.spec.local)
+        t_rc = acc_rows_cols(t) if const_expr(self.spec.softcap) else None
+        for r in cutlass.range_constexpr(cute.size(S_rc, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(S_rc, mode=[1])):
+                p = cute.math.exp2(S_rc[r, c] * ctx.scale_log2 - lse2[r], fastmath=True)
+                S_rc[r, c] = p
+                ds = p * (dP_rc[r, c] - dsum[r])
+                if const_expr(self.spec.softcap):
+                    ds = ds * (Float32(1.0) - t_rc[r, c] * t_rc[r, c])
+                dP_rc[r, c] = ds
+
+    # ------------------------------------------------------------------------------------------
+    # Epilogue
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
+    def store_dkv(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
+        """dK * scale and dV in 16 bits through the (now free) K and V tiles, then 16-byte rows to global
+        memory; rows past seqlen_k and padded head-dim columns are not written."""
+        tidx = ctx.tidx
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                                         num_bits_per_copy=2 * self.dtype.width), self.mma_dkv)
+        thr_r2s = r2s.get_slice(tidx)
+        ctx.acc_dK.store(ctx.acc_dK.load() * softmax_scale)
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()  # every warp is done with sK / sV
+        cute.copy(r2s, thr_r2s.retile(convert(ctx.acc_dK, self.dtype)), thr_r2s.partition_D(ctx.sK_out))
+        cute.copy(r2s, thr_r2s.retile(convert(ctx.acc_dV, self.dtype)), thr_r2s.partition_D(ctx.sV_out))
+        cute.arch.sync_threads()
+        for mX, sX, width, real in ((mdK, ctx.sK_out, self.head_dim, self.spec.head_dim),
+                                    (mdV, ctx.sV_out, self.head_dim_v, self.spec.head_dim_v)):
+            s2g = g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], self.num_threads,
+                                 cute.nvgpu.CopyUniversalOp())
+            thr = s2g.get_slice(tidx)
+            tS = thr.partition_S(sX)
+            tR = cute.make_rmem_tensor_like(tS, self.dtype)
+            cute.autovec_copy(tS, tR)
+            mX_s, _ = sequence_heads(mX, ctx.batch, mCuSeqlensK, mSeqUsedK)
+            gX = cute.local_tile(mX_s[None, ctx.head_kv, None], (self.tile_n, width), (ctx.n_block, 0))
+            c = cute.make_identity_tensor((self.tile_n, width))
+            tc, t0c = thr.partition_S(c), s2g.get_slice(0).partition_S(c)
+            col_pred = column_predicate(tc, real) if const_expr(width != real) else None
+            tG = thr.partition_D(gX)
+            row_limit = ctx.seqlen_k - ctx.n_block * self.tile_n - tc[0][0]
+            for r in cutlass.range_constexpr(cute.size(tR, mode=[1])):
+                if t0c[0, r, 0][0] < row_limit:
+                    cute.copy(s2g, tR[None, r, None], tG[None, r, None],
+                              pred=col_pred[None, r, None] if const_expr(width != real) else None)

@@ -1,0 +1,95 @@
+"""The backward pass on the host: workspaces, the three kernels, the sink gradient. No architecture
+branches (the execution model arrives as an argument, the tile from ``bwd_config``).
+
+``run_bwd`` takes a call the forward already validated (its ``FwdSpec``, shape and parameters) and
+returns ``(dq, dk, dv, dsink)``:
+  1. preprocess (``_kernels/bwd_preprocess``): LSE2 and D' = rowsum(dO * O) - dLSE into fp32 workspaces
+     of ``bwd_config.ROW_PAD``-row blocks per sequence;
+  2. main kernel (``_kernels/bwd_multistage``): dK, dV, and dQ's fp32 partial sums;
+  3. postprocess (``_kernels/bwd_postprocess``): dQ = scale * accumulator, in q's dtype.
+The sink's gradient, ``dsink_h = -sum_rows exp(sink_h - LSE) * D'`` over the rows of head h, is a torch
+reduction over the workspaces (a fixed-order sum: deterministic). Workspaces are sized from shapes
+only, so the whole backward can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Optional
+
+import torch
+
+from . import compiler
+from .bwd_config import ROW_PAD, bwd_padded_head_dim, bwd_smem_bytes, select_bwd_config
+from .config import STATIC_SMEM_BYTES
+from .problem import BwdSpec, FwdShape, FwdSpec
+
+_LOG2_E = 1.0 / math.log(2.0)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]]):
+    """(preprocess, main, postprocess, config) for ``spec``; the main kernel launched with the model's
+    CTAs per SM on a larger part (``ExecutionModel.occupancy_launch_smem``)."""
+    cfg = select_bwd_config(spec, model)
+    launch_smem = 0
+    if device_smem is not None:
+        launch_smem = model.occupancy_launch_smem(bwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES, STATIC_SMEM_BYTES,
+                                                  *device_smem)
+    return (compiler.get_bwd_side_kernel("preprocess", spec, cfg, model, target),
+            compiler.get_bwd_kernel(spec, cfg, model, target, launch_smem),
+            compiler.get_bwd_side_kernel("postprocess", spec, cfg, model, target), cfg)
+
+
+def _grad_like(t: torch.Tensor, zero: bool) -> torch.Tensor:
+    return torch.zeros_like(t, memory_format=torch.contiguous_format) if zero else \
+        torch.empty_like(t, memory_format=torch.contiguous_format)
+
+
+def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, params, varlen, sink_dtype,
+            model, target: str, device_smem) -> tuple:
+    """Gradients of a validated forward call (see the module docstring). ``varlen`` is the forward's
+    (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table) or None; ``sink_dtype`` the learnable
+    sink's dtype (None without a sink)."""
+    cu_q, cu_k, used_q, used_k, _ = varlen or (None, None, None, None, None)
+    bspec = BwdSpec.of(spec, has_dlse=dlse is not None)
+    dq, dk, dv = _grad_like(q, spec.seqused_q), _grad_like(k, spec.seqused_k), _grad_like(v, spec.seqused_k)
+    dsink = None
+    if params.sink is not None:
+        dsink = torch.zeros(params.sink.shape, dtype=sink_dtype, device=q.device)
+    if q.numel() == 0 or k.numel() == 0 or shape.batch == 0:
+        # no rows or no keys: out = 0 (or empty), every gradient 0; the sink still sees dLSE of rows with
+        # no key (P_sink = 1 there), which the general path below handles only with keys present
+        for t in (dq, dk, dv):
+            t.zero_()
+        if dsink is not None and dlse is not None and dlse.numel():
+            heads_dim = 0 if spec.varlen_q else 1
+            dsink.copy_(dlse.float().sum(dim=[i for i in range(dlse.dim()) if i != heads_dim]).to(sink_dtype))
+        return dq, dk, dv, dsink
+    pre, main, post, cfg = _kernels(bspec, model, target, device_smem)
+    dout = dout if dout.is_contiguous() else dout.contiguous()
+    heads = shape.num_heads
+    if spec.varlen_q:
+        ws_rows = (heads, q.shape[0] + shape.batch * ROW_PAD)
+    else:
+        ws_rows = (shape.batch, heads, -(-shape.seqlen_q // ROW_PAD) * ROW_PAD)
+    dev = q.device
+    # Rows the preprocess does not reach (past each sequence's last started block) are read only by the
+    # sink reduction: fill them so they contribute 0 there.
+    has_sink = params.sink is not None
+    lse2 = (torch.full(ws_rows, math.inf, dtype=torch.float32, device=dev) if has_sink
+            else torch.empty(ws_rows, dtype=torch.float32, device=dev))
+    dsum = (torch.zeros if has_sink else torch.empty)(ws_rows, dtype=torch.float32, device=dev)
+    dq_acc = torch.zeros((*ws_rows, bwd_padded_head_dim(spec.head_dim, cfg)), dtype=torch.float32, device=dev)
+    max_q = shape.seqlen_q
+    pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
+    main(q, k, v, dout, lse2, dsum, dq_acc, dk, dv, params.softmax_scale, params.scale_log2, params.softcap_scale,
+         params.window_left, params.window_right, cu_q, cu_k, used_q, used_k, shape.seqlen_k)
+    post(dq_acc, dq, params.softmax_scale, cu_q, used_q, max_q)
+    if has_sink:
+        view = (-1, 1) if spec.varlen_q else (1, -1, 1)
+        p_sink = torch.exp2(params.sink.view(view) * _LOG2_E - lse2)
+        reduce_dims = [1] if spec.varlen_q else [0, 2]
+        dsink.copy_((-(p_sink * dsum).sum(dim=reduce_dims)).to(sink_dtype))
+    return dq, dk, dv, dsink

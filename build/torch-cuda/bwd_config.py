@@ -1,0 +1,185 @@
+"""Tile configurations of the backward kernels: one validity predicate, one table, pure host code.
+
+The backward runs three kernels (``_kernels/bwd_preprocess``, ``bwd_multistage``, ``bwd_postprocess``).
+Only the main one has a tile choice: ``BwdConfig`` (a query block of ``tile_m`` rows against a key block
+of ``tile_n`` keys, ``num_warps`` warps, Q and dO stages, and how the warps split each of the three GEMM
+shapes). ``bwd_config_problems`` is THE validity predicate: the table, the conformance gate and the
+tests call it. ``BWD_TABLE`` is the dispatcher's choice per head-dim class.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+from .config import BYTES_PER_ELEM, HEAD_DIM_CLASSES, STATIC_SMEM_BYTES, atom_cols, rows_per_copy_pass
+from .execution_model import CopyKind, ExecutionModel
+from .problem import MAX_HEAD_DIM, BwdSpec
+
+#: Query rows per sequence the fp32 workspaces (LSE2, D, the dQ accumulator) reserve in multiples of:
+#: every sequence starts at a multiple of it (packed layouts add it once per sequence), so a query tile
+#: of any allowed tile_m (a divisor) never reaches the next sequence's rows and needs no row check.
+ROW_PAD = 128
+
+
+@dataclass(frozen=True)
+class BwdConfig:
+    """One CTA = one key block (``tile_n`` keys) of one KV head; it walks the query blocks (``tile_m``
+    rows) of every query head of the KV group."""
+
+    tile_m: int
+    tile_n: int
+    num_warps: int = 8
+    #: shared-memory stages of the Q and dO tiles (2: the next query block loads under this one's MMAs;
+    #: 1: it loads after the step, exposed)
+    stages_q: int = 2
+    stages_do: int = 2
+    #: warps along the queries for S = Q K^T and dP = dO V^T (the others split the keys)
+    sdp_warps_m: int = 2
+    #: warps along the keys for dV = P^T dO and dK = dS^T Q (the others split the head dim)
+    dkv_warps_n: int = 4
+    #: warps along the queries for dQ = dS K (the others split the head dim)
+    dq_warps_m: int = 4
+    #: dQ = dS K in this many head-dim slices, each reduced into the accumulator before the next: the
+    #: transient dQ accumulator shrinks by the factor (d=256 on 4 warps spilled at 255 registers with one)
+    dq_chunks: int = 1
+
+    @property
+    def num_threads(self) -> int:
+        return self.num_warps * 32
+
+
+def bwd_padded_head_dim(d: int, cfg: BwdConfig, qk: bool = True) -> int:
+    """The smem/fragment width of head dim ``d`` (``qk``: Q/K's, else V/dO's): the smallest multiple of the
+    MMA k-extent (16) that the warps' column splits divide (dK/dV: 16 per warp column; dQ, for Q/K only: 16
+    per warp column per ``dq_chunks`` slice) and whose swizzle atom keeps one 16-byte copy pass within the
+    shortest copied tile (Q/dO: tile_m rows, K/V: tile_n). Every padded column is MMA work."""
+    min_rows = min(cfg.tile_m, cfg.tile_n)
+    step = 16 * max(1, cfg.num_warps // max(cfg.dkv_warps_n, 1))
+    if qk:
+        dq_step = 16 * max(1, cfg.num_warps // max(cfg.dq_warps_m, 1)) * max(cfg.dq_chunks, 1)
+        step = step * dq_step // math.gcd(step, dq_step)
+    width = (d + step - 1) // step * step
+    while rows_per_copy_pass(width, cfg.num_threads) > min_rows and width < 4 * MAX_HEAD_DIM:
+        width += step
+    return width
+
+
+def _aligned(n: int) -> int:
+    return (n + 1023) // 1024 * 1024
+
+
+def bwd_smem_bytes(spec: BwdSpec, cfg: BwdConfig) -> int:
+    """Dynamic shared memory of the main kernel: Q and dO stages, K, V, P and dS, each 1024-aligned."""
+    d, dv = bwd_padded_head_dim(spec.head_dim, cfg), bwd_padded_head_dim(spec.head_dim_v, cfg, qk=False)
+    e = BYTES_PER_ELEM
+    return (_aligned(cfg.stages_q * cfg.tile_m * d * e) + _aligned(cfg.stages_do * cfg.tile_m * dv * e)
+            + _aligned(cfg.tile_n * d * e) + _aligned(cfg.tile_n * dv * e) + 2 * _aligned(cfg.tile_m * cfg.tile_n * e))
+
+
+def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num_warps: int) -> None:
+    """A (rows x cols) GEMM tile split over warps: ``warps_rows`` along the rows (16 each per m16 atom), the
+    rest along the columns (16 each: two n8 atoms per ldmatrix.x4 of the B operand)."""
+    if warps_rows < 1 or num_warps % warps_rows:
+        out.append(f"{what}: {warps_rows} warps along the rows does not divide {num_warps} warps")
+        return
+    warps_cols = num_warps // warps_rows
+    if rows % (16 * warps_rows) or cols % (16 * warps_cols):
+        out.append(f"{what}: a {rows}x{cols} tile does not split into {warps_rows}x{warps_cols} warps of "
+                   f"16-multiples")
+
+
+def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) -> tuple[str, ...]:
+    """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
+    out = []
+    if cfg.num_warps not in (4, 8):
+        out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
+    if ROW_PAD % cfg.tile_m or cfg.tile_m % 16:
+        out.append(f"tile_m={cfg.tile_m} must be a multiple of 16 dividing {ROW_PAD} (the workspaces' row padding)")
+    if cfg.tile_n % 16:
+        out.append(f"tile_n={cfg.tile_n} is not a multiple of 16 (the k16 steps of dQ = dS K)")
+    for name, stages in (("stages_q", cfg.stages_q), ("stages_do", cfg.stages_do)):
+        if stages not in (1, 2):
+            out.append(f"{name}={stages} (1 or 2 supported)")
+    for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
+        if d % 8 or not 8 <= d <= MAX_HEAD_DIM:
+            out.append(f"{name}={d} is not a multiple of 8 in [8, {MAX_HEAD_DIM}] (16-byte rows)")
+    if out:
+        return tuple(out)
+    d, dv = bwd_padded_head_dim(spec.head_dim, cfg), bwd_padded_head_dim(spec.head_dim_v, cfg, qk=False)
+    for name, width in (("head_dim", d), ("head_dim_v", dv)):
+        rows = rows_per_copy_pass(width, cfg.num_threads)
+        if cfg.tile_m % rows or cfg.tile_n % rows:
+            out.append(f"{name} (smem width {width}) needs tiles of {rows}-row multiples per copy pass; "
+                       f"tile_m={cfg.tile_m}, tile_n={cfg.tile_n}")
+    nw = cfg.num_warps
+    _warp_split(out, "S/dP", cfg.tile_m, cfg.tile_n, cfg.sdp_warps_m, nw)
+    _warp_split(out, "dK", cfg.tile_n, d, cfg.dkv_warps_n, nw)
+    _warp_split(out, "dV", cfg.tile_n, dv, cfg.dkv_warps_n, nw)
+    if cfg.dq_chunks < 1 or d % cfg.dq_chunks:
+        out.append(f"dq_chunks={cfg.dq_chunks} does not divide the head dim's smem width {d}")
+    else:
+        _warp_split(out, "dQ", cfg.tile_m, d // cfg.dq_chunks, cfg.dq_warps_m, nw)
+    smem = bwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES
+    if smem > model.smem_per_cta:
+        out.append(f"shared memory {smem} B (incl. {STATIC_SMEM_BYTES} B static) exceeds "
+                   f"{model.smem_per_cta} B per CTA of the {model.name} model")
+    # fp32 accumulators per thread live across the whole loop (dK, dV) or a step (S, dP, dQ)
+    acc_regs = (cfg.tile_n * (d + dv) + 2 * cfg.tile_m * cfg.tile_n + cfg.tile_m * d // max(cfg.dq_chunks, 1)) \
+        // cfg.num_threads
+    if acc_regs > 224:
+        out.append(f"{acc_regs} accumulator registers per thread (dK + dV + S + dP + dQ) leave too few for operands")
+    if not model.supports(CopyKind.CP_ASYNC):
+        out.append(f"the {model.name} model has no cp.async")
+    if model.s2r_copy is not CopyKind.LDMATRIX:
+        out.append(f"the {model.name} model has no ldmatrix")
+    return tuple(out)
+
+
+#: The main kernel's tile per head-dim class (the smallest class >= max(head_dim, head_dim_v)), chosen
+#: to fit 101376 B with the Q tile double-buffered (byte arithmetic in notes/bwd_design.md, section 3).
+BWD_TABLE = {
+    64: BwdConfig(64, 128, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=8, dq_warps_m=4),
+    96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
+    128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
+    192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
+    256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, dq_chunks=2),
+}
+
+
+def bwd_head_dim_class(spec: BwdSpec) -> int:
+    d = max(spec.head_dim, spec.head_dim_v)
+    return next(c for c in HEAD_DIM_CLASSES if d <= c)
+
+
+@lru_cache(maxsize=None)
+def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
+    """The table's config for ``spec``; raises if it does not fit (a table or predicate bug)."""
+    cfg = BWD_TABLE[bwd_head_dim_class(spec)]
+    problems = bwd_config_problems(spec, cfg, model)
+    if problems:
+        raise ValueError(f"no valid backward config for {spec} on {model.name}: {'; '.join(problems)}")
+    return cfg
+
+
+#: (head_dim, head_dim_v) pairs the conformance gate compiles per class: the class size and a padded one.
+BWD_REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 96: ((96, 96), (72, 72)), 128: ((128, 128), (112, 112)),
+                                192: ((192, 192), (192, 128)), 256: ((256, 256), (200, 200))}
+
+
+def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
+    """The (spec, config) pairs of the main backward kernel the conformance gate compiles: every class
+    at its representative head dims, every mask, both dtypes; softcap and varlen at the class size."""
+    specs = []
+    for dims in BWD_REPRESENTATIVE_HEAD_DIMS.values():
+        for d, dv in dims:
+            for dtype in ("bf16", "fp16"):
+                for mask in ("full", "causal", "local"):
+                    specs.append(BwdSpec(dtype, d, dv, causal=mask == "causal", local=mask == "local"))
+        d, dv = dims[0]
+        for mask in ("full", "causal", "local"):
+            specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", softcap=True))
+            specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", varlen_q=True,
+                                 varlen_k=True, seqused_q=True, seqused_k=True))
+    return [(spec, select_bwd_config(spec, model)) for spec in dict.fromkeys(specs)]

@@ -1,0 +1,81 @@
+"""Backward host logic on the CPU: the config predicate and table, and the query blocks a key block visits."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from flash_attn_4_sm120._kernels import block_info
+from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BwdConfig, bwd_config_problems, bwd_padded_head_dim,
+                                           bwd_smem_bytes, dispatchable_bwd, select_bwd_config)
+from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
+from flash_attn_4_sm120.problem import BwdSpec, FwdSpec
+from reference import visible
+
+
+@pytest.mark.parametrize("d", list(range(8, 257, 8)))
+@pytest.mark.parametrize("model", [SM120, SM90, SM80])
+def test_every_head_dim_has_a_valid_table_config(d, model):
+    for dv in (d, 128 if d > 128 else d):
+        spec = BwdSpec("bf16", d, dv, causal=True)
+        cfg = select_bwd_config(spec, model)
+        assert bwd_config_problems(spec, cfg, model) == ()
+        assert bwd_smem_bytes(spec, cfg) + 1024 <= model.smem_per_cta
+        assert bwd_padded_head_dim(d, cfg) >= d and bwd_padded_head_dim(d, cfg) % 16 == 0
+
+
+def test_predicate_names_each_problem():
+    spec = BwdSpec("bf16", 128, 128, causal=False)
+    assert any("shared memory" in p for p in bwd_config_problems(spec, BwdConfig(64, 64, 8, 2, 2), SM120))
+    assert any("tile_m" in p for p in bwd_config_problems(spec, BwdConfig(48, 64, 8, 2, 1), SM120))
+    assert any("S/dP" in p for p in bwd_config_problems(spec, BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=8), SM120))
+    assert any("dq_chunks" in p for p in bwd_config_problems(spec, BwdConfig(64, 64, 8, 2, 1, dq_chunks=0), SM120))
+
+
+def test_dispatchable_covers_every_class_and_mask():
+    pairs = dispatchable_bwd(SM120)
+    assert {cfg for _, cfg in pairs} == set(BWD_TABLE.values())
+    assert {(s.causal, s.local) for s, _ in pairs} == {(False, False), (True, False), (False, True)}
+    assert any(s.softcap for s, _ in pairs) and any(s.varlen_q and s.seqused_k for s, _ in pairs)
+
+
+def test_paged_forward_has_no_backward_spec():
+    with pytest.raises(NotImplementedError, match="paged"):
+        BwdSpec.of(FwdSpec("bf16", 64, 64, causal=True, page_size=16))
+
+
+WINDOWS = [(False, False, 0, 0), (True, False, 0, 0), (False, True, 3, 0), (False, True, 0, 5), (False, True, 7, 2),
+           (False, True, -2, 6), (False, True, 5, -3), (False, True, 40, 40)]
+
+
+@pytest.mark.parametrize("causal,local,left,right", WINDOWS)
+def test_query_blocks_cover_every_visible_pair(causal, local, left, right):
+    """Exhaustive on small sizes: the backward's key block n visits query block m if some row of m sees some
+    key of n, and (windows with non-negative bounds, the usual ones) only then; a band that misses its own
+    diagonal (a negative bound) may visit a pair with no visible entry, which its element mask zeroes."""
+    for sq, sk, tm, tn in itertools.product((1, 5, 16, 37), (1, 7, 16, 41), (16, 32), (16, 32)):
+        window = (left if local else None, right if local else None)
+        seen = visible(sq, sk, causal, window)
+        for n in range(-(-sk // tn)):
+            m_start, m_end = block_info.query_block_range(n, sq, sk, tm, tn, causal, local, left, right)
+            for m in range(-(-sq // tm)):
+                any_seen = bool(seen[m * tm:(m + 1) * tm, n * tn:(n + 1) * tn].any())
+                visited = m_start <= m < m_end
+                exact = left >= 0 and right >= 0
+                assert visited == any_seen if exact else visited or not any_seen, (sq, sk, tm, tn, n, m, m_start, m_end)
+
+
+@pytest.mark.parametrize("causal,local,left,right", WINDOWS)
+def test_unmasked_pairs_see_every_entry(causal, local, left, right):
+    """A (query block, key block) pair the backward runs without an element mask (the forward's unmasked range)
+    has every entry visible, also for the rows past seqlen_q of the last query block, whose P is zero anyway."""
+    for sq, sk, tm, tn in itertools.product((5, 16, 37), (7, 16, 41), (16, 32), (16, 32)):
+        window = (left if local else None, right if local else None)
+        seen = visible(sq, sk, causal, window)
+        for m in range(-(-sq // tm)):
+            _, us, ue, _ = block_info.block_range(m, sq, sk, tm, tn, causal, local, left, right)
+            for n in range(us, ue):
+                assert bool(seen[m * tm:min((m + 1) * tm, sq), n * tn:(n + 1) * tn].all()), (sq, sk, tm, tn, m, n)
+        assert torch.is_tensor(seen)

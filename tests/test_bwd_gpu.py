@@ -1,0 +1,164 @@
+"""Backward on the GPU: dq, dk, dv (and dsink) of flash_attn_func / flash_attn_varlen_func through autograd,
+against the fp32 reference's gradients with the house rule max|g - ref| <= 2 max|g_pt - ref| + atol
+(``g_pt``: the same computation in the input dtype). Every head-dim class, masks and windows, softcap,
+sinks, GQA / MQA, odd lengths, seqlen_q != seqlen_k, the LSE's own gradient, and varlen layouts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from reference import attention_grads_ref
+
+pytestmark = pytest.mark.gpu
+
+ATOL = {torch.bfloat16: 2e-3, torch.float16: 5e-4}
+
+
+def _rand(*shape, dtype):
+    return torch.randn(*shape, dtype=dtype, device="cuda")
+
+
+def assert_close_grads(got, ref, pt, dtype, what):
+    for name, g, r, p in zip(("dq", "dk", "dv", "dsink"), got, ref, pt):
+        if r is None:
+            assert g is None, f"{what}: {name} should be None"
+            continue
+        assert g is not None, f"{what}: {name} missing"
+        assert not g.isnan().any(), f"{what}: {name} has NaN"
+        err = (g.float() - r.float()).abs().max().item()
+        pt_err = (p.float() - r.float()).abs().max().item()
+        assert err <= 2 * pt_err + ATOL[dtype], f"{what}: max|{name}-ref|={err:.3e} > 2*{pt_err:.3e}+{ATOL[dtype]}"
+
+
+def run_dense(b, sq, sk, hq, hkv, d, dv, dtype=torch.bfloat16, causal=False, window_size=(None, None),
+              softcap=0.0, sink=False, with_dlse=False, seed=0):
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(seed)
+    q, k, v = _rand(b, sq, hq, d, dtype=dtype), _rand(b, sk, hkv, d, dtype=dtype), _rand(b, sk, hkv, dv, dtype=dtype)
+    dout = _rand(b, sq, hq, dv, dtype=dtype)
+    features = dict(causal=causal, window_size=window_size, softcap=softcap)
+    sink_t = torch.randn(hq, device="cuda", dtype=torch.float32) if sink else None
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    sink_leaf = sink_t.clone().requires_grad_(True) if sink else None
+    out, lse = fa.flash_attn_func(*leaves, learnable_sink=sink_leaf, return_lse=True, **features)
+    dlse = torch.randn_like(lse) if with_dlse else None
+    loss = (out.float() * dout.float()).sum()
+    if with_dlse:
+        loss = loss + (lse.masked_fill(~torch.isfinite(lse), 0.0) * dlse).sum()
+    grads = torch.autograd.grad(loss, leaves + ([sink_leaf] if sink else []))
+    got = (*grads[:3], grads[3] if sink else None)
+    ref_features = dict(features, learnable_sink=sink_t)
+    ref = attention_grads_ref(q, k, v, dout, True, dlse, **ref_features)
+    pt = attention_grads_ref(q, k, v, dout, False, dlse, **dict(ref_features))
+    assert_close_grads(got, ref, pt, dtype, f"b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d}x{dv} {features} sink={sink}")
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_bwd_basic(d, causal, dtype):
+    run_dense(2, 256, 256, 4, 4, d, d, dtype, causal=causal)
+
+
+@pytest.mark.parametrize("d,dv", [(40, 40), (72, 72), (96, 96), (112, 112), (192, 192), (192, 128), (200, 200),
+                                  (256, 256), (8, 8), (128, 64)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_head_dims(d, dv, causal):
+    run_dense(1, 177, 177, 2, 1, d, dv, causal=causal)
+
+
+@pytest.mark.parametrize("sq,sk", [(1, 1), (113, 799), (799, 113), (1, 300), (300, 1), (64, 64), (65, 129)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_odd_lengths(sq, sk, causal):
+    run_dense(2, sq, sk, 4, 2, 64, 64, causal=causal)
+    run_dense(1, sq, sk, 2, 2, 128, 128, causal=causal)
+
+
+@pytest.mark.parametrize("hq,hkv", [(8, 1), (8, 2), (6, 3)])
+def test_bwd_gqa(hq, hkv):
+    run_dense(2, 200, 300, hq, hkv, 128, 128, causal=True)
+    run_dense(1, 150, 150, hq, hkv, 64, 64)
+
+
+@pytest.mark.parametrize("window", [(32, 0), (16, 16), (None, 8), (64, None), (0, 0), (5, -3)])
+@pytest.mark.parametrize("d", [64, 128])
+def test_bwd_windows(window, d):
+    run_dense(2, 300, 300, 4, 2, d, d, window_size=window)
+    run_dense(1, 200, 333, 2, 2, d, d, window_size=window)
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_softcap(d, causal):
+    run_dense(2, 190, 190, 4, 2, d, d, causal=causal, softcap=15.0)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("window", [(None, None), (32, 0)])
+def test_bwd_sink(d, window):
+    run_dense(2, 190, 190, 4, 2, d, d, window_size=window, sink=True)
+    run_dense(2, 190, 190, 4, 2, d, d, window_size=window, sink=True, with_dlse=True)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_bwd_lse_gradient(d):
+    run_dense(2, 150, 250, 4, 4, d, d, causal=True, with_dlse=True)
+
+
+def run_varlen(lens_q, lens_k, hq, hkv, d, causal=False, window_size=(None, None), softcap=0.0, sink=False,
+               used_q=None, used_k=None, seed=0):
+    """Packed q and k/v with cu_seqlens (optionally seqused caps): every sequence's gradients against the
+    dense reference of its used rows; rows past a used length get zero gradients."""
+    import flash_attn_4_sm120 as fa
+    from reference import varlen_batch
+
+    torch.manual_seed(seed)
+    q, k, v, cu_q, cu_k = varlen_batch(lens_q, lens_k, hq, hkv, d)
+    dout = torch.randn_like(q)
+    sink_t = torch.randn(hq, device="cuda") if sink else None
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    sink_leaf = sink_t.clone().requires_grad_(True) if sink else None
+    i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device="cuda")  # noqa: E731
+    out, _ = fa.flash_attn_varlen_func(
+        *leaves, cu_q, cu_k, max(lens_q), max(lens_k), seqused_q=i32(used_q) if used_q else None,
+        seqused_k=i32(used_k) if used_k else None, causal=causal, window_size=window_size, softcap=softcap,
+        learnable_sink=sink_leaf)
+    grads = torch.autograd.grad((out.float() * dout.float()).sum(), leaves + ([sink_leaf] if sink else []))
+    dq, dk, dv = grads[:3]
+    dsink_ref = torch.zeros(hq, device="cuda") if sink else None
+    dsink_pt = torch.zeros(hq, device="cuda") if sink else None
+    for b in range(len(lens_q)):
+        q0, q1 = int(cu_q[b]), int(cu_q[b + 1])
+        k0, k1 = int(cu_k[b]), int(cu_k[b + 1])
+        uq = min(used_q[b], q1 - q0) if used_q else q1 - q0
+        uk = min(used_k[b], k1 - k0) if used_k else k1 - k0
+        for g, lo, hi, used in ((dq, q0, q1, uq), (dk, k0, k1, uk), (dv, k0, k1, uk)):
+            assert not g[lo + used:hi].any(), f"sequence {b}: gradients in rows past the used length"
+        if uq == 0:
+            continue
+        sl = lambda t, lo, n: t[lo:lo + n][None]  # noqa: E731
+        feats = dict(causal=causal, window_size=window_size, softcap=softcap, learnable_sink=sink_t)
+        args = (sl(q, q0, uq), sl(k, k0, uk), sl(v, k0, uk), sl(dout, q0, uq))
+        ref = attention_grads_ref(*args, True, **dict(feats))
+        pt = attention_grads_ref(*args, False, **dict(feats))
+        got = (dq[q0:q0 + uq][None], dk[k0:k0 + uk][None], dv[k0:k0 + uk][None], None)
+        assert_close_grads(got, (*ref[:3], None), (*pt[:3], None), torch.bfloat16, f"sequence {b}")
+        if sink:
+            dsink_ref += ref[3]
+            dsink_pt += pt[3]
+    if sink:
+        assert_close_grads((None, None, None, grads[3]), (None, None, None, dsink_ref),
+                           (None, None, None, dsink_pt), torch.bfloat16, "dsink")
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_bwd_varlen(d, causal):
+    run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, d, causal=causal)
+
+
+def test_bwd_varlen_seqused_window_softcap_sink():
+    run_varlen([100, 64, 257, 33], [120, 70, 257, 40], 4, 2, 128, window_size=(40, 8), softcap=20.0, sink=True,
+               used_q=[90, 0, 200, 33], used_k=[120, 10, 250, 7])
