@@ -90,6 +90,9 @@ class ExecutionModel:
     #: ``griddepcontrol.wait``. It hides the launch gap between the split-KV forward and its combine, and
     #: between the KV-cache append and the forward (``_kernels/grid_dependency``).
     has_pdl: bool = False
+    #: ``red.global.add.v2.f32`` / ``.v4.f32`` (sm_90 and later; ptxas rejects them for sm_80 / sm_89): the
+    #: backward adds dQ's fp32 partials two adjacent columns per instruction instead of one.
+    vector_red_f32: bool = False
     max_regs_per_thread: int = 255
     #: 32-bit registers per SM (64K on every part here: registers bind CTAs per SM the same way).
     regs_per_sm: int = 65536
@@ -138,6 +141,7 @@ _SM120_COMMON = dict(
     r2s_copy=CopyKind.STMATRIX,
     has_setmaxnreg=True,
     has_pdl=True,
+    vector_red_f32=True,
 )
 
 SM120 = ExecutionModel(

@@ -460,8 +460,9 @@ class FlashBwdMultistage:
 
     @cute.jit
     def dq_into_accumulator(self, ctx: SimpleNamespace, sm: SimpleNamespace, gAcc: cute.Tensor, m):
-        """dQ_m = dS K (sdS, sK^T) added into the fp32 accumulator rows ``gAcc`` (seqlen_pad, d_pad) with one
-        ``red.global.add.f32`` per element, one head-dim slice of ``dq_chunks`` at a time."""
+        """dQ_m = dS K (sdS, sK^T) added into the fp32 accumulator rows ``gAcc`` (seqlen_pad, d_pad) with
+        ``red.global.add`` (two adjacent columns per instruction where ``model.vector_red_f32``), one head-dim
+        slice of ``dq_chunks`` at a time."""
         chunks = self.config.dq_chunks
         width = self.head_dim // chunks
         for ch in cutlass.range_constexpr(chunks):
@@ -477,9 +478,20 @@ class FlashBwdMultistage:
             acc_dQ.fill(0.0)
             self.gemm(acc_dQ, ops, None, None)
             tdQgdQ = ctx.thr_dq.partition_C(cute.local_tile(gAcc, (self.tile_m, width), (m, ch)))
-            for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i], op="add", dtype="f32",
-                              sem="relaxed", scope="gpu")
+            if const_expr(self.model.vector_red_f32):
+                # the two values of each (row, column pair) of an m16n8 C fragment are adjacent columns
+                pair = cute.make_rmem_tensor((2,), Float32)
+                for h in cutlass.range_constexpr(2):
+                    for mi in cutlass.range_constexpr(cute.size(acc_dQ, mode=[1])):
+                        for ni in cutlass.range_constexpr(cute.size(acc_dQ, mode=[2])):
+                            pair[0] = acc_dQ[(0, h), mi, ni]
+                            pair[1] = acc_dQ[(1, h), mi, ni]
+                            ptr = tdQgdQ.iterator + cute.crd2idx(((0, h), mi, ni), tdQgdQ.layout)
+                            cute.arch.red(ptr, pair.load(), op="add", dtype="f32", sem="relaxed", scope="gpu")
+            else:
+                for i in cutlass.range_constexpr(cute.size(acc_dQ)):
+                    cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i], op="add",
+                                  dtype="f32", sem="relaxed", scope="gpu")
 
     @cute.jit
     def gradient_of_scores(self, ctx: SimpleNamespace, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool]):
