@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .config import BYTES_PER_ELEM, HEAD_DIM_CLASSES, STATIC_SMEM_BYTES, atom_cols, rows_per_copy_pass
+from .config import BYTES_PER_ELEM, HEAD_DIM_CLASSES, STATIC_SMEM_BYTES, rows_per_copy_pass
 from .execution_model import CopyKind, ExecutionModel
 from .problem import MAX_HEAD_DIM, BwdSpec
 

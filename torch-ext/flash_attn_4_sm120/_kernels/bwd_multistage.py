@@ -36,7 +36,6 @@ one of its keys); which of them need an element mask follows the forward's ``blo
 pair is unmasked exactly when the forward treats it so).
 """
 
-import math
 from types import SimpleNamespace
 from typing import Optional
 
@@ -47,7 +46,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..bwd_config import ROW_PAD, BwdConfig, bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes
+from ..bwd_config import BwdConfig, bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
@@ -55,7 +54,7 @@ from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .grid_dependency import enter_grid
 from .mask import mask_scores
-from .seqlen_info import num_heads, packed_start, sequence_heads
+from .seqlen_info import num_batches, num_heads, sequence_heads, workspace_row
 from .tile_io import column_predicate, copy_rows, zero_masked_cols
 
 
@@ -79,21 +78,6 @@ def transposed(s: cute.Tensor, rows: int, cols: int, stages: int = 0) -> cute.Te
     if stages:
         return cute.composition(s, cute.make_layout((cols, rows, stages), stride=(rows, 1, rows * cols)))
     return cute.composition(s, cute.make_layout((cols, rows), stride=(rows, 1)))
-
-
-@cute.jit
-def workspace_row(mX: cute.Tensor, batch, head, mCuSeqlensQ, total_q):
-    """The LSE2 / D' (or dQ accumulator) rows of one (sequence, head): dense (batch, heads, seqlen_pad[, d]),
-    packed (heads, total_q + batch * ROW_PAD[, d]) from ``cu_seqlens_q[batch] + batch * ROW_PAD`` (the start
-    clamped into the ``total_q`` rows of Q, as ``seqlen_info`` clamps it)."""
-    if const_expr(mCuSeqlensQ is None):
-        if const_expr(cute.rank(mX) == 3):
-            return mX[batch, head, None]
-        return mX[batch, head, None, None]
-    start = packed_start(mCuSeqlensQ, batch, total_q) + batch * ROW_PAD
-    if const_expr(cute.rank(mX) == 2):
-        return cute.domain_offset((start,), mX[head, None])
-    return cute.domain_offset((start, 0), mX[head, None, None])
 
 
 class FlashBwdMultistage:
@@ -182,8 +166,7 @@ class FlashBwdMultistage:
         self._setup()
         packed_k = mCuSeqlensK is not None
         seqlen_k = max_seqlen_k if const_expr(packed_k) else mK.shape[1]
-        batches = mCuSeqlensK.shape[0] - 1 if const_expr(packed_k) else mK.shape[0]
-        grid = (cute.ceil_div(seqlen_k, self.tile_n), num_heads(mK, packed_k), batches)
+        grid = (cute.ceil_div(seqlen_k, self.tile_n), num_heads(mK, packed_k), num_batches(mK, mCuSeqlensK))
         self.kernel(
             mQ, mK, mV, mdO, mLSE2, mD, mdQacc, mdK, mdV, softmax_scale, scale_log2, softcap_scale,
             window_left, window_right, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,

@@ -1,7 +1,7 @@
 """Backward postprocess: dQ = scale * the fp32 accumulator, in Q's dtype and layout (no MMA).
 
 The main kernel adds every key block's dS K into the fp32 accumulator (workspace rows, padded head
-dim; ``bwd_multistage.workspace_row``); this kernel scales by the softmax scale once (it commutes
+dim; ``seqlen_info.workspace_row``); this kernel scales by the softmax scale once (it commutes
 with the sums), converts, and writes the rows of each sequence (rows past its length are not
 written: the caller zero-fills dQ where such rows exist, i.e. with seqused_q). One CTA = 64 rows of
 one (sequence, head); each thread moves 8 columns at a time (two 16-byte fp32 loads, one 16-byte store).
@@ -18,9 +18,8 @@ from cutlass import Float32, Int32, const_expr
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES
-from .bwd_multistage import workspace_row
 from .grid_dependency import enter_grid
-from .seqlen_info import num_batches, num_heads, sequence_heads
+from .seqlen_info import num_batches, num_heads, sequence_heads, workspace_row
 
 _THREADS = 128
 _ROWS = 64

@@ -1,7 +1,7 @@
 """Backward preprocess: the per-row inputs of the main kernel (memory-bound, no MMA).
 
 For every query row i of every (sequence, query head), over the workspace rows of
-``bwd_config.ROW_PAD``-row blocks (``bwd_multistage.workspace_row``):
+``bwd_config.ROW_PAD``-row blocks (``seqlen_info.workspace_row``):
     D'_i   = sum_c dO_ic O_ic  - dLSE_i           (fp32; dLSE only when the caller differentiates the LSE)
     LSE2_i = LSE_i * log2(e)                       (0 when LSE_i = -inf: the row saw no key and has no sink,
                                                     every score of it is masked, so P = 0 without -inf - -inf)
@@ -10,7 +10,6 @@ row mask. One CTA = ROW_PAD rows of one (sequence, head): 8 lanes per row, each 
 of O and dO, the dot product summed over the 8 lanes with shuffles.
 """
 
-import math
 from typing import Optional
 
 import cuda.bindings.driver as cuda
@@ -23,11 +22,10 @@ from ..bwd_config import ROW_PAD
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES
-from .bwd_multistage import workspace_row
+from .fwd_multistage import LOG2_E
 from .grid_dependency import enter_grid
-from .seqlen_info import lse_row, num_batches, num_heads, sequence_heads
+from .seqlen_info import lse_row, num_batches, num_heads, sequence_heads, workspace_row
 
-LOG2_E = 1.0 / math.log(2.0)
 _THREADS = 128
 _LANES_PER_ROW = 8
 _VEC = 8  # 16-bit elements per 16-byte vector

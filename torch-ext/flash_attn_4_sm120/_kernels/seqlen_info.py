@@ -14,6 +14,8 @@ entries give wrong rows, never out-of-bounds accesses; ``metadata.py`` checks th
 import cutlass
 import cutlass.cute as cute
 
+from ..bwd_config import ROW_PAD
+
 
 @cute.jit
 def clamp(x, lo, hi):
@@ -61,6 +63,21 @@ def lse_row(mLSE: cute.Tensor, batch, head, mCuSeqlensQ):
     else:
         row = cute.domain_offset((packed_start(mCuSeqlensQ, batch, mLSE.shape[1]),), mLSE[head, None])
     return row
+
+
+@cute.jit
+def workspace_row(mX: cute.Tensor, batch, head, mCuSeqlensQ, total_q):
+    """The LSE2 / D' (or dQ accumulator) rows of one (sequence, head): dense (batch, heads, seqlen_pad[, d]),
+    packed (heads, total_q + batch * ROW_PAD[, d]) from ``cu_seqlens_q[batch] + batch * ROW_PAD`` (the start
+    clamped into the ``total_q`` rows of Q, as ``sequence_heads`` clamps it)."""
+    if cutlass.const_expr(mCuSeqlensQ is None):
+        if cutlass.const_expr(cute.rank(mX) == 3):
+            return mX[batch, head, None]
+        return mX[batch, head, None, None]
+    start = packed_start(mCuSeqlensQ, batch, total_q) + batch * ROW_PAD
+    if cutlass.const_expr(cute.rank(mX) == 2):
+        return cute.domain_offset((start,), mX[head, None])
+    return cute.domain_offset((start, 0), mX[head, None, None])
 
 
 def num_heads(mX: cute.Tensor, packed: bool):
