@@ -9,7 +9,8 @@ import torch
 
 from flash_attn_4_sm120._kernels import block_info
 from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BwdConfig, bwd_config_problems, bwd_padded_head_dim,
-                                           bwd_smem_bytes, dispatchable_bwd, select_bwd_config)
+                                           bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd,
+                                           select_bwd_config)
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
 from flash_attn_4_sm120.problem import BwdSpec, FwdSpec
 from reference import visible
@@ -32,6 +33,15 @@ def test_predicate_names_each_problem():
     assert any("tile_m" in p for p in bwd_config_problems(spec, BwdConfig(48, 64, 8, 2, 1), SM120))
     assert any("S/dP" in p for p in bwd_config_problems(spec, BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=8), SM120))
     assert any("dq_chunks" in p for p in bwd_config_problems(spec, BwdConfig(64, 64, 8, 2, 1, dq_chunks=0), SM120))
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+def test_tuning_candidates_are_valid_and_hold_the_table(d):
+    spec = BwdSpec("bf16", d, d, causal=True)
+    cands = candidate_bwd_configs(spec, SM120)
+    assert len(cands) == len(set(cands)) > 0
+    assert all(bwd_config_problems(spec, c, SM120) == () for c in cands)
+    assert select_bwd_config(spec, SM120) in cands
 
 
 def test_dispatchable_covers_every_class_and_mask():

@@ -16,7 +16,7 @@ from typing import Optional
 
 from .config import FwdConfig, candidate_fwd_configs, dispatchable_fwd, fwd_smem_bytes
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
-from .bwd_config import BwdConfig, bwd_padded_head_dim, bwd_smem_bytes, dispatchable_bwd
+from .bwd_config import BwdConfig, bwd_padded_head_dim, bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd
 from .problem import AppendSpec, BwdSpec, CombineSpec, FwdSpec
 
 _TVM_FFI = "--enable-tvm-ffi"
@@ -340,7 +340,8 @@ def compile_bwd_side(which: str, spec: BwdSpec, config: BwdConfig, model: Execut
                      extra_options: str = ""):
     """The backward's ``"preprocess"`` (``fn(out, dout, lse, dlse, lse2, dsum, cu_seqlens_q, seqused_q,
     max_seqlen_q)``) or ``"postprocess"`` (``fn(dq_accum, dq, softmax_scale, cu_seqlens_q, seqused_q,
-    max_seqlen_q)``) kernel. ``config`` sets the dQ accumulator's padded head dim."""
+    max_seqlen_q)``) kernel. ``config`` sets the dQ accumulator's padded head dim and, for the postprocess,
+    its fragment order (the main kernel's dQ tiled MMA)."""
     import cutlass.cute as cute
 
     if which == "preprocess":
@@ -352,7 +353,8 @@ def compile_bwd_side(which: str, spec: BwdSpec, config: BwdConfig, model: Execut
         raise ValueError(f"backward {which} cannot implement {spec}: {'; '.join(problems)}")
     pre, post = _fake_bwd_side_args(spec, config)
     options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
-    return cute.compile(cls(spec, model), *(pre if which == "preprocess" else post), options=options)
+    kernel = cls(spec, model) if which == "preprocess" else cls(spec, config, model)
+    return cute.compile(kernel, *(pre if which == "preprocess" else post), options=options)
 
 
 def get_bwd_side_kernel(which: str, spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target: str):
@@ -522,8 +524,10 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
 def candidate_cases(model: ExecutionModel = SM120) -> list[Case]:
     """Every tuning candidate, for both dtypes and masks (the tuner only picks conforming ones)."""
     cases = []
-    for spec, _ in dispatchable_fwd(model):
+    for spec in dict.fromkeys(spec for spec, _ in dispatchable_fwd(model)):  # a spec may list several configs
         cases += [Case(spec, cfg, model.name) for cfg in candidate_fwd_configs(spec, model)]
+    for spec in dict.fromkeys(spec for spec, _ in dispatchable_bwd(model)):
+        cases += [BwdCase(spec, cfg, model.name) for cfg in candidate_bwd_configs(spec, model)]
     return cases
 
 

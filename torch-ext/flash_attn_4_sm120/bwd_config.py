@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import product
 
 from .config import BYTES_PER_ELEM, HEAD_DIM_CLASSES, STATIC_SMEM_BYTES, rows_per_copy_pass
 from .execution_model import CopyKind, ExecutionModel
@@ -161,6 +162,34 @@ def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
     if problems:
         raise ValueError(f"no valid backward config for {spec} on {model.name}: {'; '.join(problems)}")
     return cfg
+
+
+#: Tiles the tuner may try per head-dim class besides the table's: (tile_m, tile_n, warps, stages_q,
+#: stages_do, dq_chunks). Each is crossed with every warp split the predicate accepts.
+BWD_TILE_CANDIDATES = {
+    64: ((64, 128, 8, 2, 2, 1), (64, 64, 8, 2, 2, 1), (128, 64, 8, 2, 2, 1), (64, 64, 4, 2, 2, 1)),
+    96: ((64, 64, 8, 2, 2, 1), (64, 64, 4, 2, 2, 1), (64, 64, 8, 2, 1, 1), (32, 64, 4, 2, 2, 1)),
+    128: ((64, 64, 8, 2, 1, 1), (64, 64, 4, 2, 1, 1), (64, 64, 8, 1, 1, 1), (32, 64, 4, 2, 2, 1),
+          (64, 32, 4, 2, 2, 1), (32, 64, 4, 2, 2, 2)),
+    192: ((32, 64, 8, 2, 1, 1), (64, 64, 8, 1, 1, 1), (32, 64, 8, 2, 1, 2), (32, 64, 4, 2, 1, 2),
+          (32, 32, 4, 2, 2, 2), (16, 64, 4, 2, 2, 1)),
+    256: ((32, 32, 4, 2, 1, 2), (16, 64, 8, 2, 1, 1), (32, 32, 8, 2, 1, 1), (16, 64, 4, 2, 2, 2),
+          (32, 32, 4, 2, 2, 2)),
+}
+
+
+def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfig]:
+    """Configs the backward tuner may pick from for ``spec``: the class's candidate tiles with every warp
+    split of the three GEMM shapes, filtered by the validity predicate (the conformance gate screens
+    them for spills with ``--subset candidates``)."""
+    out = []
+    for tm, tn, w, sq, sdo, ch in BWD_TILE_CANDIDATES[bwd_head_dim_class(spec)]:
+        splits = [x for x in (1, 2, 4, 8) if x <= w]
+        for sdp, dkv, dq in product(splits, splits, splits):
+            cfg = BwdConfig(tm, tn, w, sq, sdo, sdp_warps_m=sdp, dkv_warps_n=dkv, dq_warps_m=dq, dq_chunks=ch)
+            if not bwd_config_problems(spec, cfg, model):
+                out.append(cfg)
+    return list(dict.fromkeys(out))
 
 
 #: (head_dim, head_dim_v) pairs the conformance gate compiles per class: the class size and a padded one.

@@ -61,3 +61,34 @@ def zero_masked_cols(dst: cute.Tensor, col_pred: cute.Tensor):
         for k in cutlass.range_constexpr(cute.size(dst, mode=[2])):
             if not col_pred[0, 0, k]:
                 dst[None, m, k].fill(0)
+
+
+@cute.jit
+def store_rows(
+    s2g: cute.TiledCopy,
+    tidx,
+    sX: cute.Tensor,
+    gX: cute.Tensor,
+    tile_shape: cutlass.Constexpr,
+    real_cols: cutlass.Constexpr[int],
+    row_limit: Int32,
+):
+    """The smem tile ``sX`` to ``gX`` (both ``tile_shape``) as 16-byte row vectors through registers:
+    rows at or past ``row_limit`` (tile-relative) are skipped, columns at or past ``real_cols`` (a
+    padded head dim) are not written."""
+    thr = s2g.get_slice(tidx)
+    tS = thr.partition_S(sX)
+    tR = cute.make_rmem_tensor_like(tS, sX.element_type)
+    cute.autovec_copy(tS, tR)
+    c = cute.make_identity_tensor(tile_shape)
+    tc, t0c = thr.partition_S(c), s2g.get_slice(0).partition_S(c)
+    padded = tile_shape[1] != real_cols
+    col_pred = column_predicate(tc, real_cols) if cutlass.const_expr(padded) else None
+    tG = thr.partition_D(gX)
+    limit = row_limit - tc[0][0]
+    for r in cutlass.range_constexpr(cute.size(tR, mode=[1])):
+        if t0c[0, r, 0][0] < limit:
+            if cutlass.const_expr(padded):
+                cute.copy(s2g, tR[None, r, None], tG[None, r, None], pred=col_pred[None, r, None])
+            else:
+                cute.copy(s2g, tR[None, r, None], tG[None, r, None])

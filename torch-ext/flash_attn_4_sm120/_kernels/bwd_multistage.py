@@ -9,13 +9,14 @@ LSE, and D'_i = dO_i . O_i - dLSE_i from the preprocess:
     dK_j  = scale * sum_i dS_ij Q_i                  dQ_i += sum_j dS_ij K_j  (scaled in the postprocess)
 summed over every query head of the KV group (MHA, GQA, MQA): the CTA walks all of them, so dK/dV are
 reduced in registers and stored once in 16 bits. dQ of each query block is added into an fp32
-accumulator with ``red.global.add`` (the other key blocks of the head add theirs: order-dependent).
+accumulator with ``red.global.add`` (the other key blocks of the head add theirs: order-dependent), in
+the MMA-fragment order of ``dq_accum`` (one 16-byte reduction per thread and m16n8 atom).
 
 The workspaces come from the preprocess, with ``bwd_config.ROW_PAD`` rows reserved per started block of a
 sequence (dense: (batch, heads, seqlen_pad); packed: (heads, total + batch * ROW_PAD), sequence b from
 ``cu_seqlens_q[b] + b * ROW_PAD``): LSE2 = LSE * log2(e) (0 for a row that saw no key, +inf for rows
-past the sequence, so P = 0 there) and D'. The dQ accumulator (same rows, padded head dim) is zeroed
-by the caller.
+past the sequence, so P = 0 there) and D'. The dQ accumulator (same rows, padded head dim, fragment
+order per query block) is zeroed by the caller.
 
 Algorithm (one CTA of ``num_warps`` warps; three tiled MMAs, each splitting its GEMM over the warps as
 the config says):
@@ -25,9 +26,12 @@ the config says):
      b. S = Q K^T; softcap; element mask where the block pair needs one; P = exp2(S * scale_log2 - LSE2);
      c. dP = dO V^T; dS = P (dP - D') (softcap: * (1 - t^2));
      d. P and dS (16-bit) to shared memory; CTA barrier;
-     e. dV += P^T dO and dK += dS^T Q (ldmatrix.trans of the P, dS, dO and Q tiles);
-     f. dQ_m = dS K, added into the accumulator;
-     g. CTA barrier (single-buffered tiles refill after it).
+     e. dQ_m = dS K, added into the accumulator (first: its reductions drain under the next MMAs);
+     f. dV += P^T dO (ldmatrix.trans of the P and dO tiles); a single-buffered dO tile refills after
+        a CTA barrier, under g;
+     g. dK += dS^T Q (ldmatrix.trans of the dS and Q tiles); a single-buffered Q tile refills after a
+        CTA barrier;
+     h. wait for the next step's tiles; CTA barrier.
   3. dK *= scale; dK and dV to global memory (rows past seqlen_k skipped). A key block no query sees
      stores zeros.
 
@@ -50,23 +54,13 @@ from ..bwd_config import BwdConfig, bwd_config_problems, bwd_padded_head_dim, bw
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
+from .dq_accum import add_fragment, dq_tiled_mma, slice_offset, warp_tiled_mma
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .grid_dependency import enter_grid
 from .mask import mask_scores
 from .seqlen_info import num_batches, num_heads, sequence_heads, workspace_row
-from .tile_io import column_predicate, copy_rows, zero_masked_cols
-
-
-def warp_tiled_mma(dtype, num_warps: int, warps_m: int) -> cute.TiledMma:
-    """m16n8k16 MMAs over ``warps_m`` x (num_warps / warps_m) warps, 16 columns per warp per step (two
-    n8 atoms: one ldmatrix.x4 of the B operand)."""
-    warps_n = num_warps // warps_m
-    return cute.make_tiled_mma(
-        warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
-        (warps_m, warps_n, 1),
-        permutation_mnk=(warps_m * 16, warps_n * 16, 16),
-    )
+from .tile_io import column_predicate, copy_rows, store_rows, zero_masked_cols
 
 
 def ldmatrix_atom(dtype, transpose: bool) -> cute.CopyAtom:
@@ -120,7 +114,7 @@ class FlashBwdMultistage:
         nw = cfg.num_warps
         self.mma_sdp = warp_tiled_mma(dt, nw, cfg.sdp_warps_m)
         self.mma_dkv = warp_tiled_mma(dt, nw, cfg.dkv_warps_n)
-        self.mma_dq = warp_tiled_mma(dt, nw, cfg.dq_warps_m)
+        self.mma_dq = dq_tiled_mma(dt, cfg)
 
         @cute.struct
         class SharedStorage:
@@ -242,7 +236,7 @@ class FlashBwdMultistage:
             self.load_kv(ctx, sm, mK_s, mV_s, head_kv)
             num_steps = group * ctx.num_m
             if num_steps > 0:
-                self.load_q_do(ctx, sm, 0, 0, True)
+                self.load_q_do(ctx, sm, 0, True, True)
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_threads()
@@ -358,21 +352,19 @@ class FlashBwdMultistage:
                     zero_masked_cols(t_x[None, None, None, st], col_pred)
 
     @cute.jit
-    def load_q_do(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, stages_of: cutlass.Constexpr[int],
-                  both: cutlass.Constexpr[bool]):
-        """cp.async step ``it``'s Q and / or dO tile (query block m of query head g, rows past seqlen_q
-        zero-filled) into stage it % stages: with ``both`` every tile, else only the tiles with
-        ``stages_of`` stages."""
+    def load_q_do(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, q: cutlass.Constexpr[bool],
+                  do: cutlass.Constexpr[bool]):
+        """cp.async step ``it``'s Q tile (with ``q``) and / or dO tile (with ``do``): query block m of query
+        head g, rows past seqlen_q zero-filled, into stage it % stages."""
         tidx = ctx.tidx
         g = it // ctx.num_m
         m = ctx.m_start + it % ctx.num_m
         head = ctx.head_kv * ctx.group + g
         cfg = self.config
-        for src, dst, tiled, width, real, stages in ((ctx.mQ_s, sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim,
-                                                      cfg.stages_q),
-                                                     (ctx.mdO_s, sm.sdO, self.g2s_v, self.head_dim_v,
-                                                      self.spec.head_dim_v, cfg.stages_do)):
-            if const_expr(both or stages == stages_of):
+        for wanted, src, dst, tiled, width, real, stages in (
+                (q, ctx.mQ_s, sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim, cfg.stages_q),
+                (do, ctx.mdO_s, sm.sdO, self.g2s_v, self.head_dim_v, self.spec.head_dim_v, cfg.stages_do)):
+            if const_expr(wanted):
                 thr = tiled.get_slice(tidx)
                 gX = cute.local_tile(src[None, head, None], (self.tile_m, width), (m, 0))
                 c = cute.make_identity_tensor((self.tile_m, width))
@@ -397,7 +389,7 @@ class FlashBwdMultistage:
         # a. The next step's double-buffered tiles, into the stage the previous step used.
         if const_expr(cfg.stages_q == 2 or cfg.stages_do == 2):
             if has_next:
-                self.load_q_do(ctx, sm, it + 1, 2, False)
+                self.load_q_do(ctx, sm, it + 1, cfg.stages_q == 2, cfg.stages_do == 2)
             cute.arch.cp_async_commit_group()
         # This block's rows of LSE2 and D' (padded workspaces: every row of the tile exists).
         gLSE2 = workspace_row(mLSE2, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
@@ -427,25 +419,32 @@ class FlashBwdMultistage:
         cute.copy(ctx.r2s, ctx.thr_r2s.retile(convert(acc_S, self.dtype)), ctx.tPsP)
         cute.copy(ctx.r2s, ctx.thr_r2s.retile(convert(acc_dP, self.dtype)), ctx.tdSsdS)
         cute.arch.sync_threads()
-        # e. dV += P^T dO, dK += dS^T Q
-        self.gemm(ctx.acc_dV, ctx.dV, None, sdo)
-        self.gemm(ctx.acc_dK, ctx.dK, None, sq)
-        # f. dQ_m (unscaled) into the accumulator, in ``dq_chunks`` head-dim slices
+        # e. dQ_m (unscaled) into the accumulator, in ``dq_chunks`` head-dim slices: first, so that its
+        #    reductions drain while the dV / dK MMAs run
         self.dq_into_accumulator(ctx, sm, workspace_row(mdQacc, ctx.batch, head, mCuSeqlensQ, ctx.total_q), m)
-        # g. Every warp is done with P, dS and this step's stages; single-buffered tiles refill now.
-        if const_expr(cfg.stages_q == 1 or cfg.stages_do == 1):
+        # f. dV += P^T dO; a single-buffered dO tile is free after it: the next one loads under dK
+        self.gemm(ctx.acc_dV, ctx.dV, None, sdo)
+        if const_expr(cfg.stages_do == 1):
             cute.arch.sync_threads()
             if has_next:
-                self.load_q_do(ctx, sm, it + 1, 1, False)
+                self.load_q_do(ctx, sm, it + 1, False, True)
             cute.arch.cp_async_commit_group()
+        # g. dK += dS^T Q; a single-buffered Q tile is free after it
+        self.gemm(ctx.acc_dK, ctx.dK, None, sq)
+        if const_expr(cfg.stages_q == 1):
+            cute.arch.sync_threads()
+            if has_next:
+                self.load_q_do(ctx, sm, it + 1, True, False)
+            cute.arch.cp_async_commit_group()
+        # h. The next step's tiles have landed and every warp is done with P and dS.
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
 
     @cute.jit
     def dq_into_accumulator(self, ctx: SimpleNamespace, sm: SimpleNamespace, gAcc: cute.Tensor, m):
-        """dQ_m = dS K (sdS, sK^T) added into the fp32 accumulator rows ``gAcc`` (seqlen_pad, d_pad) with
-        ``red.global.add`` (two adjacent columns per instruction where ``model.vector_red_f32``), one head-dim
-        slice of ``dq_chunks`` at a time."""
+        """dQ_m = dS K (sdS, sK^T) added into the fp32 accumulator of query block m (``gAcc``: the
+        (sequence, head)'s workspace rows) in fragment order (``dq_accum``), one head-dim slice of
+        ``dq_chunks`` at a time."""
         chunks = self.config.dq_chunks
         width = self.head_dim // chunks
         for ch in cutlass.range_constexpr(chunks):
@@ -460,21 +459,8 @@ class FlashBwdMultistage:
             acc_dQ = cute.make_rmem_tensor(ctx.thr_dq.partition_shape_C((self.tile_m, width)), Float32)
             acc_dQ.fill(0.0)
             self.gemm(acc_dQ, ops, None, None)
-            tdQgdQ = ctx.thr_dq.partition_C(cute.local_tile(gAcc, (self.tile_m, width), (m, ch)))
-            if const_expr(self.model.vector_red_f32):
-                # the two values of each (row, column pair) of an m16n8 C fragment are adjacent columns
-                pair = cute.make_rmem_tensor((2,), Float32)
-                for h in cutlass.range_constexpr(2):
-                    for mi in cutlass.range_constexpr(cute.size(acc_dQ, mode=[1])):
-                        for ni in cutlass.range_constexpr(cute.size(acc_dQ, mode=[2])):
-                            pair[0] = acc_dQ[(0, h), mi, ni]
-                            pair[1] = acc_dQ[(1, h), mi, ni]
-                            ptr = tdQgdQ.iterator + cute.crd2idx(((0, h), mi, ni), tdQgdQ.layout)
-                            cute.arch.red(ptr, pair.load(), op="add", dtype="f32", sem="relaxed", scope="gpu")
-            else:
-                for i in cutlass.range_constexpr(cute.size(acc_dQ)):
-                    cute.arch.red(tdQgdQ.iterator + cute.crd2idx(i, tdQgdQ.layout), acc_dQ[i], op="add",
-                                  dtype="f32", sem="relaxed", scope="gpu")
+            add_fragment(acc_dQ, gAcc.iterator + slice_offset(m, ch, self.tile_m, self.head_dim, width), ctx.tidx,
+                         self.num_threads, self.model.vector_red_f32)
 
     @cute.jit
     def gradient_of_scores(self, ctx: SimpleNamespace, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool]):
@@ -522,18 +508,6 @@ class FlashBwdMultistage:
                                     (mdV, ctx.sV_out, self.head_dim_v, self.spec.head_dim_v)):
             s2g = g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], self.num_threads,
                                  cute.nvgpu.CopyUniversalOp())
-            thr = s2g.get_slice(tidx)
-            tS = thr.partition_S(sX)
-            tR = cute.make_rmem_tensor_like(tS, self.dtype)
-            cute.autovec_copy(tS, tR)
             mX_s, _ = sequence_heads(mX, ctx.batch, mCuSeqlensK, mSeqUsedK)
             gX = cute.local_tile(mX_s[None, ctx.head_kv, None], (self.tile_n, width), (ctx.n_block, 0))
-            c = cute.make_identity_tensor((self.tile_n, width))
-            tc, t0c = thr.partition_S(c), s2g.get_slice(0).partition_S(c)
-            col_pred = column_predicate(tc, real) if const_expr(width != real) else None
-            tG = thr.partition_D(gX)
-            row_limit = ctx.seqlen_k - ctx.n_block * self.tile_n - tc[0][0]
-            for r in cutlass.range_constexpr(cute.size(tR, mode=[1])):
-                if t0c[0, r, 0][0] < row_limit:
-                    cute.copy(s2g, tR[None, r, None], tG[None, r, None],
-                              pred=col_pred[None, r, None] if const_expr(width != real) else None)
+            store_rows(s2g, tidx, sX, gX, (self.tile_n, width), real, ctx.seqlen_k - ctx.n_block * self.tile_n)

@@ -1,0 +1,74 @@
+"""The backward's fp32 dQ accumulator in MMA-fragment order (arch-free building blocks).
+
+The main kernel adds each key block's dQ_m = dS K into the accumulator of query block m; the
+postprocess reads it once. Both partition the block with the same tiled MMA (``dq_tiled_mma``), so the
+accumulator need not be row-major: within the ``tile_m x d_pad`` fp32 block of query block m (at
+``m * tile_m * d_pad`` from the (sequence, head)'s first workspace row), head-dim slice ``ch`` of
+``dq_chunks`` takes ``tile_m * width`` values, and in it the 4 values a thread holds of one m16n8
+atom, ``[(col 0, row r), (col 1, row r), (col 0, row r + 8), (col 1, row r + 8)]``, are contiguous at
+``((mi * MMA_N + ni) * num_threads + tidx) * 4``. One warp's additions for an atom then cover 512
+contiguous bytes, and a thread adds them with one ``red.global.add.v4.f32`` where the execution model
+has vector reductions (four scalar ones otherwise).
+"""
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32
+from cutlass.cute.nvgpu import warp
+
+
+def warp_tiled_mma(dtype, num_warps: int, warps_m: int) -> cute.TiledMma:
+    """m16n8k16 MMAs over ``warps_m`` x (num_warps / warps_m) warps, 16 columns per warp per step (two
+    n8 atoms: one ldmatrix.x4 of the B operand)."""
+    warps_n = num_warps // warps_m
+    return cute.make_tiled_mma(
+        warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
+        (warps_m, warps_n, 1),
+        permutation_mnk=(warps_m * 16, warps_n * 16, 16),
+    )
+
+
+def dq_tiled_mma(dtype, config) -> cute.TiledMma:
+    """The tiled MMA of dQ = dS K (a ``BwdConfig``'s warps and dQ split): the accumulator's layout."""
+    return warp_tiled_mma(dtype, config.num_warps, config.dq_warps_m)
+
+
+def slice_offset(m, ch, tile_m: int, head_dim: int, width: int):
+    """Offset (fp32 elements) of query block m's head-dim slice ``ch`` from the (sequence, head)'s start."""
+    return m * (tile_m * head_dim) + ch * (tile_m * width)
+
+
+@cute.jit
+def add_fragment(acc: cute.Tensor, ptr: cute.Pointer, tidx, num_threads: cutlass.Constexpr[int],
+                 vector: cutlass.Constexpr[bool]):
+    """Add this thread's dQ fragment ``acc`` ((2, 2), MMA_M, MMA_N) into the slice at ``ptr`` (relaxed,
+    gpu scope: other CTAs add into the same slice)."""
+    quad = cute.make_rmem_tensor((4,), Float32)
+    num_n = cute.size(acc, mode=[2])
+    for mi in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+        for ni in cutlass.range_constexpr(num_n):
+            at = (ptr + ((mi * num_n + ni) * num_threads + tidx) * 4).align(16)
+            for h in cutlass.range_constexpr(2):
+                for c in cutlass.range_constexpr(2):
+                    quad[2 * h + c] = acc[(c, h), mi, ni]
+            if cutlass.const_expr(vector):
+                cute.arch.red(at, quad.load(), op="add", dtype="f32", sem="relaxed", scope="gpu")
+            else:
+                for i in cutlass.range_constexpr(4):
+                    cute.arch.red(at + i, quad[i], op="add", dtype="f32", sem="relaxed", scope="gpu")
+
+
+@cute.jit
+def load_fragment(acc: cute.Tensor, ptr: cute.Pointer, tidx, num_threads: cutlass.Constexpr[int]):
+    """Read this thread's fragment of the slice at ``ptr`` into ``acc`` ((2, 2), MMA_M, MMA_N): 16-byte
+    loads, a warp reading 512 contiguous bytes per atom."""
+    num_n = cute.size(acc, mode=[2])
+    for mi in cutlass.range_constexpr(cute.size(acc, mode=[1])):
+        for ni in cutlass.range_constexpr(num_n):
+            src = cute.make_tensor((ptr + ((mi * num_n + ni) * num_threads + tidx) * 4).align(16),
+                                   cute.make_layout((4,)))
+            quad = cute.make_rmem_tensor((4,), Float32)
+            cute.autovec_copy(src, quad)
+            for h in cutlass.range_constexpr(2):
+                for c in cutlass.range_constexpr(2):
+                    acc[(c, h), mi, ni] = quad[2 * h + c]
