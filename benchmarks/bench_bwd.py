@@ -39,6 +39,10 @@ def ours(q, k, v, causal):
     return fa.flash_attn_func(q, k, v, causal=causal)[0]
 
 
+def ours_deterministic(q, k, v, causal):
+    return fa.flash_attn_func(q, k, v, causal=causal, deterministic=True)[0]
+
+
 def sdpa(backend):
     def run(q, k, v, causal):
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
@@ -67,7 +71,7 @@ def main():
     args = ap.parse_args()
     occupancies = ("sm120", "h100") if args.occupancy == "both" else (args.occupancy,)
     model = fa.dispatch_model(torch.device("cuda"))
-    impls = {"ours": ours, "sdpa_flash_fa2": sdpa(SDPBackend.FLASH_ATTENTION),
+    impls = {"ours": ours, "ours_deterministic": ours_deterministic, "sdpa_flash_fa2": sdpa(SDPBackend.FLASH_ATTENTION),
              "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     up = upstream()
     if up is not None:

@@ -103,7 +103,7 @@ SM120_PEERS = ("sdpa_flash_fa2", "fa4_sm120_path", "flashinfer")
 
 def timed(impl: str, call, occ: str, model, emulation: dict) -> dict:
     """Median ms of ``call`` at occupancy ``occ`` (see OCCUPANCY_METHOD)."""
-    if impl == "ours":
+    if impl.startswith("ours"):  # ours and its variants (e.g. ours_deterministic)
         with mock.patch.dict(os.environ, {OCCUPANCY_ENV: "model" if occ == "sm120" else "device"}):
             return {"ms": median_ms(call)}
     if occ == "h100":

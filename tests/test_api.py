@@ -77,8 +77,8 @@ def test_any_head_dim_in_the_envelope_passes_validation(head_dim, head_dim_v):
 @pytest.mark.parametrize(
     "kwargs",
     [
-        pytest.param({"deterministic": True}, id="deterministic-with-grad"),
         pytest.param({"score_mod": lambda s, *a: s}, id="score-mod"),
+        pytest.param({"mask_mod": lambda *a: True}, id="mask-mod"),
     ],
 )
 def test_planned_features_are_refused_not_ignored(kwargs):
@@ -269,10 +269,11 @@ def test_torch_compile_traces_both_entries_without_graph_breaks(entry):
         torch.compile(f, fullgraph=True, dynamic=True, backend="eager")(q)
 
 
-def test_deterministic_is_a_backward_option():
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "with-grad"])
+def test_deterministic_is_accepted(grad):
     """transformers passes deterministic=True under FLASH_ATTENTION_DETERMINISTIC=1, in inference too: like
-    upstream, the forward accepts it (validation goes on to the device check); only a backward refuses it."""
-    q = _t(1, 8, 4, 64)
+    upstream, the forward accepts it (validation goes on to the device check), and a backward honours it."""
+    q = _t(1, 8, 4, 64).requires_grad_(grad)
     with pytest.raises(ValueError, match="CUDA tensors"):
         fa.flash_attn_func(q, q, q, deterministic=True)
 
@@ -281,4 +282,5 @@ def test_torch_compile_still_refuses_planned_features():
     q = _t(1, 8, 4, 64).requires_grad_()
     torch._dynamo.reset()
     with pytest.raises(Exception, match="not yet available"):
-        torch.compile(lambda q: fa.flash_attn_func(q, q, q, deterministic=True), fullgraph=True, backend="eager")(q)
+        torch.compile(lambda q: fa.flash_attn_func(q, q, q, score_mod=lambda s, *a: s), fullgraph=True,
+                      backend="eager")(q)

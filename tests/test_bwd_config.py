@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flash_attn_4_sm120._kernels import block_info
-from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BwdConfig, bwd_config_problems, bwd_padded_head_dim,
+from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_HEAVY, BwdConfig, bwd_config_problems, bwd_padded_head_dim,
                                            bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd,
                                            select_bwd_config)
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
@@ -46,7 +46,7 @@ def test_tuning_candidates_are_valid_and_hold_the_table(d):
 
 def test_dispatchable_covers_every_class_and_mask():
     pairs = dispatchable_bwd(SM120)
-    assert {cfg for _, cfg in pairs} == set(BWD_TABLE.values())
+    assert {cfg for _, cfg in pairs} == set(BWD_TABLE.values()) | set(BWD_TABLE_HEAVY.values())
     assert {(s.causal, s.local) for s, _ in pairs} == {(False, False), (True, False), (False, True)}
     assert any(s.softcap for s, _ in pairs) and any(s.varlen_q and s.seqused_k for s, _ in pairs)
 

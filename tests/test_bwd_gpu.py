@@ -32,7 +32,7 @@ def assert_close_grads(got, ref, pt, dtype, what):
 
 
 def run_dense(b, sq, sk, hq, hkv, d, dv, dtype=torch.bfloat16, causal=False, window_size=(None, None),
-              softcap=0.0, sink=False, with_dlse=False, seed=0):
+              softcap=0.0, sink=False, with_dlse=False, seed=0, deterministic=False):
     import flash_attn_4_sm120 as fa
 
     torch.manual_seed(seed)
@@ -42,7 +42,8 @@ def run_dense(b, sq, sk, hq, hkv, d, dv, dtype=torch.bfloat16, causal=False, win
     sink_t = torch.randn(hq, device="cuda", dtype=torch.float32) if sink else None
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     sink_leaf = sink_t.clone().requires_grad_(True) if sink else None
-    out, lse = fa.flash_attn_func(*leaves, learnable_sink=sink_leaf, return_lse=True, **features)
+    out, lse = fa.flash_attn_func(*leaves, learnable_sink=sink_leaf, return_lse=True, deterministic=deterministic,
+                                  **features)
     dlse = torch.randn_like(lse) if with_dlse else None
     loss = (out.float() * dout.float()).sum()
     if with_dlse:
@@ -108,7 +109,7 @@ def test_bwd_lse_gradient(d):
 
 
 def run_varlen(lens_q, lens_k, hq, hkv, d, causal=False, window_size=(None, None), softcap=0.0, sink=False,
-               used_q=None, used_k=None, seed=0):
+               used_q=None, used_k=None, seed=0, deterministic=False):
     """Packed q and k/v with cu_seqlens (optionally seqused caps): every sequence's gradients against the
     dense reference of its used rows; rows past a used length get zero gradients."""
     import flash_attn_4_sm120 as fa
@@ -124,7 +125,7 @@ def run_varlen(lens_q, lens_k, hq, hkv, d, causal=False, window_size=(None, None
     out, _ = fa.flash_attn_varlen_func(
         *leaves, cu_q, cu_k, max(lens_q), max(lens_k), seqused_q=i32(used_q) if used_q else None,
         seqused_k=i32(used_k) if used_k else None, causal=causal, window_size=window_size, softcap=softcap,
-        learnable_sink=sink_leaf)
+        learnable_sink=sink_leaf, deterministic=deterministic)
     grads = torch.autograd.grad((out.float() * dout.float()).sum(), leaves + ([sink_leaf] if sink else []))
     dq, dk, dv = grads[:3]
     dsink_ref = torch.zeros(hq, device="cuda") if sink else None
@@ -162,3 +163,56 @@ def test_bwd_varlen(d, causal):
 def test_bwd_varlen_seqused_window_softcap_sink():
     run_varlen([100, 64, 257, 33], [120, 70, 257, 40], 4, 2, 128, window_size=(40, 8), softcap=20.0, sink=True,
                used_q=[90, 0, 200, 33], used_k=[120, 10, 250, 7])
+
+
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window_size=(96, 32))],
+                         ids=["full", "causal", "window"])
+def test_bwd_deterministic_is_correct(d, mask):
+    run_dense(2, 333, 333, 4, 2, d, d, deterministic=True, **mask)
+
+
+def test_bwd_deterministic_varlen_is_correct():
+    run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 128, causal=True, sink=True, deterministic=True)
+    run_varlen([100, 64, 257, 33], [120, 70, 257, 40], 4, 2, 64, window_size=(40, 8), used_q=[90, 0, 200, 33],
+               used_k=[120, 10, 250, 7], deterministic=True)
+
+
+@pytest.mark.parametrize("d", [64, 128, 192, 256])
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window_size=(300, 0)), dict(softcap=30.0)],
+                         ids=["full", "causal", "window", "softcap"])
+def test_bwd_deterministic_is_bitwise_repeatable(d, mask):
+    """Large enough that many key blocks add into every query block at once: the default mode's order varies
+    between runs; the deterministic mode's gradients (dsink included) must not."""
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(0)
+    q, k, v = _rand(2, 1500, 8, d, dtype=torch.bfloat16), _rand(2, 1500, 2, d, dtype=torch.bfloat16), \
+        _rand(2, 1500, 2, d, dtype=torch.bfloat16)
+    dout = _rand(2, 1500, 8, d, dtype=torch.bfloat16)
+    sink = torch.randn(8, device="cuda", requires_grad=True)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    runs = []
+    for _ in range(3):
+        out, _ = fa.flash_attn_func(*leaves, learnable_sink=sink, deterministic=True, **mask)
+        runs.append(torch.autograd.grad(out, leaves + [sink], dout))
+    for other in runs[1:]:
+        for name, a, b in zip(("dq", "dk", "dv", "dsink"), runs[0], other):
+            assert torch.equal(a, b), f"{name} differs between deterministic runs ({mask}, d={d})"
+
+
+def test_bwd_deterministic_varlen_is_bitwise_repeatable():
+    import flash_attn_4_sm120 as fa
+    from reference import varlen_batch
+
+    torch.manual_seed(0)
+    q, k, v, cu_q, cu_k = varlen_batch([700, 0, 1025, 333], [900, 17, 1025, 64], 8, 2, 128)
+    dout = torch.randn_like(q)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    runs = []
+    for _ in range(3):
+        out, _ = fa.flash_attn_varlen_func(*leaves, cu_q, cu_k, 1025, 1025, causal=True, deterministic=True)
+        runs.append(torch.autograd.grad(out, leaves, dout))
+    for other in runs[1:]:
+        for name, a, b in zip(("dq", "dk", "dv"), runs[0], other):
+            assert torch.equal(a, b), f"{name} differs between deterministic varlen runs"

@@ -48,12 +48,13 @@ def _grad_like(t: torch.Tensor, zero: bool) -> torch.Tensor:
 
 
 def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, params, varlen, sink_dtype,
-            model, target: str, device_smem) -> tuple:
+            model, target: str, device_smem, deterministic: bool = False) -> tuple:
     """Gradients of a validated forward call (see the module docstring). ``varlen`` is the forward's
     (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table) or None; ``sink_dtype`` the learnable
-    sink's dtype (None without a sink)."""
+    sink's dtype (None without a sink); ``deterministic``: bitwise-reproducible dQ (a zeroed int32
+    counter per query block orders its key blocks' additions)."""
     cu_q, cu_k, used_q, used_k, _ = varlen or (None, None, None, None, None)
-    bspec = BwdSpec.of(spec, has_dlse=dlse is not None)
+    bspec = BwdSpec.of(spec, has_dlse=dlse is not None, deterministic=deterministic)
     dq, dk, dv = _grad_like(q, spec.seqused_q), _grad_like(k, spec.seqused_k), _grad_like(v, spec.seqused_k)
     dsink = None
     if params.sink is not None:
@@ -82,9 +83,12 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
             else torch.empty(ws_rows, dtype=torch.float32, device=dev))
     dsum = (torch.zeros if has_sink else torch.empty)(ws_rows, dtype=torch.float32, device=dev)
     dq_acc = torch.zeros((*ws_rows, bwd_padded_head_dim(spec.head_dim, cfg)), dtype=torch.float32, device=dev)
+    # one counter per query block (packed: per tile_m workspace rows, dq_accum.semaphore_ptr)
+    sem = (torch.zeros((*ws_rows[:-1], ws_rows[-1] // cfg.tile_m + 1), dtype=torch.int32, device=dev)
+           if deterministic else None)
     max_q = shape.seqlen_q
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
-    main(q, k, v, dout, lse2, dsum, dq_acc, dk, dv, params.softmax_scale, params.scale_log2, params.softcap_scale,
+    main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk, dv, params.softmax_scale, params.scale_log2, params.softcap_scale,
          params.window_left, params.window_right, cu_q, cu_k, used_q, used_k, shape.seqlen_k)
     post(dq_acc, dq, params.softmax_scale, cu_q, used_q, max_q)
     if has_sink:

@@ -337,10 +337,10 @@ class _FlashAttnFunc(torch.autograd.Function):
     the fp32 copy in ``params``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, spec, shape, params, varlen=None, num_splits=None):
+    def forward(ctx, q, k, v, sink, spec, shape, params, varlen=None, num_splits=None, deterministic=False):
         out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen, num_splits=num_splits)
         ctx.save_for_backward(q, k, v, out, lse, *(varlen or (None,) * 5))
-        ctx.spec, ctx.shape, ctx.params = spec, shape, params
+        ctx.spec, ctx.shape, ctx.params, ctx.deterministic = spec, shape, params, deterministic
         ctx.sink_dtype = sink.dtype if sink is not None else None
         ctx.set_materialize_grads(False)
         return out, lse
@@ -354,8 +354,8 @@ class _FlashAttnFunc(torch.autograd.Function):
         dq, dk, dv, dsink = backward.run_bwd(
             q, k, v, out, dout, lse, dlse, ctx.spec, ctx.shape, ctx.params,
             tuple(varlen) if any(t is not None for t in varlen) else None, ctx.sink_dtype, model, target,
-            device_smem(q.device.index, _env()[2]))
-        return dq, dk, dv, dsink, None, None, None, None, None
+            device_smem(q.device.index, _env()[2]), ctx.deterministic)
+        return dq, dk, dv, dsink, None, None, None, None, None, None
 
 
 def _register_op(name: str, impl, fake):
@@ -383,7 +383,7 @@ def _window_entries(window_size) -> tuple:
     return window
 
 
-def _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_mod, extra) -> None:
+def _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, extra) -> None:
     """Check the options, then raise the manifest's message for each requested feature this version
     does not implement."""
     if extra:
@@ -392,8 +392,6 @@ def _refuse_unimplemented(num_splits, pack_gqa, deterministic, score_mod, mask_m
     requested = []
     if num_splits not in (None, 1, 0):
         requested.append("split_kv")
-    if deterministic:  # a backward option (as upstream): refused only where a backward could follow
-        requested.append("deterministic_backward")
     if score_mod is not None or mask_mod is not None:
         requested.append("score_mod")
     if requested:
@@ -423,7 +421,7 @@ def _needs_grad(q, k, v, sink=None) -> bool:
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sink))
 
 
-def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None, sink=None):
+def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None, sink=None, deterministic=False):
     """The forward through autograd when a gradient is required, else launched directly; returns
     ``(out, lse or None)`` (the LSE when asked for or needed by the backward). A direct launch's plan
     is remembered under the call's ``key`` (``_call_key``) when it has one. ``sink``: the caller's
@@ -432,7 +430,7 @@ def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None,
     if needs_grad:
         if spec.page_size:
             raise NotImplementedError(_refusal(("paged_kv", "backward")))
-        out, lse = _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, num_splits)
+        out, lse = _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, num_splits, deterministic)
     else:
         plan = remember(key, _plan_for(q, v, spec, shape, params, None, num_splits, None))
         out, lse = plan.run(q, k, v, params.sink, varlen)
@@ -547,7 +545,7 @@ def flash_attn_func(
                                       window_size=window_size, learnable_sink=learnable_sink, softcap=softcap,
                                       num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
                                       score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse, **kwargs)
-    _refuse_unimplemented(num_splits, pack_gqa, deterministic and _needs_grad(q, k, v, learnable_sink), score_mod, mask_mod, kwargs)
+    _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
@@ -563,7 +561,7 @@ def flash_attn_func(
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, return_lse, key,
-                learnable_sink)
+                learnable_sink, bool(deterministic))
 
 
 def flash_attn_varlen_func(
@@ -611,7 +609,7 @@ def flash_attn_varlen_func(
     also checks ``cu_seqlens``, ``seqused``, ``max_seqlen_*`` and the page table on the host (one sync) and
     raises ``ValueError`` naming the first bad entry (``metadata.py``).
     """
-    _refuse_unimplemented(num_splits, pack_gqa, deterministic and _needs_grad(q, k, v, learnable_sink), score_mod, mask_mod, kwargs)
+    _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
     if torch.compiler.is_compiling():
         # Like flash_attn_func: graphs see the namespaced custom op; validation runs inside it.
         out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -634,7 +632,7 @@ def flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
         window_size, softcap, learnable_sink, check_metadata, page_table)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse, key,
-                learnable_sink)
+                learnable_sink, bool(deterministic))
 
 
 def _validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,

@@ -90,16 +90,19 @@ class BwdSpec:
     seqused_k: bool = False
     #: the caller differentiates through the returned LSE (the preprocess folds dLSE into D)
     has_dlse: bool = False
+    #: bitwise-reproducible gradients: the key blocks of a query block add their dQ in a fixed order
+    #: (a semaphore per query block; ``_kernels/dq_accum``)
+    deterministic: bool = False
 
     @staticmethod
-    def of(spec: "FwdSpec", has_dlse: bool = False) -> "BwdSpec":
+    def of(spec: "FwdSpec", has_dlse: bool = False, deterministic: bool = False) -> "BwdSpec":
         if spec.page_size:
             raise NotImplementedError("backward through paged K/V: paged caches are an inference layout; "
                                       "train with dense or packed (cu_seqlens_k) K/V")
         return BwdSpec(dtype=spec.dtype, head_dim=spec.head_dim, head_dim_v=spec.head_dim_v, causal=spec.causal,
                        local=spec.local, softcap=spec.softcap, varlen_q=spec.varlen_q,
                        varlen_k=spec.varlen_k, seqused_q=spec.seqused_q, seqused_k=spec.seqused_k,
-                       has_dlse=has_dlse)
+                       has_dlse=has_dlse, deterministic=deterministic)
 
 
 @dataclass(frozen=True)

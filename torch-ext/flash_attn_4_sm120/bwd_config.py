@@ -4,7 +4,8 @@ The backward runs three kernels (``_kernels/bwd_preprocess``, ``bwd_multistage``
 Only the main one has a tile choice: ``BwdConfig`` (a query block of ``tile_m`` rows against a key block
 of ``tile_n`` keys, ``num_warps`` warps, Q and dO stages, and how the warps split each of the three GEMM
 shapes). ``bwd_config_problems`` is THE validity predicate: the table, the conformance gate and the
-tests call it. ``BWD_TABLE`` is the dispatcher's choice per head-dim class.
+tests call it. ``BWD_TABLE`` is the dispatcher's choice per head-dim class (``BWD_TABLE_HEAVY`` for
+specs with softcap or varlen where the class's tile has no registers to spare).
 """
 
 from __future__ import annotations
@@ -45,6 +46,10 @@ class BwdConfig:
     #: dQ = dS K in this many head-dim slices, each reduced into the accumulator before the next: the
     #: transient dQ accumulator shrinks by the factor (d=256 on 4 warps spilled at 255 registers with one)
     dq_chunks: int = 1
+    #: dK += dS^T Q and dV += P^T dO in this many head-dim slices per step, each with its own accumulator:
+    #: only one slice's Q / dO operand fragments are live at a time (d=256 on 4 warps: a warp's 128 columns
+    #: take 32 B-fragment registers per k-step, 64 with the next step's prefetch)
+    dkv_chunks: int = 1
 
     @property
     def num_threads(self) -> int:
@@ -53,11 +58,11 @@ class BwdConfig:
 
 def bwd_padded_head_dim(d: int, cfg: BwdConfig, qk: bool = True) -> int:
     """The smem/fragment width of head dim ``d`` (``qk``: Q/K's, else V/dO's): the smallest multiple of the
-    MMA k-extent (16) that the warps' column splits divide (dK/dV: 16 per warp column; dQ, for Q/K only: 16
-    per warp column per ``dq_chunks`` slice) and whose swizzle atom keeps one 16-byte copy pass within the
+    MMA k-extent (16) that the warps' column splits divide (dK/dV: 16 per warp column per ``dkv_chunks``
+    slice; dQ, for Q/K only: 16 per warp column per ``dq_chunks`` slice) and whose swizzle atom keeps one 16-byte copy pass within the
     shortest copied tile (Q/dO: tile_m rows, K/V: tile_n). Every padded column is MMA work."""
     min_rows = min(cfg.tile_m, cfg.tile_n)
-    step = 16 * max(1, cfg.num_warps // max(cfg.dkv_warps_n, 1))
+    step = 16 * max(1, cfg.num_warps // max(cfg.dkv_warps_n, 1)) * max(cfg.dkv_chunks, 1)
     if qk:
         dq_step = 16 * max(1, cfg.num_warps // max(cfg.dq_warps_m, 1)) * max(cfg.dq_chunks, 1)
         step = step * dq_step // math.gcd(step, dq_step)
@@ -116,8 +121,11 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
                        f"tile_m={cfg.tile_m}, tile_n={cfg.tile_n}")
     nw = cfg.num_warps
     _warp_split(out, "S/dP", cfg.tile_m, cfg.tile_n, cfg.sdp_warps_m, nw)
-    _warp_split(out, "dK", cfg.tile_n, d, cfg.dkv_warps_n, nw)
-    _warp_split(out, "dV", cfg.tile_n, dv, cfg.dkv_warps_n, nw)
+    if cfg.dkv_chunks < 1 or d % cfg.dkv_chunks or dv % cfg.dkv_chunks:
+        out.append(f"dkv_chunks={cfg.dkv_chunks} does not divide the head dims' smem widths {d}, {dv}")
+    else:
+        _warp_split(out, "dK", cfg.tile_n, d // cfg.dkv_chunks, cfg.dkv_warps_n, nw)
+        _warp_split(out, "dV", cfg.tile_n, dv // cfg.dkv_chunks, cfg.dkv_warps_n, nw)
     if cfg.dq_chunks < 1 or d % cfg.dq_chunks:
         out.append(f"dq_chunks={cfg.dq_chunks} does not divide the head dim's smem width {d}")
     else:
@@ -138,15 +146,29 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
     return tuple(out)
 
 
-#: The main kernel's tile per head-dim class (the smallest class >= max(head_dim, head_dim_v)), chosen
-#: to fit 101376 B with the Q tile double-buffered (byte arithmetic in notes/bwd_design.md, section 3).
+#: The main kernel's tile per head-dim class (the smallest class >= max(head_dim, head_dim_v)): tiles that fit
+#: 101376 B (byte arithmetic in notes/bwd_design.md, section 3), the warp split and the 4- or 8-warp
+#: choice measured by ``benchmarks/tune_bwd.py`` at SM120 occupancy (``tune_bwd_h100_2026-11-25.json``:
+#: at d64 and d96 the 4-warp 64x64 tile beats the 8-warp ones, 32x32 warp tiles for S and dP).
 BWD_TABLE = {
+    64: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+    96: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+    128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+    192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+    256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, dq_chunks=2, dkv_chunks=2),
+}
+
+#: Specs that keep more registers live than the table's tile was chosen for: softcap (the tanh tile, S-sized)
+#: and varlen (per-sequence addressing). The 4-warp d64/d96 tiles run at 252-255 registers without them
+#: and spill with them (sm_120a gate, 2026-11-25); these classes fall back to their 8-warp tiles.
+BWD_TABLE_HEAVY = {
     64: BwdConfig(64, 128, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=8, dq_warps_m=4),
     96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
-    128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
-    192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=2),
-    256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, dq_chunks=2),
 }
+
+
+def _is_heavy(spec: BwdSpec) -> bool:
+    return spec.softcap or spec.varlen_q or spec.varlen_k
 
 
 def bwd_head_dim_class(spec: BwdSpec) -> int:
@@ -157,7 +179,8 @@ def bwd_head_dim_class(spec: BwdSpec) -> int:
 @lru_cache(maxsize=None)
 def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
     """The table's config for ``spec``; raises if it does not fit (a table or predicate bug)."""
-    cfg = BWD_TABLE[bwd_head_dim_class(spec)]
+    cls = bwd_head_dim_class(spec)
+    cfg = BWD_TABLE_HEAVY[cls] if _is_heavy(spec) and cls in BWD_TABLE_HEAVY else BWD_TABLE[cls]
     problems = bwd_config_problems(spec, cfg, model)
     if problems:
         raise ValueError(f"no valid backward config for {spec} on {model.name}: {'; '.join(problems)}")
@@ -165,16 +188,16 @@ def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
 
 
 #: Tiles the tuner may try per head-dim class besides the table's: (tile_m, tile_n, warps, stages_q,
-#: stages_do, dq_chunks). Each is crossed with every warp split the predicate accepts.
+#: stages_do, dq_chunks, dkv_chunks). Each is crossed with every warp split the predicate accepts.
 BWD_TILE_CANDIDATES = {
-    64: ((64, 128, 8, 2, 2, 1), (64, 64, 8, 2, 2, 1), (128, 64, 8, 2, 2, 1), (64, 64, 4, 2, 2, 1)),
-    96: ((64, 64, 8, 2, 2, 1), (64, 64, 4, 2, 2, 1), (64, 64, 8, 2, 1, 1), (32, 64, 4, 2, 2, 1)),
-    128: ((64, 64, 8, 2, 1, 1), (64, 64, 4, 2, 1, 1), (64, 64, 8, 1, 1, 1), (32, 64, 4, 2, 2, 1),
-          (64, 32, 4, 2, 2, 1), (32, 64, 4, 2, 2, 2)),
-    192: ((32, 64, 8, 2, 1, 1), (64, 64, 8, 1, 1, 1), (32, 64, 8, 2, 1, 2), (32, 64, 4, 2, 1, 2),
-          (32, 32, 4, 2, 2, 2), (16, 64, 4, 2, 2, 1)),
-    256: ((32, 32, 4, 2, 1, 2), (16, 64, 8, 2, 1, 1), (32, 32, 8, 2, 1, 1), (16, 64, 4, 2, 2, 2),
-          (32, 32, 4, 2, 2, 2)),
+    64: ((64, 128, 8, 2, 2, 1, 1), (64, 64, 8, 2, 2, 1, 1), (128, 64, 8, 2, 2, 1, 1), (64, 64, 4, 2, 2, 1, 1)),
+    96: ((64, 64, 8, 2, 2, 1, 1), (64, 64, 4, 2, 2, 1, 1), (64, 64, 8, 2, 1, 1, 1), (32, 64, 4, 2, 2, 1, 1)),
+    128: ((64, 64, 8, 2, 1, 1, 1), (64, 64, 4, 2, 1, 1, 1), (64, 64, 8, 1, 1, 1, 1), (32, 64, 4, 2, 2, 1, 1),
+          (64, 32, 4, 2, 2, 1, 1), (32, 64, 4, 2, 2, 2, 1), (32, 64, 4, 2, 2, 2, 2)),
+    192: ((32, 64, 8, 2, 1, 1, 1), (64, 64, 8, 1, 1, 1, 1), (32, 64, 8, 2, 1, 2, 1), (32, 64, 4, 2, 1, 2, 2),
+          (32, 32, 4, 2, 2, 2, 1), (32, 32, 4, 2, 2, 2, 2), (16, 64, 4, 2, 2, 1, 1)),
+    256: ((32, 32, 4, 2, 1, 2, 1), (32, 32, 4, 2, 1, 2, 2), (32, 32, 4, 2, 1, 4, 2), (16, 64, 8, 2, 1, 1, 1),
+          (32, 32, 8, 2, 1, 1, 1), (16, 64, 4, 2, 2, 2, 2), (32, 32, 4, 2, 2, 2, 2)),
 }
 
 
@@ -183,10 +206,11 @@ def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfi
     split of the three GEMM shapes, filtered by the validity predicate (the conformance gate screens
     them for spills with ``--subset candidates``)."""
     out = []
-    for tm, tn, w, sq, sdo, ch in BWD_TILE_CANDIDATES[bwd_head_dim_class(spec)]:
+    for tm, tn, w, sq, sdo, ch, kch in BWD_TILE_CANDIDATES[bwd_head_dim_class(spec)]:
         splits = [x for x in (1, 2, 4, 8) if x <= w]
         for sdp, dkv, dq in product(splits, splits, splits):
-            cfg = BwdConfig(tm, tn, w, sq, sdo, sdp_warps_m=sdp, dkv_warps_n=dkv, dq_warps_m=dq, dq_chunks=ch)
+            cfg = BwdConfig(tm, tn, w, sq, sdo, sdp_warps_m=sdp, dkv_warps_n=dkv, dq_warps_m=dq, dq_chunks=ch,
+                            dkv_chunks=kch)
             if not bwd_config_problems(spec, cfg, model):
                 out.append(cfg)
     return list(dict.fromkeys(out))
@@ -199,7 +223,8 @@ BWD_REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 96: ((96, 96), (72, 72
 
 def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
     """The (spec, config) pairs of the main backward kernel the conformance gate compiles: every class
-    at its representative head dims, every mask, both dtypes; softcap and varlen at the class size."""
+    at its representative head dims, every mask, both dtypes; softcap, varlen and the deterministic mode
+    at the class size."""
     specs = []
     for dims in BWD_REPRESENTATIVE_HEAD_DIMS.values():
         for d, dv in dims:
@@ -211,4 +236,6 @@ def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
             specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", softcap=True))
             specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", varlen_q=True,
                                  varlen_k=True, seqused_q=True, seqused_k=True))
+            specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", deterministic=True))
+        specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True))
     return [(spec, select_bwd_config(spec, model)) for spec in dict.fromkeys(specs)]

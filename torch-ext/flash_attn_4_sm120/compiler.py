@@ -269,20 +269,22 @@ def _fake_bwd_args(spec: BwdSpec, config: BwdConfig):
     ws_rows = (heads_q, rows_pad) if spec.varlen_q else (batch, heads_q, rows_pad)
     lse2, dsum = (_fake_tensor(cutlass.Float32, ws_rows, rows_of_vectors=False) for _ in range(2))
     dq_acc = _fake_tensor(cutlass.Float32, (*ws_rows, bwd_padded_head_dim(spec.head_dim, config)))
+    sem_shape = (heads_q, cute.sym_int()) if spec.varlen_q else (batch, heads_q, cute.sym_int())
+    sem = _fake_tensor(cutlass.Int32, sem_shape, rows_of_vectors=False) if spec.deterministic else None
     batch_p1 = cute.sym_int()
     cu_q = _fake_vector(cutlass.Int32, batch_p1) if spec.varlen_q else None
     cu_k = _fake_vector(cutlass.Int32, batch_p1) if spec.varlen_k else None
     used_q = _fake_vector(cutlass.Int32, cute.sym_int()) if spec.seqused_q else None
     used_k = _fake_vector(cutlass.Int32, cute.sym_int()) if spec.seqused_k else None
-    return (q, k, v, do, lse2, dsum, dq_acc, dk, dv, cutlass.Float32(1.0), cutlass.Float32(1.0),
+    return (q, k, v, do, lse2, dsum, dq_acc, sem, dk, dv, cutlass.Float32(1.0), cutlass.Float32(1.0),
             cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0), cu_q, cu_k, used_q, used_k, cutlass.Int32(0),
             cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def compile_bwd(spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target: str, extra_options: str = "",
                 check_valid: bool = True, launch_smem: int = 0):
-    """Trace and compile the backward main kernel; returns ``fn(q, k, v, dout, lse2, dsum, dq_accum, dk, dv,
-    softmax_scale, scale_log2, softcap_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k,
+    """Trace and compile the backward main kernel; returns ``fn(q, k, v, dout, lse2, dsum, dq_accum, semaphores,
+    dk, dv, softmax_scale, scale_log2, softcap_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k,
     seqused_q, seqused_k, max_seqlen_k)`` taking torch tensors (TVM FFI, current stream)."""
     import cutlass.cute as cute
 
@@ -461,9 +463,10 @@ class BwdCase:
             mask += "_varlen" + ("q" if s.varlen_q else "") + ("k" if s.varlen_k else "")
         if s.seqused_q or s.seqused_k:
             mask += "_used" + ("q" if s.seqused_q else "") + ("k" if s.seqused_k else "")
+        mask += "_det" if s.deterministic else ""
         return (f"bwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}"
                 f"q{c.stages_q}o{c.stages_do}_{c.sdp_warps_m}{c.dkv_warps_n}{c.dq_warps_m}"
-                + (f"c{c.dq_chunks}" if c.dq_chunks > 1 else ""))
+                + (f"c{c.dq_chunks}" if c.dq_chunks > 1 else "") + (f"k{c.dkv_chunks}" if c.dkv_chunks > 1 else ""))
 
     def describe(self) -> dict:
         return {"kernel": "bwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}

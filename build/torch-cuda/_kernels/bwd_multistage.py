@@ -54,7 +54,8 @@ from ..bwd_config import BwdConfig, bwd_config_problems, bwd_padded_head_dim, bw
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
-from .dq_accum import add_fragment, dq_tiled_mma, slice_offset, warp_tiled_mma
+from .dq_accum import (add_fragment, dq_tiled_mma, pass_turn, read_turn, semaphore_ptr, slice_offset, wait_turn,
+                       warp_tiled_mma)
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .grid_dependency import enter_grid
@@ -140,6 +141,7 @@ class FlashBwdMultistage:
         mLSE2: cute.Tensor,
         mD: cute.Tensor,
         mdQacc: cute.Tensor,
+        mSem: Optional[cute.Tensor],
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         softmax_scale: Float32,
@@ -162,7 +164,7 @@ class FlashBwdMultistage:
         seqlen_k = max_seqlen_k if const_expr(packed_k) else mK.shape[1]
         grid = (cute.ceil_div(seqlen_k, self.tile_n), num_heads(mK, packed_k), num_batches(mK, mCuSeqlensK))
         self.kernel(
-            mQ, mK, mV, mdO, mLSE2, mD, mdQacc, mdK, mdV, softmax_scale, scale_log2, softcap_scale,
+            mQ, mK, mV, mdO, mLSE2, mD, mdQacc, mSem, mdK, mdV, softmax_scale, scale_log2, softcap_scale,
             window_left, window_right, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sP_layout,
             self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq,
@@ -188,6 +190,7 @@ class FlashBwdMultistage:
         mLSE2: cute.Tensor,
         mD: cute.Tensor,
         mdQacc: cute.Tensor,
+        mSem: Optional[cute.Tensor],
         mdK: cute.Tensor,
         mdV: cute.Tensor,
         softmax_scale: Float32,
@@ -220,7 +223,10 @@ class FlashBwdMultistage:
         mV_s, _ = sequence_heads(mV, batch, mCuSeqlensK, mSeqUsedK)
         mQ_s, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
         mdO_s, _ = sequence_heads(mdO, batch, mCuSeqlensQ, mSeqUsedQ)
-        if n_block * self.tile_n < seqlen_k:
+        if const_expr(self.spec.deterministic):
+            # key blocks launch highest first: a CTA waits only on CTAs launched before it (dq_accum)
+            n_block = (seqlen_k + self.tile_n - 1) // self.tile_n - 1 - n_block
+        if n_block * self.tile_n < seqlen_k and n_block >= 0:
             m_start, m_end = block_info.query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
                                                           self.spec.causal, self.spec.local, window_left,
                                                           window_right)
@@ -241,7 +247,7 @@ class FlashBwdMultistage:
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_threads()
             for it in cutlass.range(num_steps, unroll=1):
-                self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mCuSeqlensQ)
+                self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ)
             ctx.sK_out, ctx.sV_out = sm.sK, sm.sV
             self.store_dkv(ctx, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale)
 
@@ -288,13 +294,21 @@ class FlashBwdMultistage:
 
         operands("S", thr_sdp, self.mma_sdp, sm.sQ, sm.sQ[None, None, 0], False, sm.sK, sm.sK, False)
         operands("dP", thr_sdp, self.mma_sdp, sm.sdO, sm.sdO[None, None, 0], False, sm.sV, sm.sV, False)
-        operands("dV", thr_dkv, self.mma_dkv, sm.sPt, sm.sPt, True, sm.sdOt, sm.sdOt[None, None, 0], True)
-        operands("dK", thr_dkv, self.mma_dkv, sm.sdSt, sm.sdSt, True, sm.sQt, sm.sQt[None, None, 0], True)
         operands("dQ", thr_dq, self.mma_dq, sm.sdS, sm.sdS, False, sm.sKt, sm.sKt, True)
-        ctx.acc_dK = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
-        ctx.acc_dV = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, self.head_dim_v)), Float32)
-        ctx.acc_dK.fill(0.0)
-        ctx.acc_dV.fill(0.0)
+        # dV += P^T dO and dK += dS^T Q in ``dkv_chunks`` head-dim slices, each with its own accumulator
+        # and B operand (only one slice's Q / dO fragments are live at a time)
+        cfg = self.config
+        ctx.dV, ctx.dK, ctx.acc_dV, ctx.acc_dK = [], [], [], []
+        for ch in cutlass.range_constexpr(cfg.dkv_chunks):
+            for ops, accs, s_a, s_bt, width, stages in (
+                    (ctx.dV, ctx.acc_dV, sm.sPt, sm.sdOt, self.head_dim_v // cfg.dkv_chunks, cfg.stages_do),
+                    (ctx.dK, ctx.acc_dK, sm.sdSt, sm.sQt, self.head_dim // cfg.dkv_chunks, cfg.stages_q)):
+                s_b = cute.local_tile(s_bt, (width, self.tile_m, stages), (ch, 0, 0))
+                operands("chunk", thr_dkv, self.mma_dkv, s_a, s_a, True, s_b, s_b[None, None, 0], True)
+                ops.append(ctx.chunk)
+                acc = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, width)), Float32)
+                acc.fill(0.0)
+                accs.append(acc)
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt,
                                                          num_bits_per_copy=2 * dt.width), self.mma_sdp)
         thr_r2s = r2s.get_slice(tidx)
@@ -378,7 +392,8 @@ class FlashBwdMultistage:
     # One (query head, query block) step
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mCuSeqlensQ):
+    def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem,
+             mCuSeqlensQ):
         cfg = self.config
         g = it // ctx.num_m
         m = ctx.m_start + it % ctx.num_m
@@ -391,6 +406,13 @@ class FlashBwdMultistage:
             if has_next:
                 self.load_q_do(ctx, sm, it + 1, cfg.stages_q == 2, cfg.stages_do == 2)
             cute.arch.cp_async_commit_group()
+        ranges = block_info.block_range(m, ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.spec.causal,
+                                        self.spec.local, ctx.window_left, ctx.window_right)
+        turn = None
+        if const_expr(self.spec.deterministic):
+            # (counter, rank, first read): the read is in flight under the S / dP MMAs
+            sem = semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q)
+            turn = (sem, ranges[3] - 1 - ctx.n_block, read_turn(sem, ctx.tidx))
         # This block's rows of LSE2 and D' (padded workspaces: every row of the tile exists).
         gLSE2 = workspace_row(mLSE2, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
         gD = workspace_row(mD, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
@@ -409,8 +431,6 @@ class FlashBwdMultistage:
         acc_dP = cute.make_rmem_tensor(shape_S, Float32)
         acc_dP.fill(0.0)
         self.gemm(acc_dP, ctx.dP, sdo, None)
-        ranges = block_info.block_range(m, ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.spec.causal,
-                                        self.spec.local, ctx.window_left, ctx.window_right)
         if ctx.n_block < ranges[1] or ctx.n_block >= ranges[2]:
             self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, True)
         else:
@@ -418,19 +438,28 @@ class FlashBwdMultistage:
         # d. P and dS to shared memory for the transposed and the dQ GEMMs
         cute.copy(ctx.r2s, ctx.thr_r2s.retile(convert(acc_S, self.dtype)), ctx.tPsP)
         cute.copy(ctx.r2s, ctx.thr_r2s.retile(convert(acc_dP, self.dtype)), ctx.tdSsdS)
+        if const_expr(turn is not None):
+            wait_turn(turn[0], turn[1], turn[2], ctx.tidx)  # the barrier below holds the CTA until it is ours
         cute.arch.sync_threads()
         # e. dQ_m (unscaled) into the accumulator, in ``dq_chunks`` head-dim slices: first, so that its
         #    reductions drain while the dV / dK MMAs run
         self.dq_into_accumulator(ctx, sm, workspace_row(mdQacc, ctx.batch, head, mCuSeqlensQ, ctx.total_q), m)
-        # f. dV += P^T dO; a single-buffered dO tile is free after it: the next one loads under dK
-        self.gemm(ctx.acc_dV, ctx.dV, None, sdo)
-        if const_expr(cfg.stages_do == 1):
+        # f. dV += P^T dO; a single-buffered dO tile is free after it: the next one loads under dK. In the
+        #    deterministic mode the barrier after it also orders every thread's reductions before the turn
+        #    passes on (the reductions have had the dV MMAs' time to complete)
+        for ch in cutlass.range_constexpr(cfg.dkv_chunks):
+            self.gemm(ctx.acc_dV[ch], ctx.dV[ch], None, sdo)
+        if const_expr(cfg.stages_do == 1 or turn is not None):
             cute.arch.sync_threads()
-            if has_next:
-                self.load_q_do(ctx, sm, it + 1, False, True)
-            cute.arch.cp_async_commit_group()
+            if const_expr(turn is not None):
+                pass_turn(turn[0], ctx.tidx)
+            if const_expr(cfg.stages_do == 1):
+                if has_next:
+                    self.load_q_do(ctx, sm, it + 1, False, True)
+                cute.arch.cp_async_commit_group()
         # g. dK += dS^T Q; a single-buffered Q tile is free after it
-        self.gemm(ctx.acc_dK, ctx.dK, None, sq)
+        for ch in cutlass.range_constexpr(cfg.dkv_chunks):
+            self.gemm(ctx.acc_dK[ch], ctx.dK[ch], None, sq)
         if const_expr(cfg.stages_q == 1):
             cute.arch.sync_threads()
             if has_next:
@@ -492,17 +521,21 @@ class FlashBwdMultistage:
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def store_dkv(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
-        """dK * scale and dV in 16 bits through the (now free) K and V tiles, then 16-byte rows to global
-        memory; rows past seqlen_k and padded head-dim columns are not written."""
+        """dK * scale and dV in 16 bits through the (now free) K and V tiles (slice by slice, as accumulated),
+        then 16-byte rows to global memory; rows past seqlen_k and padded head-dim columns are not written."""
         tidx = ctx.tidx
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
                                                          num_bits_per_copy=2 * self.dtype.width), self.mma_dkv)
         thr_r2s = r2s.get_slice(tidx)
-        ctx.acc_dK.store(ctx.acc_dK.load() * softmax_scale)
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()  # every warp is done with sK / sV
-        cute.copy(r2s, thr_r2s.retile(convert(ctx.acc_dK, self.dtype)), thr_r2s.partition_D(ctx.sK_out))
-        cute.copy(r2s, thr_r2s.retile(convert(ctx.acc_dV, self.dtype)), thr_r2s.partition_D(ctx.sV_out))
+        chunks = self.config.dkv_chunks
+        for ch in cutlass.range_constexpr(chunks):
+            ctx.acc_dK[ch].store(ctx.acc_dK[ch].load() * softmax_scale)
+            for acc, s_out, width in ((ctx.acc_dK[ch], ctx.sK_out, self.head_dim // chunks),
+                                      (ctx.acc_dV[ch], ctx.sV_out, self.head_dim_v // chunks)):
+                dst = thr_r2s.partition_D(cute.local_tile(s_out, (self.tile_n, width), (0, ch)))
+                cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), dst)
         cute.arch.sync_threads()
         for mX, sX, width, real in ((mdK, ctx.sK_out, self.head_dim, self.spec.head_dim),
                                     (mdV, ctx.sV_out, self.head_dim_v, self.spec.head_dim_v)):

@@ -13,8 +13,11 @@ has vector reductions (four scalar ones otherwise).
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32
+from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
+
+from ..bwd_config import ROW_PAD
+from .seqlen_info import packed_start
 
 
 def warp_tiled_mma(dtype, num_warps: int, warps_m: int) -> cute.TiledMma:
@@ -72,3 +75,49 @@ def load_fragment(acc: cute.Tensor, ptr: cute.Pointer, tidx, num_threads: cutlas
             for h in cutlass.range_constexpr(2):
                 for c in cutlass.range_constexpr(2):
                     acc[(c, h), mi, ni] = quad[2 * h + c]
+
+
+# ------------------------------------------------------------------------------------------------
+# Deterministic mode: the key blocks that visit a query block add their dQ in a fixed order. One int32
+# counter per (sequence, head, query block) starts at 0; key block n waits until it reads its rank,
+# adds, and increments it. Rank = (last visiting key block) - n: the highest key block goes first, so
+# with the grid's key blocks launched in descending order a CTA only ever waits on one launched
+# before it (forward progress), and a causal or windowed CTA's first query block, where it is the
+# highest visitor, never waits.
+# ------------------------------------------------------------------------------------------------
+@cute.jit
+def semaphore_ptr(mSem: cute.Tensor, batch, head, m, tile_m: cutlass.Constexpr[int], mCuSeqlensQ, total_q):
+    """The counter of query block m of (batch, head): dense (batch, heads, blocks); packed (heads, slots)
+    at the block's first workspace row over tile_m (``seqlen_info.workspace_row``'s rows: every sequence
+    starts ``ROW_PAD`` >= tile_m rows after the previous one ends, so no two blocks share a slot)."""
+    if cutlass.const_expr(mCuSeqlensQ is None):
+        return mSem.iterator + cute.crd2idx((batch, head, m), mSem.layout)
+    start = packed_start(mCuSeqlensQ, batch, total_q) + batch * ROW_PAD
+    return mSem.iterator + cute.crd2idx((head, (start + m * tile_m) // tile_m), mSem.layout)
+
+
+@cute.jit
+def read_turn(ptr: cute.Pointer, tidx) -> Int32:
+    """Thread 0's first (acquire) read of the counter, issued early so its latency hides under other work
+    (other threads get 0: only thread 0 waits)."""
+    seen = Int32(0)
+    if tidx == 0:
+        seen = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")
+    return seen
+
+
+@cute.jit
+def wait_turn(ptr: cute.Pointer, rank, seen, tidx):
+    """Thread 0 polls (acquire loads) until the counter reads ``rank``; the caller's next CTA barrier holds
+    the other threads."""
+    if tidx == 0:
+        while seen != rank:
+            seen = cute.arch.load(ptr, Int32, sem="acquire", scope="gpu")
+
+
+@cute.jit
+def pass_turn(ptr: cute.Pointer, tidx):
+    """Called after a CTA barrier that follows every thread's reductions: thread 0 releases the next rank
+    (the release orders the reductions, through the barrier, before the increment)."""
+    if tidx == 0:
+        cute.arch.red(ptr, Int32(1), op="add", dtype="s32", sem="release", scope="gpu")
