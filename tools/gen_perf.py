@@ -1,8 +1,9 @@
 """Regenerate the README performance tables from committed benchmark results (benchmarks/results): the
-forward table (bench_fwd.py) and the serving table (bench_serving.py).
+forward table (bench_fwd.py), the serving table (bench_serving.py) and the backward table (bench_bwd.py).
 
     python tools/gen_perf.py [--result benchmarks/results/fwd_h100_2026-11-25.json]
-                             [--serving-result benchmarks/results/serving_h100_2026-11-25.json] [--check]
+                             [--serving-result benchmarks/results/serving_h100_2026-11-25.json]
+                             [--bwd-result benchmarks/results/bwd_h100_2026-11-25.json] [--check]
 """
 
 import argparse
@@ -16,6 +17,11 @@ DEFAULT = ROOT / "benchmarks" / "results" / "fwd_h100_2026-11-25.json"
 SERVING_DEFAULT = ROOT / "benchmarks" / "results" / "serving_h100_2026-11-25.json"
 BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
 SERVING_BEGIN, SERVING_END = "<!-- serving-table:begin -->", "<!-- serving-table:end -->"
+BWD_DEFAULT = ROOT / "benchmarks" / "results" / "bwd_h100_2026-11-25.json"
+BWD_BEGIN, BWD_END = "<!-- bwd-table:begin -->", "<!-- bwd-table:end -->"
+BWD_IMPLS = [("ours", "this bundle"), ("ours_deterministic", "this bundle, deterministic"),
+             ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
+             ("sdpa_cudnn", "SDPA cuDNN (wgmma)")]
 PEERS = [("ours", "this bundle"), ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
          ("sdpa_cudnn", "SDPA cuDNN (wgmma, H100 ceiling)")]
 #: Peers of the issue's targets (same instruction class as ours) and their ratio columns; cuDNN's wgmma is not one.
@@ -115,6 +121,33 @@ def serving_table(result: dict, source: str) -> str:
     return "\n".join(lines)
 
 
+def bwd_table(result: dict, source: str) -> str:
+    """Backward TFLOPS (and forward + backward in parentheses) per case and occupancy, with the ratios to FA2 and
+    to upstream's SM120 path and the deterministic mode's time over the default's."""
+    lines = [f"Backward, bf16, {result['device']}, {result['date']} (`{source}`). TFLOPS = 2.5 × the forward's "
+             "FLOPs (backward) and 3.5 × (forward + backward, in parentheses); ratios = ours / peer, same run; "
+             "det. cost = deterministic time / default time. A peer that cannot run at an SM120's occupancy (FA2's "
+             "144 KB d128 tile, upstream at d256) shows n/a there."]
+    for field in [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]:
+        lines += ["", f"**{OCCUPANCIES[field]}**", "",
+                  "| case | " + " | ".join(name for _, name in BWD_IMPLS)
+                  + " | ours / FA2 | ours / FA4 SM120 path | det. cost |", "|---" * (len(BWD_IMPLS) + 4) + "|"]
+        for row in result["rows"]:
+            res = row.get(field, {})
+
+            def tf(impl, part):
+                return res.get(impl, {}).get(part, {}).get("tflops")
+
+            cells = [f"{tf(i, 'bwd'):.0f} ({tf(i, 'fwd_bwd'):.0f})" if tf(i, "bwd") and tf(i, "fwd_bwd") else "n/a"
+                     for i, _ in BWD_IMPLS]
+            ratios = [f"{tf('ours', 'bwd') / tf(p, 'bwd'):.2f}×" if tf("ours", "bwd") and tf(p, "bwd") else "n/a"
+                      for p in ("sdpa_flash_fa2", "fa4_sm120_path")]
+            det = (f"{tf('ours', 'bwd') / tf('ours_deterministic', 'bwd'):.2f}×"
+                   if tf("ours", "bwd") and tf("ours_deterministic", "bwd") else "n/a")
+            lines.append(f"| {row['case']} | " + " | ".join(cells + ratios + [det]) + " |")
+    return "\n".join(lines)
+
+
 def _replace(body: str, begin: str, end: str, text: str) -> str:
     start, stop = body.index(begin) + len(begin), body.index(end)
     return body[:start] + "\n" + text + "\n" + body[stop:]
@@ -124,13 +157,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--result", default=str(DEFAULT))
     ap.add_argument("--serving-result", default=str(SERVING_DEFAULT))
+    ap.add_argument("--bwd-result", default=str(BWD_DEFAULT))
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
     readme = ROOT / "README.md"
     body = readme.read_text()
     new = body
     for path, begin, end, make in ((Path(args.result), BEGIN, END, table),
-                                   (Path(args.serving_result), SERVING_BEGIN, SERVING_END, serving_table)):
+                                   (Path(args.serving_result), SERVING_BEGIN, SERVING_END, serving_table),
+                                   (Path(args.bwd_result), BWD_BEGIN, BWD_END, bwd_table)):
         new = _replace(new, begin, end, make(json.loads(path.read_text()), path.relative_to(ROOT).as_posix()))
     if args.check:
         sys.exit(0 if new == body else 1)

@@ -108,6 +108,44 @@ def flash_attn_fwd(
                        num_splits=num_splits)
 
 
+def flash_attn_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    softmax_scale: Optional[float] = None,
+    causal: bool = False,
+    window_size: tuple = (None, None),
+    softcap: float = 0.0,
+    learnable_sink: Optional[torch.Tensor] = None,
+    dlse: Optional[torch.Tensor] = None,
+    deterministic: bool = False,
+    dq: Optional[torch.Tensor] = None,
+    dk: Optional[torch.Tensor] = None,
+    dv: Optional[torch.Tensor] = None,
+) -> tuple:
+    """Low-level backward without autograd, of a ``flash_attn_fwd`` call with the same arguments: returns
+    ``(dq, dk, dv, dsink)`` (dsink None without a sink), written into ``dq``/``dk``/``dv`` when all three
+    are given (contiguous, q's / k's / v's shape and dtype)."""
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
+    spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
+    given = (dq, dk, dv)
+    if any(t is not None for t in given):
+        if any(t is None for t in given):
+            raise ValueError("dq, dk and dv are given together or not at all")
+        for name, g, ref in zip(("dq", "dk", "dv"), given, (q, k, v)):
+            if g.shape != ref.shape or g.dtype != ref.dtype or g.device != ref.device or not g.is_contiguous():
+                raise ValueError(f"{name} must be a contiguous {ref.dtype} tensor of shape {tuple(ref.shape)} on "
+                                 f"{ref.device}")
+    model, target = _model_and_target(q.device.index, *_env()[:2])
+    return backward.run_bwd(q, k, v, out, dout, lse, dlse, spec, shape, params, None,
+                            learnable_sink.dtype if learnable_sink is not None else None, model, target,
+                            device_smem(q.device.index, _env()[2]), deterministic,
+                            grads=given if dq is not None else None)
+
+
 def _check_options(num_splits, pack_gqa) -> None:
     """Type checks of the dispatch options every entry point takes."""
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0):
@@ -288,13 +326,13 @@ def _check_output(name, t, shape, dtype, device) -> None:
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
               window_left: Optional[int], window_right: Optional[int], softcap: float,
               learnable_sink: Optional[torch.Tensor], num_splits: int,
-              pack_gqa: Optional[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+              pack_gqa: Optional[bool], deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return flash_attn_fwd(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, learnable_sink,
                           pack_gqa=pack_gqa, num_splits=num_splits)
 
 
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits,
-              pack_gqa):
+              pack_gqa, deterministic):
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse
@@ -306,7 +344,7 @@ def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
                  softmax_scale: Optional[float], causal: bool, window_left: Optional[int],
                  window_right: Optional[int], softcap: float, learnable_sink: Optional[torch.Tensor],
                  num_splits: int, pack_gqa: Optional[bool], check_metadata: Optional[bool],
-                 page_table: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+                 page_table: Optional[torch.Tensor], deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale,
@@ -317,17 +355,103 @@ def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
 
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                  softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits, pack_gqa,
-                 check_metadata, page_table):
+                 check_metadata, page_table, deterministic):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     heads = q.shape[-2]
     lse_shape = (heads, q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], heads, q.shape[1])
     return out, q.new_empty(lse_shape, dtype=torch.float32)
 
 
+def _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, sink_dtype, deterministic):
+    """(dq, dk, dv, dsink) of a validated forward call: the eager autograd.Function and the backward custom
+    ops both end here."""
+    if dout is None:
+        dout = torch.zeros_like(out)
+    model, target = _model_and_target(q.device.index, *_env()[:2])
+    return backward.run_bwd(q, k, v, out, dout, lse, dlse, spec, shape, params, varlen, sink_dtype, model, target,
+                            device_smem(q.device.index, _env()[2]), deterministic)
+
+
+def _dsink_out(dsink, q):
+    """A custom op returns tensors only: no sink -> an empty fp32 tensor (mapped back to None)."""
+    return dsink if dsink is not None else q.new_empty((0,), dtype=torch.float32)
+
+
+def _bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+              out: torch.Tensor, lse: torch.Tensor, softmax_scale: Optional[float], causal: bool,
+              window_left: Optional[int], window_right: Optional[int], softcap: float,
+              learnable_sink: Optional[torch.Tensor], deterministic: bool) -> tuple[torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor, torch.Tensor]:
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
+    spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, (window_left, window_right), softcap,
+                                       learnable_sink)
+    dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, None,
+                               learnable_sink.dtype if learnable_sink is not None else None, deterministic)
+    return dq, dk, dv, _dsink_out(dsink, q)
+
+
+def _bwd_fake(dout, dlse, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+              learnable_sink, deterministic):
+    grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
+    sink = learnable_sink.new_empty(learnable_sink.shape) if learnable_sink is not None else \
+        q.new_empty((0,), dtype=torch.float32)
+    return (*grads, sink)
+
+
+def _varlen_bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor,
+                     v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+                     cu_seqlens_k: Optional[torch.Tensor], seqused_q: Optional[torch.Tensor],
+                     seqused_k: Optional[torch.Tensor], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
+                     softmax_scale: Optional[float], causal: bool, window_left: Optional[int],
+                     window_right: Optional[int], softcap: float, learnable_sink: Optional[torch.Tensor],
+                     deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
+    spec, shape, params, varlen = _validate_varlen_call(
+        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
+        (window_left, window_right), softcap, learnable_sink, False)
+    dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen,
+                               learnable_sink.dtype if learnable_sink is not None else None, deterministic)
+    return dq, dk, dv, _dsink_out(dsink, q)
+
+
+def _varlen_bwd_fake(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
+                     deterministic):
+    return _bwd_fake(dout, dlse, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
+                     learnable_sink, deterministic)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, sink, _, _, deterministic = inputs
+    ctx.save_for_backward(q, k, v, *output, sink)
+    ctx.scalars = (softmax_scale, causal, window_left, window_right, softcap)
+    ctx.deterministic = deterministic
+
+
 def _fwd_backward(ctx, dout, dlse):
-    """Autograd of the custom ops (``torch.compile`` graphs): not wired yet (the eager path is)."""
-    raise NotImplementedError("backward through the torch.compile custom op is not available in this version; "
-                              "run the training step eagerly (the autograd.Function path has a backward)")
+    """Autograd of the dense forward op (``torch.compile`` graphs): the backward op, traced like the forward."""
+    q, k, v, out, lse, sink = ctx.saved_tensors
+    dq, dk, dv, dsink = _bwd_op(dout, dlse, q, k, v, out, lse, *ctx.scalars, sink, ctx.deterministic)
+    return dq, dk, dv, None, None, None, None, None, (dsink if sink is not None else None), None, None, None
+
+
+def _varlen_setup_context(ctx, inputs, output):
+    (q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, causal, window_left, window_right, softcap,
+     sink, _, _, _, page_table, deterministic) = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, used_q, used_k, sink)
+    ctx.scalars = (max_q, max_k, softmax_scale, causal, window_left, window_right, softcap)
+    ctx.paged = page_table is not None
+    ctx.deterministic = deterministic
+
+
+def _varlen_backward(ctx, dout, dlse):
+    """Autograd of the varlen forward op; paged K/V (an inference layout) has no backward."""
+    if ctx.paged:
+        raise NotImplementedError(_refusal(("paged_kv", "backward")))
+    q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink = ctx.saved_tensors
+    dq, dk, dv, dsink = _varlen_bwd_op(dout, dlse, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.scalars,
+                                       sink, ctx.deterministic)
+    return (dq, dk, dv) + (None,) * 11 + ((dsink if sink is not None else None),) + (None,) * 5
 
 
 class _FlashAttnFunc(torch.autograd.Function):
@@ -348,17 +472,13 @@ class _FlashAttnFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, *varlen = ctx.saved_tensors
-        if dout is None:
-            dout = torch.zeros_like(out)
-        model, target = _model_and_target(q.device.index, *_env()[:2])
-        dq, dk, dv, dsink = backward.run_bwd(
-            q, k, v, out, dout, lse, dlse, ctx.spec, ctx.shape, ctx.params,
-            tuple(varlen) if any(t is not None for t in varlen) else None, ctx.sink_dtype, model, target,
-            device_smem(q.device.index, _env()[2]), ctx.deterministic)
+        dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, ctx.spec, ctx.shape, ctx.params,
+                                   tuple(varlen) if any(t is not None for t in varlen) else None, ctx.sink_dtype,
+                                   ctx.deterministic)
         return dq, dk, dv, dsink, None, None, None, None, None, None
 
 
-def _register_op(name: str, impl, fake):
+def _register_op(name: str, impl, fake, backward_fn=None, setup_context=None):
     """Register this build's op ``name`` once per process. The name carries the build's namespace,
     so two builds never collide; the same build imported twice (clone import + get_kernel) reuses it."""
     qualname = add_op_namespace_prefix(name)
@@ -367,12 +487,15 @@ def _register_op(name: str, impl, fake):
         return getattr(getattr(torch.ops, namespace), short).default
     op = torch.library.custom_op(qualname, mutates_args=())(impl)
     op.register_fake(fake)
-    op.register_autograd(_fwd_backward)
+    if backward_fn is not None:
+        op.register_autograd(backward_fn, setup_context=setup_context)
     return op
 
 
-_fwd_op = _register_op("fwd", _fwd_impl, _fwd_fake)
-_varlen_op = _register_op("varlen_fwd", _varlen_impl, _varlen_fake)
+_bwd_op = _register_op("bwd", _bwd_impl, _bwd_fake)
+_varlen_bwd_op = _register_op("varlen_bwd", _varlen_bwd_impl, _varlen_bwd_fake)
+_fwd_op = _register_op("fwd", _fwd_impl, _fwd_fake, _fwd_backward, _fwd_setup_context)
+_varlen_op = _register_op("varlen_fwd", _varlen_impl, _varlen_fake, _varlen_backward, _varlen_setup_context)
 
 
 def _window_entries(window_size) -> tuple:
@@ -550,7 +673,7 @@ def flash_attn_func(
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
         out, lse = _fwd_op(q, k, v, softmax_scale, bool(causal), *_window_entries(window_size),
-                           float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa)
+                           float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa, bool(deterministic))
         return out, (lse if (return_lse or _needs_grad(q, k, v, learnable_sink)) else None)
     key = None
     if not _needs_grad(q, k, v, learnable_sink):
@@ -614,7 +737,8 @@ def flash_attn_varlen_func(
         # Like flash_attn_func: graphs see the namespaced custom op; validation runs inside it.
         out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                               softmax_scale, bool(causal), *_window_entries(window_size), float(softcap or 0.0),
-                              learnable_sink, num_splits or 0, pack_gqa, check_metadata, page_table)
+                              learnable_sink, num_splits or 0, pack_gqa, check_metadata, page_table,
+                              bool(deterministic))
         return out, (lse if (return_lse or _needs_grad(q, k, v, learnable_sink)) else None)
     key = None
     # Remembered only when nothing is read from the device: the maxima given where a side is packed,

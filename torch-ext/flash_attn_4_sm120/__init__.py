@@ -8,12 +8,13 @@ this build's namespaced custom op and nothing else: cutlass is imported at the f
 from ._version import CUTLASS_DSL_VERSION, KERNEL_VERSION, __version__
 from .execution_model import ExecutionModel, UnsupportedDeviceError
 from .combine import flash_attn_combine
-from .interface import dispatch_model, flash_attn_func, flash_attn_fwd, flash_attn_varlen_func
+from .interface import dispatch_model, flash_attn_bwd, flash_attn_func, flash_attn_fwd, flash_attn_varlen_func
 from .kvcache import flash_attn_with_kvcache
 
 __all__ = [
     "flash_attn_func",
     "flash_attn_fwd",
+    "flash_attn_bwd",
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "flash_attn_combine",

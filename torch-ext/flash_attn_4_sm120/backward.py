@@ -48,14 +48,21 @@ def _grad_like(t: torch.Tensor, zero: bool) -> torch.Tensor:
 
 
 def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, params, varlen, sink_dtype,
-            model, target: str, device_smem, deterministic: bool = False) -> tuple:
+            model, target: str, device_smem, deterministic: bool = False, grads=None) -> tuple:
     """Gradients of a validated forward call (see the module docstring). ``varlen`` is the forward's
     (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table) or None; ``sink_dtype`` the learnable
     sink's dtype (None without a sink); ``deterministic``: bitwise-reproducible dQ (a zeroed int32
-    counter per query block orders its key blocks' additions)."""
+    counter per query block orders its key blocks' additions); ``grads``: (dq, dk, dv) to write into (contiguous,
+    shaped like q, k, v), else fresh ones."""
     cu_q, cu_k, used_q, used_k, _ = varlen or (None, None, None, None, None)
     bspec = BwdSpec.of(spec, has_dlse=dlse is not None, deterministic=deterministic)
-    dq, dk, dv = _grad_like(q, spec.seqused_q), _grad_like(k, spec.seqused_k), _grad_like(v, spec.seqused_k)
+    if grads is None:
+        dq, dk, dv = _grad_like(q, spec.seqused_q), _grad_like(k, spec.seqused_k), _grad_like(v, spec.seqused_k)
+    else:
+        dq, dk, dv = grads
+        for g, zero in ((dq, spec.seqused_q), (dk, spec.seqused_k), (dv, spec.seqused_k)):
+            if zero:  # rows past a used length are not written by the kernels
+                g.zero_()
     dsink = None
     if params.sink is not None:
         dsink = torch.zeros(params.sink.shape, dtype=sink_dtype, device=q.device)
