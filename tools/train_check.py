@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""Training check (issue 19): small causal LMs trained a few hundred steps with attention on this bundle and on
+the usual baselines, from the same initial weights on the same batches; loss curves, per-step time, checks.
+
+Models (random init, bf16 weights, AdamW):
+
+* **llama** (transformers ``LlamaConfig``, GQA 8/2, head_dim 128) with ``attn_implementation`` set to this
+  bundle's repo id, loaded through ``kernels.get_kernel`` (``LOCAL_KERNELS``, as ``client_transformers.py``);
+  baselines ``sdpa`` and ``eager``.
+* **gpt_oss** (``GptOssConfig``: learnable sinks, sliding-window / full layers, head_dim 64, GQA 8/2) through the
+  ``kernels-community/vllm-flash-attn3`` alias (gpt-oss accepts only its listed flash kernels; see
+  ``client_transformers.py``); baseline ``eager`` (gpt-oss has no sdpa path).
+* **plain**: a small PyTorch GPT (GQA 8/2, head_dim 128) whose attention is the bundle's ``flash_attn_func`` or
+  ``F.scaled_dot_product_attention``, the whole training step under ``torch.compile``.
+
+Data: a copy task (each sequence is random tokens followed by the same tokens again), which attention learns
+within a few hundred steps, so a wrong gradient shows as a curve that does not fall like the baseline's.
+Checks per model: every run's loss falls below half its first value; ``|ours - baseline|`` of the mean loss over
+the last 50 steps is at most ``max(2 * |baseline - second baseline|, 2% of the baseline)`` (two bf16
+implementations of the same model bound what bf16 noise does to a curve; gpt-oss has one baseline and uses the
+2%). Step time: median of CUDA-event timings after 10 warm-up steps, ratio ours / baseline.
+
+    # on the device, with the transformers archive in the kit (client_transformers.py says how)
+    python3 tools/train_check.py --out $OUT/train.json [--steps 300] [--models llama gpt_oss plain]
+    # here: the figure from the JSON
+    python3 tools/train_check.py --plot benchmarks/results/train_h100_<date>.json --png benchmarks/results/train_h100_<date>.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SEQ, BATCH, VOCAB = 512, 8, 512
+
+
+def batches(steps: int, device: str, seed: int = 0):
+    """The same copy-task batches for every run: (input_ids, labels) with the first half's labels ignored."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    half = SEQ // 2
+    for _ in range(steps):
+        first = torch.randint(3, VOCAB, (BATCH, half), generator=gen)
+        ids = torch.cat([first, first], dim=1)
+        labels = ids.clone()
+        labels[:, :half] = -100
+        yield ids.to(device), labels.to(device)
+
+
+def train(step_fn, params, steps: int, device: str) -> dict:
+    """Run ``steps`` AdamW steps of ``step_fn(ids, labels) -> loss``; losses and the median step time."""
+    import torch
+
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.0)
+    losses, times = [], []
+    for i, (ids, labels) in enumerate(batches(steps, device)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        loss = step_fn(ids, labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        end.record()
+        losses.append(loss.detach())
+        if i >= 10:
+            times.append((start, end))
+    torch.cuda.synchronize()
+    return {"losses": [float(x) for x in losses],
+            "step_ms": statistics.median(s.elapsed_time(e) for s, e in times) if times else None}
+
+
+# -- transformers models ---------------------------------------------------------------------------------------
+
+
+def hf_run(kind: str, impl: str, ckpt: Path, steps: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(dtype=torch.bfloat16, attn_implementation=impl)
+    if kind == "gpt_oss":
+        kwargs["experts_implementation"] = "eager"
+    if impl.count("/"):
+        kwargs["allow_all_kernels"] = True
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), **kwargs).cuda().train()
+    held = model.config._attn_implementation
+
+    def step(ids, labels):
+        return model(input_ids=ids, labels=labels).loss
+
+    out = train(step, model.parameters(), steps, "cuda")
+    out["attn_implementation"] = held
+    del model
+    torch.cuda.empty_cache()
+    return out
+
+
+def hf_checkpoint(kind: str, workdir: Path) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, GptOssConfig, LlamaConfig
+
+    common = dict(vocab_size=VOCAB, pad_token_id=0, bos_token_id=1, eos_token_id=None, tie_word_embeddings=False,
+                  max_position_embeddings=4096)
+    if kind == "llama":
+        config = LlamaConfig(hidden_size=512, intermediate_size=1024, num_hidden_layers=4, num_attention_heads=8,
+                             num_key_value_heads=2, head_dim=128, **common)
+    else:
+        config = GptOssConfig(hidden_size=512, intermediate_size=512, num_hidden_layers=4, num_attention_heads=8,
+                              num_key_value_heads=2, head_dim=64, num_local_experts=4, num_experts_per_tok=2,
+                              sliding_window=128, **common)
+    config._attn_implementation = "eager"
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    path = workdir / kind
+    model.save_pretrained(path)
+    return path
+
+
+# -- a plain PyTorch GPT under torch.compile ---------------------------------------------------------------------
+
+
+def plain_run(attn: str, steps: int) -> dict:
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    from client_transformers import REPO_ID
+
+    fa = __import__("kernels").get_kernel(REPO_ID, version=1) if attn == "ours" else None
+    d, hq, hkv, hd, layers = 1024, 8, 2, 128, 4
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.n1, self.n2 = nn.RMSNorm(d), nn.RMSNorm(d)
+            self.qkv = nn.Linear(d, (hq + 2 * hkv) * hd, bias=False)
+            self.o = nn.Linear(hq * hd, d, bias=False)
+            self.up, self.down = nn.Linear(d, 4 * d, bias=False), nn.Linear(4 * d, d, bias=False)
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            q, k, v = self.qkv(self.n1(x)).split([hq * hd, hkv * hd, hkv * hd], dim=-1)
+            q, k, v = q.view(b, s, hq, hd), k.view(b, s, hkv, hd), v.view(b, s, hkv, hd)
+            if fa is not None:
+                a = fa.flash_attn_func(q, k, v, causal=True)[0]
+            else:
+                a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                   is_causal=True, enable_gqa=True).transpose(1, 2)
+            x = x + self.o(a.reshape(b, s, hq * hd))
+            return x + self.down(F.gelu(self.up(self.n2(x))))
+
+    class GPT(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.pos = nn.Embedding(VOCAB, d), nn.Embedding(SEQ, d)
+            self.blocks = nn.ModuleList(Block() for _ in range(layers))
+            self.head = nn.Linear(d, VOCAB, bias=False)
+
+        def forward(self, ids, labels):
+            x = self.emb(ids) + self.pos.weight[: ids.shape[1]]
+            for blk in self.blocks:
+                x = blk(x)
+            return F.cross_entropy(self.head(x).float().flatten(0, 1), labels.flatten(), ignore_index=-100)
+
+    torch.manual_seed(0)
+    model = GPT().cuda().to(torch.bfloat16)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    out = train(compiled, model.parameters(), steps, "cuda")
+    del model, compiled
+    torch.cuda.empty_cache()
+    return out
+
+
+# -- checks, report, figure --------------------------------------------------------------------------------------
+
+
+def tail_mean(losses: list, n: int = 50) -> float:
+    return sum(losses[-n:]) / min(n, len(losses))
+
+
+def check(model: str, runs: dict, ours: str, base: str, base2: str | None) -> list:
+    failures = []
+    for name, r in runs.items():
+        if "error" in r:
+            failures.append(f"{model}/{name}: {r['error']}")
+        elif not tail_mean(r["losses"]) < 0.5 * r["losses"][0]:
+            failures.append(f"{model}/{name}: loss did not fall below half its first value")
+    if failures:
+        return failures
+    gap = abs(tail_mean(runs[ours]["losses"]) - tail_mean(runs[base]["losses"]))
+    noise = abs(tail_mean(runs[base]["losses"]) - tail_mean(runs[base2]["losses"])) if base2 else 0.0
+    bound = max(2 * noise, 0.02 * tail_mean(runs[base]["losses"]))
+    if gap > bound:
+        failures.append(f"{model}: |ours - {base}| of the last-50 mean loss {gap:.4f} > {bound:.4f}")
+    return failures
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--steps", type=int, default=300)
+    ap.add_argument("--models", nargs="*", default=["llama", "gpt_oss", "plain"])
+    ap.add_argument("--plot", help="draw the figure of this JSON report (no GPU needed)")
+    ap.add_argument("--png")
+    args = ap.parse_args(argv)
+    if args.plot:
+        return plot(json.loads(Path(args.plot).read_text()), args.png)
+
+    import torch
+
+    from client_transformers import REPO_ID, VLLM_FA3_ID, set_local_kernels, set_offline, versions
+
+    set_offline(True)
+    set_local_kernels(str(REPO_ROOT), [REPO_ID, VLLM_FA3_ID])
+    report = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+              "versions": versions(), "steps": args.steps, "seq": SEQ, "batch": BATCH, "models": {}, "failures": []}
+    plans = {"llama": ({"ours": REPO_ID, "sdpa": "sdpa", "eager": "eager"}, "sdpa", "eager"),
+             "gpt_oss": ({"ours": VLLM_FA3_ID, "eager": "eager"}, "eager", None),
+             "plain": ({"ours": "ours", "sdpa": "sdpa"}, "sdpa", None)}
+    with tempfile.TemporaryDirectory() as work:
+        for model in args.models:
+            impls, base, base2 = plans[model]
+            ckpt = hf_checkpoint(model, Path(work)) if model != "plain" else None
+            runs = {}
+            for name, impl in impls.items():
+                try:
+                    runs[name] = plain_run(impl, args.steps) if model == "plain" else hf_run(model, impl, ckpt,
+                                                                                            args.steps)
+                except Exception as e:  # noqa: BLE001
+                    runs[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                print(f"{model}/{name}: " + (runs[name].get("error") or
+                      f"loss {runs[name]['losses'][0]:.3f} -> {tail_mean(runs[name]['losses']):.3f}, "
+                      f"{runs[name]['step_ms']:.2f} ms/step"), flush=True)
+            fails = check(model, runs, "ours", base, base2)
+            speed = (runs[base]["step_ms"] / runs["ours"]["step_ms"]
+                     if "step_ms" in runs.get(base, {}) and "step_ms" in runs.get("ours", {}) else None)
+            report["models"][model] = {"runs": runs, "baseline": base, "second_baseline": base2,
+                                       "speedup_vs_baseline": speed, "failures": fails}
+            report["failures"] += fails
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    print(json.dumps({m: {"speedup": r["speedup_vs_baseline"], "failures": r["failures"]}
+                      for m, r in report["models"].items()}, indent=1))
+    return 1 if report["failures"] else 0
+
+
+def plot(report: dict, png: str) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(report["models"])
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 3.6), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        entry = report["models"][model]
+        for name, r in entry["runs"].items():
+            if "losses" in r:
+                label = f"{name} ({r['step_ms']:.1f} ms/step)" if r.get("step_ms") else name
+                ax.plot(r["losses"], label=label, linewidth=1)
+        ax.set_title(f"{model}: ours {entry['speedup_vs_baseline'] or 0:.2f}x {entry['baseline']} per step")
+        ax.set_xlabel("step")
+        ax.set_ylabel("loss")
+        ax.set_yscale("log")
+        ax.legend(fontsize=8)
+    fig.suptitle(f"training check, {report['device']}, {report['date']}, bf16, {report['steps']} steps, "
+                 f"batch {report['batch']} x {report['seq']}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
