@@ -44,6 +44,19 @@ def test_tuning_candidates_are_valid_and_hold_the_table(d):
     assert select_bwd_config(spec, SM120) in cands
 
 
+def test_role_split_predicate():
+    cfg = BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True)
+    assert bwd_config_problems(BwdSpec("bf16", 128, 128, causal=True), cfg, SM120) == ()
+    assert cfg.role_warps == 4 and BwdConfig(64, 64, 8, 2, 1).role_warps == 8
+    assert any("softcap" in p for p in bwd_config_problems(BwdSpec("bf16", 128, 128, True, softcap=True), cfg, SM120))
+    assert any("must match" in p for p in bwd_config_problems(BwdSpec("bf16", 192, 128, True), cfg, SM120))
+    assert any("double-buffered Q" in p for p in bwd_config_problems(
+        BwdSpec("bf16", 128, 128, True), BwdConfig(64, 64, 8, 1, 1, role_split=True), SM120))
+    # 4 warps split S/dP: 8 warps along the rows do not fit a group
+    assert any("S/dP" in p for p in bwd_config_problems(
+        BwdSpec("bf16", 128, 128, True), BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=8, role_split=True), SM120))
+
+
 def test_dispatchable_covers_every_class_and_mask():
     pairs = dispatchable_bwd(SM120)
     assert {cfg for _, cfg in pairs} == set(BWD_TABLE.values()) | set(BWD_TABLE_HEAVY.values())

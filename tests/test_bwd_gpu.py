@@ -309,3 +309,38 @@ def test_bwd_writes_every_gradient_row(window):
     ref = torch.autograd.grad(fa.flash_attn_func(*leaves, window_size=window, deterministic=True)[0], leaves, dout)
     for name, g, r in zip(("dq", "dk", "dv"), (dq, dk, dv), ref):
         assert torch.equal(g, r), f"{name}: flash_attn_bwd differs from autograd ({window})"
+
+
+@pytest.fixture
+def role_split_tables(monkeypatch):
+    """The d64 / d128 classes' table entries replaced by the role-split kernel (a tuning candidate until it is
+    measured faster; these tests hold it to the same rules as the table's kernels)."""
+    from flash_attn_4_sm120 import backward, bwd_config
+
+    cfg = bwd_config.BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True)
+    monkeypatch.setitem(bwd_config.BWD_TABLE, 64, dataclasses_replace(cfg, stages_do=2))
+    monkeypatch.setitem(bwd_config.BWD_TABLE, 128, cfg)
+    bwd_config.select_bwd_config.cache_clear()
+    backward._kernels.cache_clear()
+    yield
+    bwd_config.select_bwd_config.cache_clear()
+    backward._kernels.cache_clear()
+
+
+def dataclasses_replace(obj, **changes):
+    import dataclasses
+
+    return dataclasses.replace(obj, **changes)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window_size=(96, 32))], ids=["full", "causal", "window"])
+def test_bwd_role_split_candidate(role_split_tables, d, mask):
+    run_dense(2, 333, 300, 8, 2, d, d, **mask)
+    run_dense(1, 64, 64, 2, 2, d, d, dtype=torch.float16, sink=True, with_dlse=True, **mask)
+
+
+def test_bwd_role_split_candidate_varlen_deterministic(role_split_tables):
+    run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 128, causal=True, sink=True, deterministic=True)
+    run_varlen([100, 64, 257, 33], [120, 70, 257, 40], 4, 2, 112, window_size=(40, 8), used_q=[90, 0, 200, 33],
+               used_k=[120, 10, 250, 7])

@@ -50,10 +50,19 @@ class BwdConfig:
     #: only one slice's Q / dO operand fragments are live at a time (d=256 on 4 warps: a warp's 128 columns
     #: take 32 B-fragment registers per k-step, 64 with the next step's prefetch)
     dkv_chunks: int = 1
+    #: two warp groups with roles (``_kernels/bwd_rolesplit``): group 0 computes S, P and dV, group 1 dP, dS
+    #: and dK, each GEMM on 4 warps (32x32 S/dP warp tiles at 64x64), P handed over through shared memory
+    #: with named barriers; dQ on all 8 warps. ``sdp_warps_m`` / ``dkv_warps_n`` then split 4 warps.
+    role_split: bool = False
 
     @property
     def num_threads(self) -> int:
         return self.num_warps * 32
+
+    @property
+    def role_warps(self) -> int:
+        """Warps of the S / dP and dK / dV GEMMs: one warp group each with the role split, else all."""
+        return 4 if self.role_split else self.num_warps
 
 
 def bwd_padded_head_dim(d: int, cfg: BwdConfig, qk: bool = True) -> int:
@@ -62,7 +71,7 @@ def bwd_padded_head_dim(d: int, cfg: BwdConfig, qk: bool = True) -> int:
     slice; dQ, for Q/K only: 16 per warp column per ``dq_chunks`` slice) and whose swizzle atom keeps one 16-byte copy pass within the
     shortest copied tile (Q/dO: tile_m rows, K/V: tile_n). Every padded column is MMA work."""
     min_rows = min(cfg.tile_m, cfg.tile_n)
-    step = 16 * max(1, cfg.num_warps // max(cfg.dkv_warps_n, 1)) * max(cfg.dkv_chunks, 1)
+    step = 16 * max(1, cfg.role_warps // max(cfg.dkv_warps_n, 1)) * max(cfg.dkv_chunks, 1)
     if qk:
         dq_step = 16 * max(1, cfg.num_warps // max(cfg.dq_warps_m, 1)) * max(cfg.dq_chunks, 1)
         step = step * dq_step // math.gcd(step, dq_step)
@@ -119,13 +128,21 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         if cfg.tile_m % rows or cfg.tile_n % rows:
             out.append(f"{name} (smem width {width}) needs tiles of {rows}-row multiples per copy pass; "
                        f"tile_m={cfg.tile_m}, tile_n={cfg.tile_n}")
-    nw = cfg.num_warps
-    _warp_split(out, "S/dP", cfg.tile_m, cfg.tile_n, cfg.sdp_warps_m, nw)
+    nw, rw = cfg.num_warps, cfg.role_warps
+    if cfg.role_split:
+        if nw != 8 or cfg.stages_q != 2 or cfg.dkv_chunks != 1:
+            out.append("role_split needs 8 warps, a double-buffered Q tile and dkv_chunks=1")
+        if d != dv:
+            out.append(f"role_split keeps one dK-or-dV accumulator per thread: head dims {d} and {dv} (padded) "
+                       f"must match")
+        if spec.softcap:
+            out.append("role_split: softcap's tanh tile lives in the S warp group, dS is formed in the other")
+    _warp_split(out, "S/dP", cfg.tile_m, cfg.tile_n, cfg.sdp_warps_m, rw)
     if cfg.dkv_chunks < 1 or d % cfg.dkv_chunks or dv % cfg.dkv_chunks:
         out.append(f"dkv_chunks={cfg.dkv_chunks} does not divide the head dims' smem widths {d}, {dv}")
     else:
-        _warp_split(out, "dK", cfg.tile_n, d // cfg.dkv_chunks, cfg.dkv_warps_n, nw)
-        _warp_split(out, "dV", cfg.tile_n, dv // cfg.dkv_chunks, cfg.dkv_warps_n, nw)
+        _warp_split(out, "dK", cfg.tile_n, d // cfg.dkv_chunks, cfg.dkv_warps_n, rw)
+        _warp_split(out, "dV", cfg.tile_n, dv // cfg.dkv_chunks, cfg.dkv_warps_n, rw)
     if cfg.dq_chunks < 1 or d % cfg.dq_chunks:
         out.append(f"dq_chunks={cfg.dq_chunks} does not divide the head dim's smem width {d}")
     else:
@@ -135,8 +152,11 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         out.append(f"shared memory {smem} B (incl. {STATIC_SMEM_BYTES} B static) exceeds "
                    f"{model.smem_per_cta} B per CTA of the {model.name} model")
     # fp32 accumulators per thread live across the whole loop (dK, dV) or a step (S, dP, dQ)
-    acc_regs = (cfg.tile_n * (d + dv) + 2 * cfg.tile_m * cfg.tile_n + cfg.tile_m * d // max(cfg.dq_chunks, 1)) \
-        // cfg.num_threads
+    dq_regs = cfg.tile_m * d // max(cfg.dq_chunks, 1) // cfg.num_threads
+    if cfg.role_split:  # a thread holds dV or dK, and S or dP
+        acc_regs = (cfg.tile_n * d + cfg.tile_m * cfg.tile_n) // (32 * rw) + dq_regs
+    else:
+        acc_regs = (cfg.tile_n * (d + dv) + 2 * cfg.tile_m * cfg.tile_n) // cfg.num_threads + dq_regs
     if acc_regs > 224:
         out.append(f"{acc_regs} accumulator registers per thread (dK + dV + S + dP + dQ) leave too few for operands")
     if not model.supports(CopyKind.CP_ASYNC):
@@ -201,16 +221,26 @@ BWD_TILE_CANDIDATES = {
 }
 
 
+#: Role-split tiles (same tuple layout) the tuner may try.
+BWD_ROLE_SPLIT_CANDIDATES = {
+    64: ((64, 64, 8, 2, 2, 1, 1), (64, 128, 8, 2, 1, 1, 1)),
+    96: ((64, 64, 8, 2, 2, 1, 1), (64, 64, 8, 2, 1, 1, 1)),
+    128: ((64, 64, 8, 2, 1, 1, 1),),
+}
+
+
 def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfig]:
     """Configs the backward tuner may pick from for ``spec``: the class's candidate tiles with every warp
     split of the three GEMM shapes, filtered by the validity predicate (the conformance gate screens
     them for spills with ``--subset candidates``)."""
     out = []
-    for tm, tn, w, sq, sdo, ch, kch in BWD_TILE_CANDIDATES[bwd_head_dim_class(spec)]:
+    cls = bwd_head_dim_class(spec)
+    tiles = [(*t, False) for t in BWD_TILE_CANDIDATES[cls]] + [(*t, True) for t in BWD_ROLE_SPLIT_CANDIDATES.get(cls, ())]
+    for tm, tn, w, sq, sdo, ch, kch, rs in tiles:
         splits = [x for x in (1, 2, 4, 8) if x <= w]
         for sdp, dkv, dq in product(splits, splits, splits):
             cfg = BwdConfig(tm, tn, w, sq, sdo, sdp_warps_m=sdp, dkv_warps_n=dkv, dq_warps_m=dq, dq_chunks=ch,
-                            dkv_chunks=kch)
+                            dkv_chunks=kch, role_split=rs)
             if not bwd_config_problems(spec, cfg, model):
                 out.append(cfg)
     return list(dict.fromkeys(out))

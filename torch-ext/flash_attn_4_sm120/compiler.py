@@ -289,12 +289,14 @@ def compile_bwd(spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target:
     import cutlass.cute as cute
 
     from ._kernels.bwd_multistage import FlashBwdMultistage
+    from ._kernels.bwd_rolesplit import FlashBwdRoleSplit
 
-    problems = FlashBwdMultistage.can_implement(spec, config, model) if check_valid else ()
+    cls = FlashBwdRoleSplit if config.role_split else FlashBwdMultistage
+    problems = cls.can_implement(spec, config, model) if check_valid else ()
     if problems:
         raise ValueError(f"backward kernel cannot implement {spec} with {config} on {model.name}: "
                          f"{'; '.join(problems)}")
-    kernel = FlashBwdMultistage(spec, config, model)
+    kernel = cls(spec, config, model)
     kernel.launch_smem = launch_smem
     options = f"{_TVM_FFI} --gpu-arch {target} {extra_options}".strip()
     return cute.compile(kernel, *_fake_bwd_args(spec, config), options=options)
@@ -466,7 +468,8 @@ class BwdCase:
         mask += "_det" if s.deterministic else ""
         return (f"bwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}"
                 f"q{c.stages_q}o{c.stages_do}_{c.sdp_warps_m}{c.dkv_warps_n}{c.dq_warps_m}"
-                + (f"c{c.dq_chunks}" if c.dq_chunks > 1 else "") + (f"k{c.dkv_chunks}" if c.dkv_chunks > 1 else ""))
+                + (f"c{c.dq_chunks}" if c.dq_chunks > 1 else "") + (f"k{c.dkv_chunks}" if c.dkv_chunks > 1 else "")
+                + ("_rs" if c.role_split else ""))
 
     def describe(self) -> dict:
         return {"kernel": "bwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}

@@ -246,8 +246,7 @@ class FlashBwdMultistage:
             cute.arch.cp_async_commit_group()
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_threads()
-            for it in cutlass.range(num_steps, unroll=1):
-                self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ)
+            self.main_loop(ctx, sm, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ)
             ctx.sK_out, ctx.sV_out = sm.sK, sm.sV
             self.store_dkv(ctx, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale)
 
@@ -322,7 +321,8 @@ class FlashBwdMultistage:
     @cute.jit
     def gemm(self, acc, ops: SimpleNamespace, a_stage, b_stage):
         """acc += A B^T, both operands read from smem by ldmatrix one k16 step ahead; ``a_stage`` /
-        ``b_stage`` select the stage of an operand with a stage mode (None: it has none)."""
+        ``b_stage`` select the stage of an operand with a stage mode (None: it has none). Returns ``acc`` (for a
+        caller that must rebind it inside a staged branch)."""
         sA = ops.sA if const_expr(a_stage is None) else ops.sA[None, None, None, a_stage]
         sB = ops.sB if const_expr(b_stage is None) else ops.sB[None, None, None, b_stage]
         num_k = cute.size(sA, mode=[2])
@@ -333,6 +333,7 @@ class FlashBwdMultistage:
                 cute.copy(ops.s2r_a, sA[None, None, k + 1], ops.rA_v[None, None, k + 1])
                 cute.copy(ops.s2r_b, sB[None, None, k + 1], ops.rB_v[None, None, k + 1])
             cute.gemm(ops.mma, acc, ops.rA[None, None, k], ops.rB[None, None, k], acc)
+        return acc
 
     # ------------------------------------------------------------------------------------------
     # Loads
@@ -371,9 +372,7 @@ class FlashBwdMultistage:
         """cp.async step ``it``'s Q tile (with ``q``) and / or dO tile (with ``do``): query block m of query
         head g, rows past seqlen_q zero-filled, into stage it % stages."""
         tidx = ctx.tidx
-        g = it // ctx.num_m
-        m = ctx.m_start + it % ctx.num_m
-        head = ctx.head_kv * ctx.group + g
+        head, m = self.step_coords(ctx, it)
         cfg = self.config
         for wanted, src, dst, tiled, width, real, stages in (
                 (q, ctx.mQ_s, sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim, cfg.stages_q),
@@ -392,12 +391,24 @@ class FlashBwdMultistage:
     # One (query head, query block) step
     # ------------------------------------------------------------------------------------------
     @cute.jit
+    def step_coords(self, ctx: SimpleNamespace, it):
+        """(query head, query block) of step ``it``: the group's query heads outer, the key block's query blocks
+        inner."""
+        return ctx.head_kv * ctx.group + it // ctx.num_m, ctx.m_start + it % ctx.num_m
+
+    @cute.jit
+    def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
+        for it in cutlass.range(num_steps, unroll=1):
+            self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ)
+
+    # ------------------------------------------------------------------------------------------
+    # The step
+    # ------------------------------------------------------------------------------------------
+    @cute.jit
     def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem,
              mCuSeqlensQ):
         cfg = self.config
-        g = it // ctx.num_m
-        m = ctx.m_start + it % ctx.num_m
-        head = ctx.head_kv * ctx.group + g
+        head, m = self.step_coords(ctx, it)
         sq = it % cfg.stages_q
         sdo = it % cfg.stages_do
         has_next = it + 1 < num_steps
@@ -536,6 +547,13 @@ class FlashBwdMultistage:
                                       (ctx.acc_dV[ch], ctx.sV_out, self.head_dim_v // chunks)):
                 dst = thr_r2s.partition_D(cute.local_tile(s_out, (self.tile_n, width), (0, ch)))
                 cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), dst)
+        self.store_dkv_rows(ctx, mdK, mdV, mCuSeqlensK, mSeqUsedK)
+
+    @cute.jit
+    def store_dkv_rows(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK):
+        """After the dK / dV tiles are in sK_out / sV_out: a CTA barrier, then 16-byte rows to global memory
+        (rows past seqlen_k and padded head-dim columns are not written)."""
+        tidx = ctx.tidx
         cute.arch.sync_threads()
         for mX, sX, width, real in ((mdK, ctx.sK_out, self.head_dim, self.spec.head_dim),
                                     (mdV, ctx.sV_out, self.head_dim_v, self.spec.head_dim_v)):

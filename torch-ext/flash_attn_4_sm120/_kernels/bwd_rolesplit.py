@@ -1,0 +1,227 @@
+"""Backward main kernel with warp-group roles (SM120 execution model): ``FlashBwdMultistage``'s algorithm and
+tiles, its per-step GEMMs divided between two 4-warp groups instead of split over 8 warps.
+
+Why: on 8 warps a 64x64 S or dP tile gives each warp 32x16 (4 MMAs per k-step for 3 ldmatrix.x4); the 8-warp
+kernel waits on ldmatrix latency and the shared-memory pipe (``notes/perf.md``, session 21). Here each GEMM runs
+on one group, 32x32 per warp at 64x64 (8 MMAs per k-step for 4 ldmatrix.x4), the two groups' GEMMs run at
+the same time, and a thread holds one of dK / dV (so the tile's registers match the 8-warp kernel's).
+
+Per step (query block m of query head g), with named barriers (``bar.arrive`` for the producer, which goes on):
+  group 0 (warps 0-3):  S = Q K^T, mask, P = exp2(S * scale_log2 - LSE2), P -> sP (16 bits); barrier P0 (its 4
+                        warps); arrive P; dV += P^T dO; wait dS; the next dO tile's cp.async (single-buffered
+                        dO: group 1 is past dP, group 0 past dV);
+  group 1 (warps 4-7):  dP = dO V^T; wait P; P from sP; dS = P (dP - D') -> sdS; barrier dS1 (its 4 warps);
+                        arrive dS; dK += dS^T Q;
+  all 8 warps:          dQ_m = dS K into the fp32 accumulator (``dq_accum``); wait for the next tiles; CTA barrier.
+P reaches group 1 in 16 bits (dS = P16 (dP - D'), as the same computation in the input dtype forms it); masked
+entries arrive as P = 0, so group 1 needs no mask. Not with softcap (its tanh tile stays in group 0) nor with
+head_dim != head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
+Deterministic mode: thread 128 (group 1) polls the query block's counter before barrier dS1, which holds group 1
+and, through arrive dS, group 0, before any reduction; thread 0 releases after the step's last barrier.
+"""
+
+from types import SimpleNamespace
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, const_expr
+from cutlass.cute.nvgpu import cpasync
+
+from . import block_info
+from .bwd_multistage import FlashBwdMultistage, ldmatrix_atom
+from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
+from .fragments import acc_rows_cols, convert
+from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
+from .mask import mask_scores
+from .seqlen_info import workspace_row
+from .tile_io import column_predicate, copy_rows
+
+_GROUP = 128  # threads per warp group
+# named barriers (0 is the CTA barrier)
+_BAR_P, _BAR_P0, _BAR_DS, _BAR_DS1 = 1, 2, 3, 4
+
+
+
+@cute.jit
+def group_ids():
+    """(warp group, thread index in the group), derived where used."""
+    tidx, _, _ = cute.arch.thread_idx()
+    return cute.arch.make_warp_uniform(tidx // _GROUP), tidx % _GROUP
+
+
+class FlashBwdRoleSplit(FlashBwdMultistage):
+    """Two 4-warp groups with roles; build with a spec, a ``role_split`` config and an execution model.
+
+    CuTe DSL note: a staged branch carries what it writes through a container's leaves (the step context, the
+    smem tiles' namespace) out as the branch's results, and such a result would not dominate its uses after
+    the main loop. So the group branches of ``step`` touch plain locals only (operands made in the branch, the
+    dK-or-dV accumulator a loop-carried local of ``main_loop``), and ``store_dkv`` has no branch at all."""
+
+    def _setup(self):
+        super()._setup()
+        cfg = self.config
+        #: elements from the K tile to the V tile in the shared storage (1024-aligned buffers)
+        kv_bytes = self.tile_n * self.head_dim * self.dtype.width // 8
+        self.kv_gap_elems = (kv_bytes + 1023) // 1024 * 1024 * 8 // self.dtype.width
+        self.mma_sdp = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.sdp_warps_m)
+        self.mma_dkv = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.dkv_warps_n)
+
+    @cute.jit
+    def mma_context(self, tidx, sm: SimpleNamespace) -> SimpleNamespace:
+        """As the 8-warp kernel's, with the S / dP and dK / dV partitions taken by the thread's index in its
+        group; the role GEMMs' operands are made in the group's branch of ``step``."""
+        dt = self.dtype
+        wtid = tidx % _GROUP
+        thr_sdp, thr_dkv, thr_dq = self.mma_sdp.get_slice(wtid), self.mma_dkv.get_slice(wtid), \
+            self.mma_dq.get_slice(tidx)
+        ctx = SimpleNamespace(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
+        ctx.dQ = self.operands(thr_dq, self.mma_dq, tidx, sm.sdS, sm.sdS, False, sm.sKt, sm.sKt, True)
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt,
+                                                         num_bits_per_copy=2 * dt.width), self.mma_sdp)
+        ctx.r2s, ctx.thr_r2s = r2s, r2s.get_slice(wtid)
+        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
+        ctx.tScS_rc = acc_rows_cols(thr_sdp.partition_C(cS))
+        ctx.t0ScS_rc = acc_rows_cols(self.mma_sdp.get_slice(0).partition_C(cS))
+        return ctx
+
+    @cute.jit
+    def operands(self, thr_mma, tiled_mma, t, s_a, s_a0, trans_a: cutlass.Constexpr[bool], s_b, s_b0,
+                 trans_b: cutlass.Constexpr[bool]) -> SimpleNamespace:
+        """Fragments A/B of ``thr_mma`` and their ldmatrix copies for thread ``t`` of the MMA's threads."""
+        dt = self.dtype
+        s2r_a = cute.make_tiled_copy_A(ldmatrix_atom(dt, trans_a), tiled_mma)
+        s2r_b = cute.make_tiled_copy_B(ldmatrix_atom(dt, trans_b), tiled_mma)
+        rA = thr_mma.make_fragment_A(thr_mma.partition_A(s_a0))
+        rB = thr_mma.make_fragment_B(thr_mma.partition_B(s_b0))
+        ta, tb = s2r_a.get_slice(t), s2r_b.get_slice(t)
+        return SimpleNamespace(rA=rA, rB=rB, sA=ta.partition_S(s_a), rA_v=ta.retile(rA), sB=tb.partition_S(s_b),
+                               rB_v=tb.retile(rB), s2r_a=s2r_a, s2r_b=s2r_b, mma=tiled_mma)
+
+    @cute.jit
+    def load_do_group0(self, mdO_s, sdO, head, m, seqlen_q):
+        """cp.async query block m's dO tile (single-buffered) into ``sdO`` by group 0's 128 threads."""
+        width, real = self.head_dim_v, self.spec.head_dim_v
+        tiled = g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], _GROUP,
+                               cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL))
+        thr = tiled.get_slice(group_ids()[1])
+        gX = cute.local_tile(mdO_s[None, head, None], (self.tile_m, width), (m, 0))
+        c = cute.make_identity_tensor((self.tile_m, width))
+        tc = thr.partition_S(c)
+        col_pred = column_predicate(tc, real) if const_expr(width != real) else None
+        copy_rows(tiled, thr.partition_S(gX), thr.partition_D(sdO)[None, None, None, 0],
+                  tiled.get_slice(0).partition_S(c), seqlen_q - m * self.tile_m - tc[0][0], True, col_pred)
+
+    @cute.jit
+    def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
+        acc_kv = cute.make_rmem_tensor(ctx.thr_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
+        acc_kv.fill(0.0)
+        for it in cutlass.range(num_steps, unroll=1):
+            acc_kv = self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ, acc_kv)
+        ctx.acc_kv = acc_kv
+
+    @cute.jit
+    def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
+             acc_kv):
+        cfg = self.config
+        head, m = self.step_coords(ctx, it)
+        sq = it % cfg.stages_q
+        sdo = it % cfg.stages_do
+        has_next = it + 1 < num_steps
+        # a. The next step's double-buffered tiles (every thread), into the stage the previous step used.
+        if has_next:
+            self.load_q_do(ctx, sm, it + 1, True, cfg.stages_do == 2)
+        cute.arch.cp_async_commit_group()
+        ranges = block_info.block_range(m, ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.spec.causal,
+                                        self.spec.local, ctx.window_left, ctx.window_right)
+        turn = None
+        if const_expr(self.spec.deterministic):
+            sem = semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q)
+            turn = (sem, ranges[3] - 1 - ctx.n_block, read_turn(sem, ctx.tidx - _GROUP))
+        # plain locals for the branches (see the class docstring)
+        sQ, sdO, sK, sV, sP, sdS = sm.sQ, sm.sdO, sm.sK, sm.sV, sm.sP, sm.sdS
+        sQt, sdOt, sPt, sdSt = sm.sQt, sm.sdOt, sm.sPt, sm.sdSt
+        thr_sdp, thr_dkv, r2s, thr_r2s = ctx.thr_sdp, ctx.thr_dkv, ctx.r2s, ctx.thr_r2s
+        tScS_rc, t0ScS_rc = ctx.tScS_rc, ctx.t0ScS_rc
+        n_block, seqlen_q, seqlen_k = ctx.n_block, ctx.seqlen_q, ctx.seqlen_k
+        window_left, window_right, scale_log2 = ctx.window_left, ctx.window_right, ctx.scale_log2
+        mdO_s, tidx = ctx.mdO_s, ctx.tidx
+        head_next, m_next = self.step_coords(ctx, it + 1)
+        gLSE2 = workspace_row(mLSE2, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
+        gD = workspace_row(mD, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
+        num_rows = cute.size(tScS_rc, mode=[0])
+        acc = cute.make_rmem_tensor(thr_sdp.partition_shape_C((self.tile_m, self.tile_n)), Float32)
+        acc.fill(0.0)
+        wg, wtid = group_ids()
+        if wg == 0:
+            # b. S -> P -> sP; dV += P^T dO
+            ops_s = self.operands(thr_sdp, self.mma_sdp, wtid, sQ, sQ[None, None, 0], False, sK, sK, False)
+            ops_kv = self.operands(thr_dkv, self.mma_dkv, wtid, sPt, sPt, True, sdOt, sdOt[None, None, 0], True)
+            lse2 = cute.make_rmem_tensor(num_rows, Float32)
+            for r in cutlass.range_constexpr(num_rows):
+                lse2[r] = gLSE2[m * self.tile_m + tScS_rc[r, 0][0]]
+            acc = self.gemm(acc, ops_s, sq, None)
+            S_rc = acc_rows_cols(acc)
+            if n_block < ranges[1] or n_block >= ranges[2]:
+                mask_scores(S_rc, tScS_rc, t0ScS_rc, m, n_block, seqlen_q, seqlen_k, window_left, window_right,
+                            self.tile_m, self.tile_n, self.spec.causal, self.spec.local)
+            for r in cutlass.range_constexpr(cute.size(S_rc, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(S_rc, mode=[1])):
+                    S_rc[r, c] = cute.math.exp2(S_rc[r, c] * scale_log2 - lse2[r], fastmath=True)
+            cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(sP))
+            cute.arch.barrier(barrier_id=_BAR_P0, number_of_threads=_GROUP)
+            cute.arch.barrier_arrive(barrier_id=_BAR_P, number_of_threads=2 * _GROUP)
+            acc_kv = self.gemm(acc_kv, ops_kv, None, sdo)
+            cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=2 * _GROUP)
+            if const_expr(cfg.stages_do == 1):  # group 1 is past dP (it arrived after dS), group 0 past dV
+                if has_next:
+                    self.load_do_group0(mdO_s, sdO, head_next, m_next, seqlen_q)
+                cute.arch.cp_async_commit_group()
+        else:
+            # c. dP; P from sP; dS -> sdS; dK += dS^T Q
+            ops_dp = self.operands(thr_sdp, self.mma_sdp, wtid, sdO, sdO[None, None, 0], False, sV, sV, False)
+            ops_kv = self.operands(thr_dkv, self.mma_dkv, wtid, sdSt, sdSt, True, sQt, sQt[None, None, 0], True)
+            dsum = cute.make_rmem_tensor(num_rows, Float32)
+            for r in cutlass.range_constexpr(num_rows):
+                dsum[r] = gD[m * self.tile_m + tScS_rc[r, 0][0]]
+            acc = self.gemm(acc, ops_dp, sdo, None)
+            cute.arch.barrier(barrier_id=_BAR_P, number_of_threads=2 * _GROUP)
+            p16 = cute.make_rmem_tensor_like(acc, self.dtype)
+            cute.copy(r2s, thr_r2s.partition_D(sP), thr_r2s.retile(p16))
+            p = convert(p16, Float32)
+            p_rc, ds_rc = acc_rows_cols(p), acc_rows_cols(acc)
+            for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
+                    ds_rc[r, c] = p_rc[r, c] * (ds_rc[r, c] - dsum[r])
+            cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(sdS))
+            if const_expr(turn is not None):
+                wait_turn(turn[0], turn[1], turn[2], tidx - _GROUP)  # barrier dS1 holds group 1 until ours
+            cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)
+            cute.arch.barrier_arrive(barrier_id=_BAR_DS, number_of_threads=2 * _GROUP)
+            acc_kv = self.gemm(acc_kv, ops_kv, None, sq)
+        # d. dQ_m on all 8 warps (sdS is complete for both groups here)
+        self.dq_into_accumulator(ctx, sm, workspace_row(mdQacc, ctx.batch, head, mCuSeqlensQ, ctx.total_q), m)
+        # e. The next step's tiles have landed; every warp is done with sP, sdS and this step's stages.
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()
+        if const_expr(turn is not None):
+            pass_turn(turn[0], ctx.tidx)
+        return acc_kv
+
+    @cute.jit
+    def store_dkv(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
+        """Group 0's dV and group 1's dK * scale in 16 bits through the (now free) V and K tiles, then both
+        tiles' rows to global memory as in the 8-warp kernel; branch-free (the group picks the scale and the
+        tile by arithmetic)."""
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
+                                                         num_bits_per_copy=2 * self.dtype.width), self.mma_dkv)
+        wg, wtid = group_ids()
+        thr_r2s = r2s.get_slice(wtid)
+        cute.arch.cp_async_wait_group(0)
+        cute.arch.sync_threads()  # every warp is done with sK / sV
+        is_dk = wg.to(Float32)
+        acc = ctx.acc_kv
+        acc.store(acc.load() * (is_dk * softmax_scale + (Float32(1.0) - is_dk)))
+        # sK and sV have the same layout (head_dim == head_dim_v here); sK lies kv_gap elements before sV
+        dst = cute.make_tensor((ctx.sV_out.iterator - wg * self.kv_gap_elems).align(1024), ctx.sV_out.layout)
+        cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(dst))
+        self.store_dkv_rows(ctx, mdK, mdV, mCuSeqlensK, mSeqUsedK)
