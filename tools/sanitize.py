@@ -6,7 +6,8 @@ Each family is a small workload (``FAMILIES``): a mainloop forced by config (cp.
 mbarrier release, TMA warp-specialized, overlapped, ping-pong, persistent ping-pong), the table's
 packed-GQA decode, split-KV + combine, varlen (packed and dense with seqused), paged K/V (page
 sizes 1, 16, 48; decode, prefill and chunked prefill), flash_attn_with_kvcache (append and rotary into
-paged and dense caches), and the public combine. Every family first runs
+paged and dense caches), the public combine, and the backward (every head-dim class; deterministic; the
+role-split kernel), varlen metadata included. Every family first runs
 with good inputs, then (where it takes metadata) with corrupt metadata: cu_seqlens past the packed
 rows, negative or decreasing offsets, seqused past the tensor or negative, max_seqlen too small, page
 table entries past the pool or negative. Corrupt metadata may give wrong rows; it must never touch memory
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
-                 "kvcache")
+                 "kvcache", "bwd", "bwd_det", "bwd_rolesplit")
 
 
 def _i32(xs, device="cuda"):
@@ -80,11 +81,19 @@ def _dense_config_run(kind):
     torch.cuda.synchronize()
 
 
-def _varlen_runs(num_splits, pack_gqa):
-    """Packed and dense-with-seqused varlen calls, good and corrupt metadata."""
+def _varlen_runs(num_splits, pack_gqa, grad=False, deterministic=False):
+    """Packed and dense-with-seqused varlen calls, good and corrupt metadata; with ``grad`` each call's
+    backward runs too (on the same metadata)."""
     import torch
 
     import flash_attn_4_sm120 as fa
+
+    def call(*args, **kwargs):
+        if not grad:
+            return fa.flash_attn_varlen_func(*args, **kwargs)
+        leaves = [t.detach().requires_grad_(True) for t in args[:3]]
+        out = fa.flash_attn_varlen_func(*leaves, *args[3:], deterministic=deterministic, **kwargs)[0]
+        torch.autograd.grad(out, leaves, torch.ones_like(out))
 
     torch.manual_seed(1)
     hq, hkv, d = 8, 2, 128
@@ -110,14 +119,47 @@ def _varlen_runs(num_splits, pack_gqa):
         ("max_seqlen too small", cu_q, cu_k, None, None, 7, 20),
     ]
     for label, cq, ck, uq, uk, mq, mk in packed:
-        fa.flash_attn_varlen_func(q, k, k, cq, ck, mq, mk, seqused_q=uq, seqused_k=uk, **opts)
+        call(q, k, k, cq, ck, mq, mk, seqused_q=uq, seqused_k=uk, **opts)
     dense = [  # dense q and k with seqused
         ("good", _i32([120, 0, 7, 1, 50]), _i32([700, 1, 600, 9, 300])),
         ("seqused past the dense seqlen", _i32([500, 0, 7, 1, 50]), _i32([2_000_000, 1, 600, 9, 300])),
         ("negative seqused", _i32([120, -4, 7, 1, 50]), _i32([700, -1, 600, 9, 300])),
     ]
     for label, uq, uk in dense:
-        fa.flash_attn_varlen_func(qd, kd, kd, seqused_q=uq, seqused_k=uk, max_seqlen_q=120, max_seqlen_k=700, **opts)
+        call(qd, kd, kd, seqused_q=uq, seqused_k=uk, max_seqlen_q=120, max_seqlen_k=700, **opts)
+    torch.cuda.synchronize()
+
+
+def _bwd_runs(deterministic=False, role_split=False):
+    """The backward (preprocess, main kernel, postprocess): dense GQA calls per head-dim class (full, causal, a
+    window with a negative bound, softcap, a sink) and the varlen metadata cases of ``_varlen_runs``;
+    ``role_split`` patches the d64 / d128 table entries to the role-split kernel (named barriers)."""
+    import dataclasses
+
+    import torch
+
+    import flash_attn_4_sm120 as fa
+    from flash_attn_4_sm120 import backward, bwd_config
+
+    if role_split:
+        cfg = bwd_config.BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True)
+        bwd_config.BWD_TABLE[64] = dataclasses.replace(cfg, stages_do=2)
+        bwd_config.BWD_TABLE[128] = cfg
+        bwd_config.select_bwd_config.cache_clear()
+        backward._kernels.cache_clear()
+    torch.manual_seed(2)
+    for d in (64, 128) if role_split else (64, 128, 192, 256):
+        q = torch.randn(2, 333, 6, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        k = torch.randn(2, 517, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        v = torch.randn(2, 517, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        sink = torch.randn(6, device="cuda", requires_grad=True)
+        variants = [dict(), dict(causal=True), dict(window_size=(100, -7)), dict(learnable_sink=sink)]
+        if not role_split:
+            variants.append(dict(causal=True, softcap=20.0))
+        for kw in variants:
+            out = fa.flash_attn_func(q, k, v, deterministic=deterministic, **kw)[0]
+            torch.autograd.grad(out, [q, k, v] + ([sink] if "learnable_sink" in kw else []), torch.ones_like(out))
+    _varlen_runs(1, False, grad=True, deterministic=deterministic)
     torch.cuda.synchronize()
 
 
@@ -244,6 +286,9 @@ FAMILIES = {
     "paged": _paged_runs,
     "kvcache": _kvcache_runs,
     "combine": _combine_run,
+    "bwd": _bwd_runs,
+    "bwd_det": lambda: _bwd_runs(deterministic=True),
+    "bwd_rolesplit": lambda: _bwd_runs(deterministic=True, role_split=True),
 }
 
 
