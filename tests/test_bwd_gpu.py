@@ -288,7 +288,8 @@ def test_bwd_cuda_graph_replay():
         assert torch.equal(a, b), f"{name}: graph replay differs from eager"
 
 
-@pytest.mark.parametrize("window", [(None, None), (164, -100), (None, -700)], ids=["full", "keys-unseen", "rows-empty"])
+@pytest.mark.parametrize("window", [(None, None), (164, -100), (None, -700)],
+                         ids=["full", "keys-unseen", "rows-empty"])
 def test_bwd_writes_every_gradient_row(window):
     """flash_attn_bwd into NaN-filled dq / dk / dv: every row must be written (key blocks no query sees get
     zeros, rows that see no key get dq = 0), and the values match the autograd path's."""
@@ -334,7 +335,8 @@ def dataclasses_replace(obj, **changes):
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window_size=(96, 32))], ids=["full", "causal", "window"])
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window_size=(96, 32))],
+                         ids=["full", "causal", "window"])
 def test_bwd_role_split_candidate(role_split_tables, d, mask):
     run_dense(2, 333, 300, 8, 2, d, d, **mask)
     run_dense(1, 64, 64, 2, 2, d, d, dtype=torch.float16, sink=True, with_dlse=True, **mask)

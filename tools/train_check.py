@@ -23,7 +23,8 @@ implementations of the same model bound what bf16 noise does to a curve; gpt-oss
     # on the device, with the transformers archive in the kit (client_transformers.py says how)
     python3 tools/train_check.py --out $OUT/train.json [--steps 300] [--models llama gpt_oss plain]
     # here: the figure from the JSON
-    python3 tools/train_check.py --plot benchmarks/results/train_h100_<date>.json --png benchmarks/results/train_h100_<date>.png
+    python3 tools/train_check.py --plot benchmarks/results/train_h100_<date>.json \
+        --png benchmarks/results/train_h100_<date>.png
 """
 
 from __future__ import annotations

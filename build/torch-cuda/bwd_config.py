@@ -68,8 +68,9 @@ class BwdConfig:
 def bwd_padded_head_dim(d: int, cfg: BwdConfig, qk: bool = True) -> int:
     """The smem/fragment width of head dim ``d`` (``qk``: Q/K's, else V/dO's): the smallest multiple of the
     MMA k-extent (16) that the warps' column splits divide (dK/dV: 16 per warp column per ``dkv_chunks``
-    slice; dQ, for Q/K only: 16 per warp column per ``dq_chunks`` slice) and whose swizzle atom keeps one 16-byte copy pass within the
-    shortest copied tile (Q/dO: tile_m rows, K/V: tile_n). Every padded column is MMA work."""
+    slice; dQ, for Q/K only: 16 per warp column per ``dq_chunks`` slice) and whose swizzle atom keeps one
+    16-byte copy pass within the shortest copied tile (Q/dO: tile_m rows, K/V: tile_n). Every padded column
+    is MMA work."""
     min_rows = min(cfg.tile_m, cfg.tile_n)
     step = 16 * max(1, cfg.role_warps // max(cfg.dkv_warps_n, 1)) * max(cfg.dkv_chunks, 1)
     if qk:
@@ -235,7 +236,8 @@ def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfi
     them for spills with ``--subset candidates``)."""
     out = []
     cls = bwd_head_dim_class(spec)
-    tiles = [(*t, False) for t in BWD_TILE_CANDIDATES[cls]] + [(*t, True) for t in BWD_ROLE_SPLIT_CANDIDATES.get(cls, ())]
+    tiles = [(*t, False) for t in BWD_TILE_CANDIDATES[cls]]
+    tiles += [(*t, True) for t in BWD_ROLE_SPLIT_CANDIDATES.get(cls, ())]
     for tm, tn, w, sq, sdo, ch, kch, rs in tiles:
         splits = [x for x in (1, 2, 4, 8) if x <= w]
         for sdp, dkv, dq in product(splits, splits, splits):

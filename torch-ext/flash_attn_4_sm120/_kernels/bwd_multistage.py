@@ -61,7 +61,7 @@ from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .grid_dependency import enter_grid
 from .mask import mask_scores
 from .seqlen_info import num_batches, num_heads, sequence_heads, workspace_row
-from .tile_io import column_predicate, copy_rows, store_rows, zero_masked_cols
+from .tile_io import column_predicate, load_rows, store_rows, zero_masked_cols
 
 
 def ldmatrix_atom(dtype, transpose: bool) -> cute.CopyAtom:
@@ -345,16 +345,8 @@ class FlashBwdMultistage:
         tidx, n = ctx.tidx, ctx.n_block
         for src, dst, tiled, width, real in ((mK_s, sm.sK, self.g2s_qk, self.head_dim, self.spec.head_dim),
                                              (mV_s, sm.sV, self.g2s_v, self.head_dim_v, self.spec.head_dim_v)):
-            thr = tiled.get_slice(tidx)
             g = cute.local_tile(src[None, head_kv, None], (self.tile_n, width), (n, 0))
-            c = cute.make_identity_tensor((self.tile_n, width))
-            tc = thr.partition_S(c)
-            col_pred = column_predicate(tc, real) if const_expr(width != real) else None
-            tdst = thr.partition_D(dst)
-            if const_expr(width != real):
-                zero_masked_cols(tdst, col_pred)
-            copy_rows(tiled, thr.partition_S(g), tdst, tiled.get_slice(0).partition_S(c),
-                      ctx.seqlen_k - n * self.tile_n - tc[0][0], True, col_pred)
+            load_rows(tiled, tidx, g, dst, (self.tile_n, width), real, ctx.seqlen_k - n * self.tile_n, True)
         for s_x, tiled, width, real, stages in ((sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim,
                                                  self.config.stages_q),
                                                 (sm.sdO, self.g2s_v, self.head_dim_v, self.spec.head_dim_v,
@@ -378,14 +370,9 @@ class FlashBwdMultistage:
                 (q, ctx.mQ_s, sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim, cfg.stages_q),
                 (do, ctx.mdO_s, sm.sdO, self.g2s_v, self.head_dim_v, self.spec.head_dim_v, cfg.stages_do)):
             if const_expr(wanted):
-                thr = tiled.get_slice(tidx)
                 gX = cute.local_tile(src[None, head, None], (self.tile_m, width), (m, 0))
-                c = cute.make_identity_tensor((self.tile_m, width))
-                tc = thr.partition_S(c)
-                col_pred = column_predicate(tc, real) if const_expr(width != real) else None
-                copy_rows(tiled, thr.partition_S(gX), thr.partition_D(dst)[None, None, None, it % stages],
-                          tiled.get_slice(0).partition_S(c), ctx.seqlen_q - m * self.tile_m - tc[0][0], True,
-                          col_pred)
+                load_rows(tiled, tidx, gX, dst[None, None, it % stages], (self.tile_m, width), real,
+                          ctx.seqlen_q - m * self.tile_m)
 
     # ------------------------------------------------------------------------------------------
     # One (query head, query block) step

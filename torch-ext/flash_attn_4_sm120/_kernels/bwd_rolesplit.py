@@ -34,7 +34,7 @@ from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .mask import mask_scores
 from .seqlen_info import workspace_row
-from .tile_io import column_predicate, copy_rows
+from .tile_io import load_rows
 
 _GROUP = 128  # threads per warp group
 # named barriers (0 is the CTA barrier)
@@ -103,13 +103,9 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         width, real = self.head_dim_v, self.spec.head_dim_v
         tiled = g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], _GROUP,
                                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL))
-        thr = tiled.get_slice(group_ids()[1])
         gX = cute.local_tile(mdO_s[None, head, None], (self.tile_m, width), (m, 0))
-        c = cute.make_identity_tensor((self.tile_m, width))
-        tc = thr.partition_S(c)
-        col_pred = column_predicate(tc, real) if const_expr(width != real) else None
-        copy_rows(tiled, thr.partition_S(gX), thr.partition_D(sdO)[None, None, None, 0],
-                  tiled.get_slice(0).partition_S(c), seqlen_q - m * self.tile_m - tc[0][0], True, col_pred)
+        load_rows(tiled, group_ids()[1], gX, sdO[None, None, 0], (self.tile_m, width), real,
+                  seqlen_q - m * self.tile_m)
 
     @cute.jit
     def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):

@@ -92,3 +92,29 @@ def store_rows(
                 cute.copy(s2g, tR[None, r, None], tG[None, r, None], pred=col_pred[None, r, None])
             else:
                 cute.copy(s2g, tR[None, r, None], tG[None, r, None])
+
+
+@cute.jit
+def load_rows(
+    tiled_copy: cute.TiledCopy,
+    tidx,
+    gX: cute.Tensor,
+    sX: cute.Tensor,
+    tile_shape: cutlass.Constexpr,
+    real_cols: cutlass.Constexpr[int],
+    row_limit: Int32,
+    zero_padding: cutlass.Constexpr[bool] = False,
+):
+    """Copy the (``tile_shape``) global tile ``gX`` into the smem tile ``sX`` (cp.async or any copy
+    ``tiled_copy`` holds): rows at or past ``row_limit`` (tile-relative) are zero-filled, columns at or past
+    ``real_cols`` (a padded head dim) are not read, and with ``zero_padding`` are zeroed first."""
+    thr = tiled_copy.get_slice(tidx)
+    c = cute.make_identity_tensor(tile_shape)
+    tc = thr.partition_S(c)
+    padded = tile_shape[1] != real_cols
+    col_pred = column_predicate(tc, real_cols) if cutlass.const_expr(padded) else None
+    tdst = thr.partition_D(sX)
+    if cutlass.const_expr(padded and zero_padding):
+        zero_masked_cols(tdst, col_pred)
+    copy_rows(tiled_copy, thr.partition_S(gX), tdst, tiled_copy.get_slice(0).partition_S(c), row_limit - tc[0][0],
+              True, col_pred)
