@@ -99,9 +99,7 @@ def hf_run(kind: str, impl: str, ckpt: Path, steps: int) -> dict:
 
     out = train(step, model.parameters(), steps, "cuda")
     out["attn_implementation"] = held
-    del model
-    torch.cuda.empty_cache()
-    return out
+    return out  # the model is freed with this frame; the caller empties the cache
 
 
 def hf_checkpoint(kind: str, workdir: Path) -> Path:
@@ -175,10 +173,7 @@ def plain_run(attn: str, steps: int) -> dict:
     model = GPT().cuda().to(torch.bfloat16)
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
-    out = train(compiled, model.parameters(), steps, "cuda")
-    del model, compiled
-    torch.cuda.empty_cache()
-    return out
+    return train(compiled, model.parameters(), steps, "cuda")
 
 
 # -- checks, report, figure --------------------------------------------------------------------------------------
@@ -238,6 +233,7 @@ def main(argv=None) -> int:
                                                                                             args.steps)
                 except Exception as e:  # noqa: BLE001
                     runs[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                torch.cuda.empty_cache()
                 print(f"{model}/{name}: " + (runs[name].get("error") or
                       f"loss {runs[name]['losses'][0]:.3f} -> {tail_mean(runs[name]['losses']):.3f}, "
                       f"{runs[name]['step_ms']:.2f} ms/step"), flush=True)
