@@ -11,6 +11,7 @@ Also the conformance provider used by ``tools/conformance.py``: ``conformance_ca
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Optional
 
@@ -475,6 +476,31 @@ class BwdCase:
         return {"kernel": "bwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}
 
 
+@dataclass(frozen=True)
+class BwdSideCase:
+    """The backward's preprocess or postprocess kernel for the conformance gate (no MMA: row sums, scaling,
+    casts; the postprocess reads the dQ accumulator in the main kernel's fragment order)."""
+
+    which: str
+    spec: BwdSpec
+    config: BwdConfig
+    model_name: str = SM120.name
+    subset_ci: bool = False
+
+    @property
+    def name(self) -> str:
+        s, c = self.spec, self.config
+        flags = ("_varlenq" if s.varlen_q else "") + ("_usedq" if s.seqused_q else "") + ("_dlse" if s.has_dlse else "")
+        if self.which == "preprocess":
+            return f"bwd_pre_{s.dtype}_dv{s.head_dim_v}{flags}"
+        return (f"bwd_post_{s.dtype}_d{bwd_padded_head_dim(s.head_dim, c)}{flags}_m{c.tile_m}w{c.num_warps}"
+                f"_{c.dq_warps_m}c{c.dq_chunks}")
+
+    def describe(self) -> dict:
+        return {"kernel": f"bwd_{self.which}", **asdict(self.spec), **asdict(self.config), "model": self.model_name,
+                "uses_mma": False}
+
+
 def append_specs() -> list[AppendSpec]:
     """Every append code path: rotary off / GPT-NeoX / GPT-J (partial and full), dense, paged and
     read-from-starts caches, packed q / new k, the smallest and largest head dims, both dtypes."""
@@ -521,10 +547,15 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
     for spec in append_specs():
         ci = spec.dtype == "bf16" and spec.head_dim == 256 and spec.rotary_dim == 256 and spec.page_size > 0
         cases.append(AppendCase(spec, model.name, subset_ci=ci))
+    side = {}
     for spec, cfg in dispatchable_bwd(model):
         ci = spec.dtype == "bf16" and spec.head_dim == spec.head_dim_v and spec.head_dim in (128, 256) and spec.causal
         cases.append(BwdCase(spec, cfg, model.name, subset_ci=ci))
-    return cases
+        for which in ("preprocess", "postprocess"):
+            for dlse in (False, True) if which == "preprocess" else (False,):
+                case = BwdSideCase(which, dataclasses.replace(spec, has_dlse=dlse), cfg, model.name)
+                side.setdefault(case.name, case)
+    return cases + list(side.values())
 
 
 def candidate_cases(model: ExecutionModel = SM120) -> list[Case]:
@@ -589,6 +620,10 @@ def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bo
         return compile_combine(case.spec, model, target, keep), 0
     if isinstance(case, AppendCase):
         return compile_append(case.spec, model, target, keep), 0
+    if isinstance(case, BwdSideCase):
+        smem = 0 if case.which == "preprocess" else \
+            case.config.tile_m * bwd_padded_head_dim(case.spec.head_dim, case.config) * 2  # the 16-bit dQ tile
+        return compile_bwd_side(case.which, case.spec, case.config, model, target, keep), smem
     if isinstance(case, BwdCase):
         return (compile_bwd(case.spec, case.config, model, target, keep, check_valid=check_valid),
                 bwd_smem_bytes(case.spec, case.config))
