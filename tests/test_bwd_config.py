@@ -57,6 +57,28 @@ def test_role_split_predicate():
         BwdSpec("bf16", 128, 128, True), BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=8, role_split=True), SM120))
 
 
+def test_selection_falls_back_when_the_table_entry_cannot_run(monkeypatch):
+    """A role-split table entry cannot run softcap: the class's other entry serves it (and a plain spec keeps the
+    table's); with no entry that fits, selection raises naming the problems."""
+    from flash_attn_4_sm120 import bwd_config
+
+    rs = BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True)
+    other = BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4)
+    monkeypatch.setitem(bwd_config.BWD_TABLE, 128, rs)
+    monkeypatch.setitem(bwd_config.BWD_TABLE_HEAVY, 128, other)
+    select_bwd_config.cache_clear()
+    try:
+        assert select_bwd_config(BwdSpec("bf16", 128, 128, True), SM120) == rs
+        assert select_bwd_config(BwdSpec("bf16", 128, 128, True, softcap=True), SM120) == other
+        assert select_bwd_config(BwdSpec("bf16", 128, 128, True, varlen_q=True), SM120) == other
+        monkeypatch.delitem(bwd_config.BWD_TABLE_HEAVY, 128)
+        select_bwd_config.cache_clear()
+        with pytest.raises(ValueError, match="softcap"):
+            select_bwd_config(BwdSpec("bf16", 128, 128, True, softcap=True), SM120)
+    finally:
+        select_bwd_config.cache_clear()
+
+
 def test_dispatchable_covers_every_class_and_mask():
     pairs = dispatchable_bwd(SM120)
     assert {cfg for _, cfg in pairs} == set(BWD_TABLE.values()) | set(BWD_TABLE_HEAVY.values())

@@ -199,13 +199,19 @@ def bwd_head_dim_class(spec: BwdSpec) -> int:
 
 @lru_cache(maxsize=None)
 def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
-    """The table's config for ``spec``; raises if it does not fit (a table or predicate bug)."""
+    """The table's config for ``spec``: a heavy spec (softcap, varlen) takes its class's ``BWD_TABLE_HEAVY``
+    entry where there is one; a spec the chosen entry cannot run (a role-split entry and softcap) falls back to
+    the other. Raises if neither fits (a table or predicate bug)."""
     cls = bwd_head_dim_class(spec)
-    cfg = BWD_TABLE_HEAVY[cls] if _is_heavy(spec) and cls in BWD_TABLE_HEAVY else BWD_TABLE[cls]
-    problems = bwd_config_problems(spec, cfg, model)
-    if problems:
-        raise ValueError(f"no valid backward config for {spec} on {model.name}: {'; '.join(problems)}")
-    return cfg
+    order = [BWD_TABLE[cls]] + ([BWD_TABLE_HEAVY[cls]] if cls in BWD_TABLE_HEAVY else [])
+    if _is_heavy(spec):
+        order.reverse()
+    problems = []
+    for cfg in order:
+        problems = bwd_config_problems(spec, cfg, model)
+        if not problems:
+            return cfg
+    raise ValueError(f"no valid backward config for {spec} on {model.name}: {'; '.join(problems)}")
 
 
 #: Tiles the tuner may try per head-dim class besides the table's: (tile_m, tile_n, warps, stages_q,
