@@ -1,6 +1,11 @@
-"""Plot a forward benchmark result (``benchmarks/bench_fwd.py --out``) as a grouped bar chart PNG.
+"""Plot a forward or backward benchmark result (``benchmarks/bench_fwd.py`` / ``bench_bwd.py --out``) as a
+grouped bar chart PNG.
 
     python tools/plot_bench.py benchmarks/results/fwd_h100_2026-11-25.json [--out chart.png]
+    python tools/plot_bench.py benchmarks/results/bwd_h100_2026-11-25.json
+
+A backward result (rows whose implementations hold ``bwd`` timings) gets one panel per occupancy it was
+measured at, backward TFLOPS per case.
 
 Input: ``{device, date, dtype?, rows: [{case, seqlen_q, results: {impl: {tflops, kv_gbps, ms}}}]}``.
 Output (default: the input's path with ``.png``): one group of bars per case, this bundle first and then
@@ -23,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_perf import PEERS  # noqa: E402  (one list of peer names for the README table and the chart)
 
 #: Bar colours: this bundle stands out; peers muted; the H100-only ceiling hatched.
-COLORS = {"ours": "#d62728", "sdpa_flash_fa2": "#1f77b4", "fa4_sm120_path": "#7f7f7f", "sdpa_cudnn": "#c7c7c7"}
+COLORS = {"ours": "#d62728", "ours_deterministic": "#ff9896", "sdpa_flash_fa2": "#1f77b4", "fa4_sm120_path": "#7f7f7f",
+          "sdpa_cudnn": "#c7c7c7"}
 HATCHES = {"sdpa_cudnn": "//"}
 _FALLBACK_COLORS = ("#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf")
 
@@ -36,7 +42,27 @@ def implementations(rows: list[dict]) -> list[str]:
 
 
 def label(impl: str) -> str:
-    return dict(PEERS).get(impl, impl)
+    return dict(PEERS).get(impl, {"ours_deterministic": "this bundle, deterministic"}.get(impl, impl))
+
+
+#: bench_bwd.py's occupancy keys and panel titles
+BWD_PANELS = (("results", "SM120 occupancy"), ("results_h100", "H100 occupancy"))
+
+
+def is_backward(result: dict) -> bool:
+    return any("bwd" in r for row in result["rows"] for key, _ in BWD_PANELS for r in row.get(key, {}).values())
+
+
+def backward_panels(result: dict) -> list[tuple[str, list[dict]]]:
+    """(title, rows with ``results: {impl: {tflops}}`` of the backward alone) per occupancy measured."""
+    panels = []
+    for key, title in BWD_PANELS:
+        rows = [{"case": row["case"], "results": {impl: {"tflops": r["bwd"]["tflops"]} for impl, r in row[key].items()
+                                                  if "tflops" in r.get("bwd", {})}}
+                for row in result["rows"] if key in row]
+        if rows:
+            panels.append((title, rows))
+    return panels
 
 
 def split_rows(rows: list[dict]) -> tuple[list[dict], list[dict]]:
@@ -78,6 +104,8 @@ def plot(result: dict, out: Path) -> Path:
     rows = result["rows"]
     if not rows:
         raise ValueError("the result has no rows")
+    if is_backward(result):
+        return _plot_backward(result, out, plt)
     compute, decode = split_rows(rows)
     impls = implementations(rows)
     panels = [(r, m, y) for r, m, y in ((compute, "tflops", "TFLOPS"), (decode, "kv_gbps", "K/V read, GB/s")) if r]
@@ -101,6 +129,28 @@ def plot(result: dict, out: Path) -> Path:
         fig.text(0.005, 0.005, "; ".join(notes), fontsize=7, color="#404040", ha="left", va="bottom")
     fig.tight_layout(rect=(0, 0.02 if notes else 0, 1, 0.92))
     fig.savefig(out, dpi=100, pil_kwargs={"optimize": True})
+    plt.close(fig)
+    return out
+
+
+def _plot_backward(result: dict, out: Path, plt) -> Path:
+    panels = backward_panels(result)
+    impls = list(dict.fromkeys(i for _, rows in panels for row in rows for i in row["results"]))
+    known = [i for i in ("ours", "ours_deterministic", *[p for p, _ in PEERS]) if i in impls]
+    impls = list(dict.fromkeys(known + impls))
+    fig, axes = plt.subplots(1, len(panels), figsize=(2 + 1.4 * sum(len(r) for _, r in panels), 5.2), squeeze=False)
+    for ax, (title, rows) in zip(axes[0], panels):
+        _bars(ax, rows, impls, "tflops", "backward TFLOPS")
+        ax.set_title(title, fontsize=9)
+    fig.suptitle(f"Attention backward, {result.get('dtype', 'bf16')}: {result.get('device', 'unknown device')}, "
+                 f"{result.get('date', 'undated')}", fontsize=11)
+    # legend from the panel with the most bars (an implementation with no bar in a panel has no real handle)
+    ax_full = max(axes[0], key=lambda a: sum(len(c) for c in a.containers))
+    handles, labels = ax_full.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, 0.955), ncol=len(impls), fontsize=8,
+               frameon=False)
+    fig.tight_layout(rect=(0, 0, 1, 0.9))
+    fig.savefig(out, dpi=90, pil_kwargs={"optimize": True})
     plt.close(fig)
     return out
 
