@@ -139,11 +139,8 @@ def flash_attn_bwd(
             if g.shape != ref.shape or g.dtype != ref.dtype or g.device != ref.device or not g.is_contiguous():
                 raise ValueError(f"{name} must be a contiguous {ref.dtype} tensor of shape {tuple(ref.shape)} on "
                                  f"{ref.device}")
-    model, target = _model_and_target(q.device.index, *_env()[:2])
-    return backward.run_bwd(q, k, v, out, dout, lse, dlse, spec, shape, params, None,
-                            learnable_sink.dtype if learnable_sink is not None else None, model, target,
-                            device_smem(q.device.index, _env()[2]), deterministic,
-                            grads=given if dq is not None else None)
+    return _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, None, _dtype_of(learnable_sink), deterministic,
+                  grads=given if dq is not None else None)
 
 
 def _check_options(num_splits, pack_gqa) -> None:
@@ -362,14 +359,18 @@ def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_
     return out, q.new_empty(lse_shape, dtype=torch.float32)
 
 
-def _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, sink_dtype, deterministic):
-    """(dq, dk, dv, dsink) of a validated forward call: the eager autograd.Function and the backward custom
-    ops both end here."""
+def _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, sink_dtype, deterministic, grads=None):
+    """(dq, dk, dv, dsink) of a validated forward call: the eager autograd.Function, the backward custom ops and
+    ``flash_attn_bwd`` all end here (``grads``: (dq, dk, dv) to write into)."""
     if dout is None:
         dout = torch.zeros_like(out)
     model, target = _model_and_target(q.device.index, *_env()[:2])
     return backward.run_bwd(q, k, v, out, dout, lse, dlse, spec, shape, params, varlen, sink_dtype, model, target,
-                            device_smem(q.device.index, _env()[2]), deterministic)
+                            device_smem(q.device.index, _env()[2]), deterministic, grads=grads)
+
+
+def _dtype_of(sink: Optional[torch.Tensor]):
+    return sink.dtype if sink is not None else None
 
 
 def _dsink_out(dsink, q):
@@ -382,11 +383,8 @@ def _bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
               window_left: Optional[int], window_right: Optional[int], softcap: float,
               learnable_sink: Optional[torch.Tensor], deterministic: bool) -> tuple[torch.Tensor, torch.Tensor,
                                                                                     torch.Tensor, torch.Tensor]:
-    q, k, v = (kernel_layout(t) for t in (q, k, v))
-    spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, (window_left, window_right), softcap,
-                                       learnable_sink)
-    dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, None,
-                               learnable_sink.dtype if learnable_sink is not None else None, deterministic)
+    dq, dk, dv, dsink = flash_attn_bwd(dout, q, k, v, out, lse, softmax_scale, causal, (window_left, window_right),
+                                       softcap, learnable_sink, dlse, deterministic)
     return dq, dk, dv, _dsink_out(dsink, q)
 
 
@@ -409,8 +407,8 @@ def _varlen_bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
         (window_left, window_right), softcap, learnable_sink, False)
-    dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen,
-                               learnable_sink.dtype if learnable_sink is not None else None, deterministic)
+    dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, _dtype_of(learnable_sink),
+                               deterministic)
     return dq, dk, dv, _dsink_out(dsink, q)
 
 
@@ -465,7 +463,7 @@ class _FlashAttnFunc(torch.autograd.Function):
         out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen, num_splits=num_splits)
         ctx.save_for_backward(q, k, v, out, lse, *(varlen or (None,) * 5))
         ctx.spec, ctx.shape, ctx.params, ctx.deterministic = spec, shape, params, deterministic
-        ctx.sink_dtype = sink.dtype if sink is not None else None
+        ctx.sink_dtype = _dtype_of(sink)
         ctx.set_materialize_grads(False)
         return out, lse
 

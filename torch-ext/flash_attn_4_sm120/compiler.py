@@ -373,6 +373,14 @@ def get_bwd_side_kernel(which: str, spec: BwdSpec, config: BwdConfig, model: Exe
 # ----------------------------------------------------------------------------------------------
 # Conformance provider
 # ----------------------------------------------------------------------------------------------
+def _layout_flags(s) -> str:
+    """The case-name suffix of a spec's packed / seqused sides (forward and backward specs alike)."""
+    flags = ("_varlen" + ("q" if s.varlen_q else "") + ("k" if s.varlen_k else "")) if s.varlen_q or s.varlen_k else ""
+    if s.seqused_q or s.seqused_k:
+        flags += "_used" + ("q" if s.seqused_q else "") + ("k" if s.seqused_k else "")
+    return flags
+
+
 @dataclass(frozen=True)
 class Case:
     spec: FwdSpec
@@ -386,10 +394,7 @@ class Case:
         mask = s.mask
         mask += "_softcap" if s.softcap else ""
         mask += "_sink" if s.has_sink else ""
-        if s.varlen_q or s.varlen_k:
-            mask += "_varlen" + ("q" if s.varlen_q else "") + ("k" if s.varlen_k else "")
-        if s.seqused_q or s.seqused_k:
-            mask += "_used" + ("q" if s.seqused_q else "") + ("k" if s.seqused_k else "")
+        mask += _layout_flags(s)
         if s.pack_gqa:
             mask += "_packgqa"
         if s.split_kv:
@@ -462,10 +467,7 @@ class BwdCase:
         s, c = self.spec, self.config
         mask = "causal" if s.causal else ("local" if s.local else "full")
         mask += "_softcap" if s.softcap else ""
-        if s.varlen_q or s.varlen_k:
-            mask += "_varlen" + ("q" if s.varlen_q else "") + ("k" if s.varlen_k else "")
-        if s.seqused_q or s.seqused_k:
-            mask += "_used" + ("q" if s.seqused_q else "") + ("k" if s.seqused_k else "")
+        mask += _layout_flags(s)
         mask += "_det" if s.deterministic else ""
         return (f"bwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}"
                 f"q{c.stages_q}o{c.stages_do}_{c.sdp_warps_m}{c.dkv_warps_n}{c.dq_warps_m}"

@@ -278,22 +278,10 @@ class FlashBwdMultistage:
         dt = self.dtype
         thr_sdp, thr_dkv, thr_dq = (m.get_slice(tidx) for m in (self.mma_sdp, self.mma_dkv, self.mma_dq))
         ctx = SimpleNamespace(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
-
-        def operands(name, thr_mma, tiled_mma, s_a, s_a0, trans_a, s_b, s_b0, trans_b):
-            """Fragments A/B of ``thr_mma`` and their ldmatrix copies: ``s_a`` / ``s_b`` are the smem
-            tensors (with their stage mode, if any), ``s_a0`` / ``s_b0`` one stage of them."""
-            s2r_a = cute.make_tiled_copy_A(ldmatrix_atom(dt, trans_a), tiled_mma)
-            s2r_b = cute.make_tiled_copy_B(ldmatrix_atom(dt, trans_b), tiled_mma)
-            rA = thr_mma.make_fragment_A(thr_mma.partition_A(s_a0))
-            rB = thr_mma.make_fragment_B(thr_mma.partition_B(s_b0))
-            ta, tb = s2r_a.get_slice(tidx), s2r_b.get_slice(tidx)
-            setattr(ctx, name, SimpleNamespace(rA=rA, rB=rB, sA=ta.partition_S(s_a), rA_v=ta.retile(rA),
-                                               sB=tb.partition_S(s_b), rB_v=tb.retile(rB), s2r_a=s2r_a,
-                                               s2r_b=s2r_b, mma=tiled_mma))
-
-        operands("S", thr_sdp, self.mma_sdp, sm.sQ, sm.sQ[None, None, 0], False, sm.sK, sm.sK, False)
-        operands("dP", thr_sdp, self.mma_sdp, sm.sdO, sm.sdO[None, None, 0], False, sm.sV, sm.sV, False)
-        operands("dQ", thr_dq, self.mma_dq, sm.sdS, sm.sdS, False, sm.sKt, sm.sKt, True)
+        ctx.S = self.operands(thr_sdp, self.mma_sdp, tidx, sm.sQ, sm.sQ[None, None, 0], False, sm.sK, sm.sK, False)
+        ctx.dP = self.operands(thr_sdp, self.mma_sdp, tidx, sm.sdO, sm.sdO[None, None, 0], False, sm.sV, sm.sV,
+                               False)
+        ctx.dQ = self.operands(thr_dq, self.mma_dq, tidx, sm.sdS, sm.sdS, False, sm.sKt, sm.sKt, True)
         # dV += P^T dO and dK += dS^T Q in ``dkv_chunks`` head-dim slices, each with its own accumulator
         # and B operand (only one slice's Q / dO fragments are live at a time)
         cfg = self.config
@@ -303,8 +291,7 @@ class FlashBwdMultistage:
                     (ctx.dV, ctx.acc_dV, sm.sPt, sm.sdOt, self.head_dim_v // cfg.dkv_chunks, cfg.stages_do),
                     (ctx.dK, ctx.acc_dK, sm.sdSt, sm.sQt, self.head_dim // cfg.dkv_chunks, cfg.stages_q)):
                 s_b = cute.local_tile(s_bt, (width, self.tile_m, stages), (ch, 0, 0))
-                operands("chunk", thr_dkv, self.mma_dkv, s_a, s_a, True, s_b, s_b[None, None, 0], True)
-                ops.append(ctx.chunk)
+                ops.append(self.operands(thr_dkv, self.mma_dkv, tidx, s_a, s_a, True, s_b, s_b[None, None, 0], True))
                 acc = cute.make_rmem_tensor(thr_dkv.partition_shape_C((self.tile_n, width)), Float32)
                 acc.fill(0.0)
                 accs.append(acc)
@@ -317,6 +304,19 @@ class FlashBwdMultistage:
         ctx.tScS_rc = acc_rows_cols(thr_sdp.partition_C(cS))
         ctx.t0ScS_rc = acc_rows_cols(self.mma_sdp.get_slice(0).partition_C(cS))
         return ctx
+
+    @cute.jit
+    def operands(self, thr_mma, tiled_mma, t, s_a, s_a0, trans_a: cutlass.Constexpr[bool], s_b, s_b0,
+                 trans_b: cutlass.Constexpr[bool]) -> SimpleNamespace:
+        """Fragments A/B of ``thr_mma`` and their ldmatrix copies for thread ``t`` of the MMA's threads."""
+        dt = self.dtype
+        s2r_a = cute.make_tiled_copy_A(ldmatrix_atom(dt, trans_a), tiled_mma)
+        s2r_b = cute.make_tiled_copy_B(ldmatrix_atom(dt, trans_b), tiled_mma)
+        rA = thr_mma.make_fragment_A(thr_mma.partition_A(s_a0))
+        rB = thr_mma.make_fragment_B(thr_mma.partition_B(s_b0))
+        ta, tb = s2r_a.get_slice(t), s2r_b.get_slice(t)
+        return SimpleNamespace(rA=rA, rB=rB, sA=ta.partition_S(s_a), rA_v=ta.retile(rA), sB=tb.partition_S(s_b),
+                               rB_v=tb.retile(rB), s2r_a=s2r_a, s2r_b=s2r_b, mma=tiled_mma)
 
     @cute.jit
     def gemm(self, acc, ops: SimpleNamespace, a_stage, b_stage):
@@ -384,6 +384,25 @@ class FlashBwdMultistage:
         return ctx.head_kv * ctx.group + it // ctx.num_m, ctx.m_start + it % ctx.num_m
 
     @cute.jit
+    def step_schedule(self, ctx: SimpleNamespace, it, num_steps):
+        """(query head, query block, Q stage, dO stage, whether a step follows) of step ``it``."""
+        head, m = self.step_coords(ctx, it)
+        return head, m, it % self.config.stages_q, it % self.config.stages_do, it + 1 < num_steps
+
+    @cute.jit
+    def block_turn(self, ctx: SimpleNamespace, head, m, mSem, mCuSeqlensQ, poll_tidx):
+        """(the forward's block range of query block m, the deterministic mode's turn or None). The turn is
+        (counter, this key block's rank, the first acquire read by the thread whose ``poll_tidx`` is 0, in flight
+        under the step's first MMAs)."""
+        ranges = block_info.block_range(m, ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.spec.causal,
+                                        self.spec.local, ctx.window_left, ctx.window_right)
+        turn = None
+        if const_expr(self.spec.deterministic):
+            sem = semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q)
+            turn = (sem, ranges[3] - 1 - ctx.n_block, read_turn(sem, poll_tidx))
+        return ranges, turn
+
+    @cute.jit
     def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
         for it in cutlass.range(num_steps, unroll=1):
             self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ)
@@ -395,22 +414,13 @@ class FlashBwdMultistage:
     def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem,
              mCuSeqlensQ):
         cfg = self.config
-        head, m = self.step_coords(ctx, it)
-        sq = it % cfg.stages_q
-        sdo = it % cfg.stages_do
-        has_next = it + 1 < num_steps
+        head, m, sq, sdo, has_next = self.step_schedule(ctx, it, num_steps)
         # a. The next step's double-buffered tiles, into the stage the previous step used.
         if const_expr(cfg.stages_q == 2 or cfg.stages_do == 2):
             if has_next:
                 self.load_q_do(ctx, sm, it + 1, cfg.stages_q == 2, cfg.stages_do == 2)
             cute.arch.cp_async_commit_group()
-        ranges = block_info.block_range(m, ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.spec.causal,
-                                        self.spec.local, ctx.window_left, ctx.window_right)
-        turn = None
-        if const_expr(self.spec.deterministic):
-            # (counter, rank, first read): the read is in flight under the S / dP MMAs
-            sem = semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q)
-            turn = (sem, ranges[3] - 1 - ctx.n_block, read_turn(sem, ctx.tidx))
+        ranges, turn = self.block_turn(ctx, head, m, mSem, mCuSeqlensQ, ctx.tidx)
         # This block's rows of LSE2 and D' (padded workspaces: every row of the tile exists).
         gLSE2 = workspace_row(mLSE2, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
         gD = workspace_row(mD, ctx.batch, head, mCuSeqlensQ, ctx.total_q)

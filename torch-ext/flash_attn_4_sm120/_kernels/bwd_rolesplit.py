@@ -27,9 +27,8 @@ import cutlass.cute as cute
 from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
-from . import block_info
-from .bwd_multistage import FlashBwdMultistage, ldmatrix_atom
-from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
+from .bwd_multistage import FlashBwdMultistage
+from .dq_accum import pass_turn, wait_turn, warp_tiled_mma
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .mask import mask_scores
@@ -85,19 +84,6 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return ctx
 
     @cute.jit
-    def operands(self, thr_mma, tiled_mma, t, s_a, s_a0, trans_a: cutlass.Constexpr[bool], s_b, s_b0,
-                 trans_b: cutlass.Constexpr[bool]) -> SimpleNamespace:
-        """Fragments A/B of ``thr_mma`` and their ldmatrix copies for thread ``t`` of the MMA's threads."""
-        dt = self.dtype
-        s2r_a = cute.make_tiled_copy_A(ldmatrix_atom(dt, trans_a), tiled_mma)
-        s2r_b = cute.make_tiled_copy_B(ldmatrix_atom(dt, trans_b), tiled_mma)
-        rA = thr_mma.make_fragment_A(thr_mma.partition_A(s_a0))
-        rB = thr_mma.make_fragment_B(thr_mma.partition_B(s_b0))
-        ta, tb = s2r_a.get_slice(t), s2r_b.get_slice(t)
-        return SimpleNamespace(rA=rA, rB=rB, sA=ta.partition_S(s_a), rA_v=ta.retile(rA), sB=tb.partition_S(s_b),
-                               rB_v=tb.retile(rB), s2r_a=s2r_a, s2r_b=s2r_b, mma=tiled_mma)
-
-    @cute.jit
     def load_do_group0(self, mdO_s, sdO, head, m, seqlen_q):
         """cp.async query block m's dO tile (single-buffered) into ``sdO`` by group 0's 128 threads."""
         width, real = self.head_dim_v, self.spec.head_dim_v
@@ -119,20 +105,12 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
     def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
              acc_kv):
         cfg = self.config
-        head, m = self.step_coords(ctx, it)
-        sq = it % cfg.stages_q
-        sdo = it % cfg.stages_do
-        has_next = it + 1 < num_steps
+        head, m, sq, sdo, has_next = self.step_schedule(ctx, it, num_steps)
         # a. The next step's double-buffered tiles (every thread), into the stage the previous step used.
         if has_next:
             self.load_q_do(ctx, sm, it + 1, True, cfg.stages_do == 2)
         cute.arch.cp_async_commit_group()
-        ranges = block_info.block_range(m, ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.spec.causal,
-                                        self.spec.local, ctx.window_left, ctx.window_right)
-        turn = None
-        if const_expr(self.spec.deterministic):
-            sem = semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q)
-            turn = (sem, ranges[3] - 1 - ctx.n_block, read_turn(sem, ctx.tidx - _GROUP))
+        ranges, turn = self.block_turn(ctx, head, m, mSem, mCuSeqlensQ, ctx.tidx - _GROUP)  # thread 128 polls
         # plain locals for the branches (see the class docstring)
         sQ, sdO, sK, sV, sP, sdS = sm.sQ, sm.sdO, sm.sK, sm.sV, sm.sP, sm.sdS
         sQt, sdOt, sPt, sdSt = sm.sQt, sm.sdOt, sm.sPt, sm.sdSt
