@@ -2,7 +2,7 @@
 class at the SM120 model's occupancy, with FA2 (SDPA flash) in the same run, and print the best.
 
     python benchmarks/tune_bwd.py --conformance results/conformance_bwd_candidates_sm120a_<date>.json \
-        --out tune_bwd.json [--classes 128 64] [--jobs 12] [--limit N]
+        --out tune_bwd.json [--classes 128 64] [--jobs 12] [--limit N] [--role-split any|only|none]
 
 Candidates come from ``bwd_config.candidate_bwd_configs`` (every warp split of each class's candidate
 tiles), kept only where the sm_120a conformance JSON (``tools/conformance.py --subset candidates``) says
@@ -80,6 +80,8 @@ def main():
     ap.add_argument("--classes", nargs="*", type=int, default=[64, 96, 128, 192, 256])
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--limit", type=int, default=0, help="at most this many candidates per class (fewest registers)")
+    ap.add_argument("--role-split", choices=("any", "only", "none"), default="any",
+                    help="keep role-split candidates only, or none of them (the table entry is always timed)")
     args = ap.parse_args()
 
     import torch
@@ -101,7 +103,8 @@ def main():
         found = []
         for cfg in candidate_bwd_configs(spec, model):
             r = verdict.get(BwdCase(BwdSpec("bf16", cls, cls, causal=True), cfg).name)
-            if r is not None and not r["violations"]:
+            keep = {"any": True, "only": cfg.role_split, "none": not cfg.role_split}[args.role_split]
+            if keep and r is not None and not r["violations"]:
                 found.append((r["regs"] or 0, cfg))
         found.sort(key=lambda x: x[0])
         if args.limit:

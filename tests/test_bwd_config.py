@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from flash_attn_4_sm120._kernels import block_info
-from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_HEAVY, BwdConfig, bwd_config_problems, bwd_padded_head_dim,
-                                           bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd,
-                                           select_bwd_config)
+from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BwdConfig,
+                                           bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes,
+                                           candidate_bwd_configs, dispatchable_bwd, select_bwd_config)
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
 from flash_attn_4_sm120.problem import BwdSpec, FwdSpec
 from reference import visible
@@ -58,20 +58,21 @@ def test_role_split_predicate():
 
 
 def test_selection_falls_back_when_the_table_entry_cannot_run(monkeypatch):
-    """A role-split table entry cannot run softcap: the class's other entry serves it (and a plain spec keeps the
-    table's); with no entry that fits, selection raises naming the problems."""
+    """The d128 entry is the role split, which runs neither softcap nor head_dim != head_dim_v: the fallback
+    entry serves those, varlen keeps the role split (no heavy entry at d128); with no entry that fits,
+    selection raises naming the problems."""
     from flash_attn_4_sm120 import bwd_config
 
-    rs = BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True)
-    other = BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4)
-    monkeypatch.setitem(bwd_config.BWD_TABLE, 128, rs)
-    monkeypatch.setitem(bwd_config.BWD_TABLE_HEAVY, 128, other)
+    rs, fb = BWD_TABLE[128], bwd_config.BWD_TABLE_FALLBACK[128]
+    assert rs.role_split and not fb.role_split
     select_bwd_config.cache_clear()
     try:
         assert select_bwd_config(BwdSpec("bf16", 128, 128, True), SM120) == rs
-        assert select_bwd_config(BwdSpec("bf16", 128, 128, True, softcap=True), SM120) == other
-        assert select_bwd_config(BwdSpec("bf16", 128, 128, True, varlen_q=True), SM120) == other
-        monkeypatch.delitem(bwd_config.BWD_TABLE_HEAVY, 128)
+        assert select_bwd_config(BwdSpec("bf16", 128, 128, True, varlen_q=True, varlen_k=True), SM120) == rs
+        assert select_bwd_config(BwdSpec("bf16", 128, 128, True, softcap=True), SM120) == fb
+        assert select_bwd_config(BwdSpec("bf16", 128, 64, True), SM120) == fb
+        assert select_bwd_config(BwdSpec("bf16", 112, 112, False, local=True), SM120) == rs
+        monkeypatch.delitem(bwd_config.BWD_TABLE_FALLBACK, 128)
         select_bwd_config.cache_clear()
         with pytest.raises(ValueError, match="softcap"):
             select_bwd_config(BwdSpec("bf16", 128, 128, True, softcap=True), SM120)
@@ -81,7 +82,8 @@ def test_selection_falls_back_when_the_table_entry_cannot_run(monkeypatch):
 
 def test_dispatchable_covers_every_class_and_mask():
     pairs = dispatchable_bwd(SM120)
-    assert {cfg for _, cfg in pairs} == set(BWD_TABLE.values()) | set(BWD_TABLE_HEAVY.values())
+    assert {cfg for _, cfg in pairs} == (set(BWD_TABLE.values()) | set(BWD_TABLE_HEAVY.values())
+                                         | set(BWD_TABLE_FALLBACK.values()))
     assert {(s.causal, s.local) for s, _ in pairs} == {(False, False), (True, False), (False, True)}
     assert any(s.softcap for s, _ in pairs) and any(s.varlen_q and s.seqused_k for s, _ in pairs)
 

@@ -5,7 +5,8 @@ Only the main one has a tile choice: ``BwdConfig`` (a query block of ``tile_m`` 
 of ``tile_n`` keys, ``num_warps`` warps, Q and dO stages, and how the warps split each of the three GEMM
 shapes). ``bwd_config_problems`` is THE validity predicate: the table, the conformance gate and the
 tests call it. ``BWD_TABLE`` is the dispatcher's choice per head-dim class (``BWD_TABLE_HEAVY`` for
-specs with softcap or varlen where the class's tile has no registers to spare).
+specs with softcap or varlen where the class's tile has no registers to spare, ``BWD_TABLE_FALLBACK`` for
+specs the class's entry cannot run at all).
 """
 
 from __future__ import annotations
@@ -170,11 +171,13 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: The main kernel's tile per head-dim class (the smallest class >= max(head_dim, head_dim_v)): tiles that fit
 #: 101376 B (byte arithmetic in notes/bwd_design.md, section 3), the warp split and the 4- or 8-warp
 #: choice measured by ``benchmarks/tune_bwd.py`` at SM120 occupancy (``tune_bwd_h100_2026-11-25.json``:
-#: at d64 and d96 the 4-warp 64x64 tile beats the 8-warp ones, 32x32 warp tiles for S and dP).
+#: at d64 and d96 the 4-warp 64x64 tile beats the 8-warp ones, 32x32 warp tiles for S and dP;
+#: ``tune_bwd_rolesplit_h100_2026-11-25.json``: at d128 the role split, where each warp group runs one of the
+#: two S-sized GEMMs on 32x32 warp tiles, beats the 8-warp tile by 20%; at d64 and d96 it ties the 4-warp one).
 BWD_TABLE = {
     64: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
     96: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
-    128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+    128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True),
     192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
     256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, dq_chunks=2, dkv_chunks=2),
 }
@@ -185,6 +188,12 @@ BWD_TABLE = {
 BWD_TABLE_HEAVY = {
     64: BwdConfig(64, 128, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=8, dq_warps_m=4),
     96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
+}
+
+#: Specs the class's entries cannot run (the predicate says why): at d128 the role split takes neither softcap
+#: nor head_dim != head_dim_v; the 8-warp tile it replaced serves them.
+BWD_TABLE_FALLBACK = {
+    128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
 }
 
 
@@ -201,11 +210,12 @@ def bwd_head_dim_class(spec: BwdSpec) -> int:
 def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
     """The table's config for ``spec``: a heavy spec (softcap, varlen) takes its class's ``BWD_TABLE_HEAVY``
     entry where there is one; a spec the chosen entry cannot run (a role-split entry and softcap) falls back to
-    the other. Raises if neither fits (a table or predicate bug)."""
+    the other, then to ``BWD_TABLE_FALLBACK``'s. Raises if none fits (a table or predicate bug)."""
     cls = bwd_head_dim_class(spec)
     order = [BWD_TABLE[cls]] + ([BWD_TABLE_HEAVY[cls]] if cls in BWD_TABLE_HEAVY else [])
     if _is_heavy(spec):
         order.reverse()
+    order += [BWD_TABLE_FALLBACK[cls]] if cls in BWD_TABLE_FALLBACK else []
     problems = []
     for cfg in order:
         problems = bwd_config_problems(spec, cfg, model)
@@ -262,7 +272,7 @@ BWD_REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 96: ((96, 96), (72, 72
 def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
     """The (spec, config) pairs of the main backward kernel the conformance gate compiles: every class
     at its representative head dims, every mask, both dtypes; softcap, varlen and the deterministic mode
-    at the class size."""
+    at the class size, and a head_dim_v of half of it."""
     specs = []
     for dims in BWD_REPRESENTATIVE_HEAD_DIMS.values():
         for d, dv in dims:
@@ -276,4 +286,5 @@ def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
                                  varlen_k=True, seqused_q=True, seqused_k=True))
             specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", deterministic=True))
         specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True))
+        specs.append(BwdSpec("bf16", d, dv // 2, causal=True))  # head_dim != head_dim_v
     return [(spec, select_bwd_config(spec, model)) for spec in dict.fromkeys(specs)]
