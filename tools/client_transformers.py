@@ -66,7 +66,9 @@ generation match, calls) and writes it to ``--out``. Exits 1 if any check fails,
 unusable (no CUDA, transformers < 5.20, kernels outside [0.17.2, 0.18), the GPU's arch missing from metadata).
 
 On the device (no network; transformers 5.20 ships trimmed in the devkit's ``optional/``). The whole carry is
-64 MiB, so swap the benchmark-only wheels for the transformers archive in the staged kit first::
+64 MiB: ``bash tools/stage_client_kit.sh`` builds ``.kit_client`` (58 MB, the runtime, kernels and transformers;
+carry it and ``source .kit_client/device-setup.sh``); or, while the tree is small enough, swap the
+benchmark-only wheels for the transformers archive in the staged kit::
 
     # here, from the repo root
     bash /work/shared/devkit/stage.sh
