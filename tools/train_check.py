@@ -133,12 +133,22 @@ def hf_checkpoint(kind: str, workdir: Path) -> Path:
 
 def plain_run(attn: str, steps: int) -> dict:
     import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
 
     from client_transformers import REPO_ID
 
-    fa = __import__("kernels").get_kernel(REPO_ID, version=1) if attn == "ours" else None
+    model = plain_model(__import__("kernels").get_kernel(REPO_ID, version=1) if attn == "ours" else None)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True)
+    return train(compiled, model.parameters(), steps, "cuda")
+
+
+def plain_model(fa=None):
+    """The plain GPT (bf16, on the GPU, seeded) with attention through ``fa.flash_attn_func`` (the bundle's
+    module) or, with ``fa=None``, SDPA; also used by ``benchmarks/explore/profile_train_step.py``."""
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
     d, hq, hkv, hd, layers = 1024, 8, 2, 128, 4
 
     class Block(nn.Module):
@@ -176,10 +186,7 @@ def plain_run(attn: str, steps: int) -> dict:
             return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
     torch.manual_seed(0)
-    model = GPT().cuda().to(torch.bfloat16)
-    torch._dynamo.reset()
-    compiled = torch.compile(model, fullgraph=True)
-    return train(compiled, model.parameters(), steps, "cuda")
+    return GPT().cuda().to(torch.bfloat16)
 
 
 # -- checks, report, figure --------------------------------------------------------------------------------------
