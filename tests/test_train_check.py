@@ -43,3 +43,28 @@ def test_rule_fails(runs, why):
 def test_single_baseline_uses_two_percent():
     assert train_check.check("m", {"ours": _run(6.0, 1.015), "eager": _run(6.0, 1.0)}, "ours", "eager", None) == []
     assert train_check.check("m", {"ours": _run(6.0, 1.05), "eager": _run(6.0, 1.0)}, "ours", "eager", None)
+
+
+def test_plain_model_baselines_are_the_same_attention():
+    """The plain model's two baselines (SDPA and the written-out attention) compute the same causal GQA
+    attention: the second baseline bounds bf16 noise only if it is the same function (a missing mask, a wrong
+    scale or head grouping would show here)."""
+    torch = pytest.importorskip("torch")
+    torch.manual_seed(0)
+    q = torch.randn(2, 37, 8, 64, dtype=torch.bfloat16)
+    k, v = (torch.randn(2, 37, 2, 64, dtype=torch.bfloat16) for _ in range(2))
+    sdpa = train_check.causal_attention(q, k, v).float()
+    eager = train_check.causal_attention(q, k, v, eager=True).float()
+    assert (sdpa - eager).abs().max() < 0.03
+    # the check has teeth: the non-causal result differs far beyond that
+    full = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in (q, k, v)),
+                                                            enable_gqa=True).transpose(1, 2).float()
+    assert (full - eager).abs().max() > 0.3
+    seq, batch = train_check.SEQ, train_check.BATCH
+    train_check.SEQ, train_check.BATCH = 64, 2
+    try:
+        ids, labels = next(train_check.batches(1, "cpu"))
+        loss = train_check.plain_model(None, eager=True, device="cpu")(ids, labels).item()
+    finally:
+        train_check.SEQ, train_check.BATCH = seq, batch
+    assert 5.0 < loss < 8.0  # about ln(512) at initialization

@@ -10,8 +10,9 @@ Models (random init, bf16 weights, AdamW):
 * **gpt_oss** (``GptOssConfig``: learnable sinks, sliding-window / full layers, head_dim 64, GQA 8/2) through the
   ``kernels-community/vllm-flash-attn3`` alias (gpt-oss accepts only its listed flash kernels; see
   ``client_transformers.py``); baseline ``eager`` (gpt-oss has no sdpa path).
-* **plain**: a small PyTorch GPT (GQA 8/2, head_dim 128) whose attention is the bundle's ``flash_attn_func`` or
-  ``F.scaled_dot_product_attention``, the whole training step under ``torch.compile``.
+* **plain**: a small PyTorch GPT (GQA 8/2, head_dim 128) whose attention is the bundle's ``flash_attn_func``,
+  ``F.scaled_dot_product_attention`` or the same written out (the second baseline), the whole training step under
+  ``torch.compile``.
 
 Data: a copy task (each sequence repeats a block of ``PERIOD`` random tokens; the first block's labels are
 ignored), which a layer learns by attending ``PERIOD - 1`` keys back: the loss falls within a few hundred steps
@@ -20,7 +21,7 @@ half the sequence was tried first: the Llama and gpt-oss baselines themselves st
 steps). Checks per model: the mean loss of the last 50 steps is below half the first step's;
 ``|ours - baseline|`` of the mean loss over all steps (the area under the curve, so a slower descent counts) is
 at most ``max(2 * |baseline - second baseline|, 2% of the baseline)`` (two bf16 implementations of the same
-model bound what bf16 noise does to a curve; gpt-oss and the plain model have one baseline and use the 2%).
+model bound what bf16 noise does to a curve; gpt-oss has one baseline and uses the 2%).
 Step time: median of CUDA-event timings after 10 warm-up steps, ratio ours / baseline; ``--seq`` / ``--batch``
 move the shape toward where attention dominates a step.
 
@@ -136,15 +137,37 @@ def plain_run(attn: str, steps: int) -> dict:
 
     from client_transformers import REPO_ID
 
-    model = plain_model(__import__("kernels").get_kernel(REPO_ID, version=1) if attn == "ours" else None)
+    fa = __import__("kernels").get_kernel(REPO_ID, version=1) if attn == "ours" else None
+    model = plain_model(fa, eager=attn == "eager")
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True)
     return train(compiled, model.parameters(), steps, "cuda")
 
 
-def plain_model(fa=None):
-    """The plain GPT (bf16, on the GPU, seeded) with attention through ``fa.flash_attn_func`` (the bundle's
-    module) or, with ``fa=None``, SDPA; also used by ``benchmarks/explore/profile_train_step.py``."""
+def causal_attention(q, k, v, fa=None, eager: bool = False):
+    """Causal GQA attention of (batch, seqlen, heads, dim) tensors: the bundle's ``fa.flash_attn_func``, SDPA
+    (``fa=None``), or written out (``eager``: matmuls, mask, fp32 softmax)."""
+    import torch
+    import torch.nn.functional as F
+
+    if fa is not None:
+        return fa.flash_attn_func(q, k, v, causal=True)[0]
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    if not eager:
+        return F.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True).transpose(1, 2)
+    group = q.shape[2] // k.shape[2]
+    kt, vt = (t.repeat_interleave(group, dim=1) for t in (kt, vt))
+    scores = (qt @ kt.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    s_q, s_k = q.shape[1], k.shape[1]
+    future = torch.ones(s_q, s_k, dtype=torch.bool, device=q.device).triu(s_k - s_q + 1)
+    probs = scores.masked_fill(future, float("-inf")).softmax(dim=-1).to(vt.dtype)
+    return (probs @ vt).transpose(1, 2)
+
+
+def plain_model(fa=None, eager: bool = False, device: str = "cuda"):
+    """The plain GPT (bf16, seeded) with attention through ``fa.flash_attn_func`` (the bundle's module) or,
+    with ``fa=None``, SDPA, or with ``eager``, written out (matmuls, mask, fp32 softmax: the second baseline);
+    also used by ``benchmarks/explore/profile_train_step.py``."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F
@@ -163,11 +186,7 @@ def plain_model(fa=None):
             b, s, _ = x.shape
             q, k, v = self.qkv(self.n1(x)).split([hq * hd, hkv * hd, hkv * hd], dim=-1)
             q, k, v = q.view(b, s, hq, hd), k.view(b, s, hkv, hd), v.view(b, s, hkv, hd)
-            if fa is not None:
-                a = fa.flash_attn_func(q, k, v, causal=True)[0]
-            else:
-                a = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                   is_causal=True, enable_gqa=True).transpose(1, 2)
+            a = causal_attention(q, k, v, fa, eager)
             x = x + self.o(a.reshape(b, s, hq * hd))
             return x + self.down(F.gelu(self.up(self.n2(x))))
 
@@ -186,7 +205,7 @@ def plain_model(fa=None):
             return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
     torch.manual_seed(0)
-    return GPT().cuda().to(torch.bfloat16)
+    return GPT().to(device=device, dtype=torch.bfloat16)
 
 
 # -- checks, report, figure --------------------------------------------------------------------------------------
@@ -243,7 +262,7 @@ def main(argv=None) -> int:
               "versions": versions(), "steps": args.steps, "seq": SEQ, "batch": BATCH, "period": PERIOD, "models": {}, "failures": []}
     plans = {"llama": ({"ours": REPO_ID, "sdpa": "sdpa", "eager": "eager"}, "sdpa", "eager"),
              "gpt_oss": ({"ours": VLLM_FA3_ID, "eager": "eager"}, "eager", None),
-             "plain": ({"ours": "ours", "sdpa": "sdpa"}, "sdpa", None)}
+             "plain": ({"ours": "ours", "sdpa": "sdpa", "eager": "eager"}, "sdpa", "eager")}
     with tempfile.TemporaryDirectory() as work:
         for model in args.models:
             impls, base, base2 = plans[model]
