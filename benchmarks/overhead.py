@@ -2,8 +2,9 @@
 of back-to-back launches at a decode shape (GPU work ~50-100 us, queued, never waited on inside
 the loop), unsplit and split-KV, with and without the remembered launch plan, the paged varlen and
 KV-cache entries (with append and rotary), beside torch SDPA's (alone, and with the cache append and rotary an
-SDPA user runs in torch for the same step); the median of 7 rounds that take the
-rows in turn; and cProfiles of the split and KV-cache paths.
+SDPA user runs in torch for the same step); a training forward + backward at a small causal GQA shape, ours and
+SDPA's; the median of 7 rounds that take the rows in turn; and cProfiles of the split, KV-cache and training
+paths.
 
     python benchmarks/overhead.py [--out overhead.json]
 """
@@ -133,11 +134,35 @@ def main():
 
     rows["torch SDPA flash + cache append"] = sdpa_append
     rows["torch SDPA flash + cache append + rotary"] = lambda: sdpa_append(rotary=True)
+    # Training: forward + backward through autograd at a small causal GQA shape (GPU work well under the host
+    # time), ours (eager, and the backward alone through the low-level entry) beside SDPA flash.
+    qg = torch.randn(2, 128, 8, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    kg, vg = (torch.randn(2, 128, 2, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True) for _ in range(2))
+    dog = torch.randn_like(qg)
+    og, lseg = fa.flash_attn_func(qg, kg, vg, causal=True, return_lse=True)
+    og, lseg = og.detach(), lseg.detach()
+    grads = tuple(torch.empty_like(t) for t in (qg, kg, vg))
+
+    def ours_train():
+        out = fa.flash_attn_func(qg, kg, vg, causal=True)[0]
+        return torch.autograd.grad(out, (qg, kg, vg), dog)
+
+    def sdpa_train():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            out = F.scaled_dot_product_attention(qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2),
+                                                 is_causal=True, enable_gqa=True)
+        return torch.autograd.grad(out, (qg, kg, vg), dog.transpose(1, 2))
+
+    rows["train: flash_attn_func fwd + bwd (autograd)"] = ours_train
+    rows["train: flash_attn_bwd (low level, into dq/dk/dv)"] = lambda: fa.flash_attn_bwd(
+        dog, qg, kg, vg, og, lseg, causal=True, dq=grads[0], dk=grads[1], dv=grads[2])
+    rows["train: torch SDPA flash fwd + bwd (autograd)"] = sdpa_train
     result = median_host_us(rows)
     for name, us in result.items():
         print(f"{name:50s} {us:8.1f} us/call  ({us / result['torch SDPA flash']:.2f}x SDPA)", flush=True)
     text = io.StringIO()
-    for label in ("flash_attn_func, split", "flash_attn_with_kvcache, paged + append + rotary"):
+    for label in ("flash_attn_func, split", "flash_attn_with_kvcache, paged + append + rotary",
+                  "train: flash_attn_func fwd + bwd (autograd)"):
         fn = rows[label]
         pr = cProfile.Profile()
         pr.enable()

@@ -3,6 +3,7 @@ class at the SM120 model's occupancy, with FA2 (SDPA flash) in the same run, and
 
     python benchmarks/tune_bwd.py --conformance results/conformance_bwd_candidates_sm120a_<date>.json \
         --out tune_bwd.json [--classes 128 64] [--jobs 12] [--limit N] [--role-split any|only|none]
+        [--min-ctas-per-sm 2]
 
 Candidates come from ``bwd_config.candidate_bwd_configs`` (every warp split of each class's candidate
 tiles), kept only where the sm_120a conformance JSON (``tools/conformance.py --subset candidates``) says
@@ -82,6 +83,8 @@ def main():
     ap.add_argument("--limit", type=int, default=0, help="at most this many candidates per class (fewest registers)")
     ap.add_argument("--role-split", choices=("any", "only", "none"), default="any",
                     help="keep role-split candidates only, or none of them (the table entry is always timed)")
+    ap.add_argument("--min-ctas-per-sm", type=int, default=1,
+                    help="keep candidates the SM120 model runs at least this many CTAs per SM of (by shared memory)")
     args = ap.parse_args()
 
     import torch
@@ -89,7 +92,8 @@ def main():
     import torch.nn.functional as F
 
     import flash_attn_4_sm120 as fa
-    from flash_attn_4_sm120.bwd_config import BWD_TABLE, candidate_bwd_configs
+    from flash_attn_4_sm120.bwd_config import BWD_TABLE, bwd_smem_bytes, candidate_bwd_configs
+    from flash_attn_4_sm120.config import STATIC_SMEM_BYTES
     from flash_attn_4_sm120.compiler import BwdCase
     from flash_attn_4_sm120.problem import BwdSpec
     from timing import median_ms
@@ -104,6 +108,7 @@ def main():
         for cfg in candidate_bwd_configs(spec, model):
             r = verdict.get(BwdCase(BwdSpec("bf16", cls, cls, causal=True), cfg).name)
             keep = {"any": True, "only": cfg.role_split, "none": not cfg.role_split}[args.role_split]
+            keep = keep and model.ctas_per_sm(bwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES) >= args.min_ctas_per_sm
             if keep and r is not None and not r["violations"]:
                 found.append((r["regs"] or 0, cfg))
         found.sort(key=lambda x: x[0])

@@ -225,10 +225,15 @@ def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
 
 
 #: Tiles the tuner may try per head-dim class besides the table's: (tile_m, tile_n, warps, stages_q,
-#: stages_do, dq_chunks, dkv_chunks). Each is crossed with every warp split the predicate accepts.
+#: stages_do, dq_chunks, dkv_chunks). Each is crossed with every warp split the predicate accepts. The d64
+#: 64x64 single-stage, 32x64 and 64x32 tiles and the d96 32x32 and single-stage 32x64 / 64x32 ones (at the
+#: splits that leave the head dim unpadded) need <= 50176 B, so an SM120 holds two CTAs of them per SM
+#: (4 warps at <= 256 registers fit the register file twice).
 BWD_TILE_CANDIDATES = {
-    64: ((64, 128, 8, 2, 2, 1, 1), (64, 64, 8, 2, 2, 1, 1), (128, 64, 8, 2, 2, 1, 1), (64, 64, 4, 2, 2, 1, 1)),
-    96: ((64, 64, 8, 2, 2, 1, 1), (64, 64, 4, 2, 2, 1, 1), (64, 64, 8, 2, 1, 1, 1), (32, 64, 4, 2, 2, 1, 1)),
+    64: ((64, 128, 8, 2, 2, 1, 1), (64, 64, 8, 2, 2, 1, 1), (128, 64, 8, 2, 2, 1, 1), (64, 64, 4, 2, 2, 1, 1),
+         (64, 64, 4, 1, 1, 1, 1), (32, 64, 4, 2, 2, 1, 1), (64, 32, 4, 2, 2, 1, 1)),
+    96: ((64, 64, 8, 2, 2, 1, 1), (64, 64, 4, 2, 2, 1, 1), (64, 64, 8, 2, 1, 1, 1), (32, 64, 4, 2, 2, 1, 1),
+         (32, 32, 4, 2, 1, 1, 1), (32, 64, 4, 1, 1, 1, 1), (64, 32, 4, 1, 1, 1, 1)),
     128: ((64, 64, 8, 2, 1, 1, 1), (64, 64, 4, 2, 1, 1, 1), (64, 64, 8, 1, 1, 1, 1), (32, 64, 4, 2, 2, 1, 1),
           (64, 32, 4, 2, 2, 1, 1), (32, 64, 4, 2, 2, 2, 1), (32, 64, 4, 2, 2, 2, 2)),
     192: ((32, 64, 8, 2, 1, 1, 1), (64, 64, 8, 1, 1, 1, 1), (32, 64, 8, 2, 1, 2, 1), (32, 64, 4, 2, 1, 2, 2),
