@@ -1,0 +1,147 @@
+"""Block-sparse attention metadata (issue 20, host side): upstream FlashAttention-4's tensors, built and checked.
+
+For each (batch, head, query block) the forward lists the key blocks it visits, in two classes: **mask**
+blocks (some elements kept, some not: the kernel applies the element mask, e.g. a ``mask_mod``) and **full**
+blocks (every element kept: no element mask beyond the sequence end). Blocks in neither list are skipped.
+The backward walks key blocks and needs the transpose: per (batch, head, key block) the query blocks, in the
+same two classes. Tensors (int32, on the inputs' device; batch and head may be 1 and broadcast):
+
+* ``mask_block_cnt (B, H, M)``, ``mask_block_idx (B, H, M, N')`` — block indices ascending, the first
+  ``cnt`` entries valid (``N'`` may be less than the block count);
+* ``full_block_cnt`` / ``full_block_idx`` likewise (optional: without them every listed block is a mask block);
+* ``block_size = (query rows, keys)`` of a block.
+
+The builders here are torch code (CPU or GPU) from a dense boolean mask or a FlexAttention-style mask function
+``fn(b, h, q_idx, kv_idx) -> bool tensor`` evaluated on broadcast index tensors (the traced ``mask_mod`` of
+the kernels has the upstream signature; a torch twin of it describes the same mask). ``check_block_sparse``
+holds a call's tensors against its shapes and the kernel's tile, with upstream's rule: the key block equals
+the tile's ``tile_n`` and the query block is a multiple of ``tile_m``. It reads shapes and dtypes only (the
+contents stay on the device; a kernel clamps counts and indices, so corrupt contents never read past K/V).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple, Optional
+
+import torch
+
+EMPTY, PARTIAL, FULL = 0, 1, 2
+
+
+class BlockSparseTensorsTorch(NamedTuple):
+    """Upstream FlashAttention-4's block-sparse tensors (same field names and order)."""
+
+    mask_block_cnt: torch.Tensor
+    mask_block_idx: torch.Tensor
+    full_block_cnt: Optional[torch.Tensor] = None
+    full_block_idx: Optional[torch.Tensor] = None
+    cu_total_m_blocks: Optional[torch.Tensor] = None
+    cu_block_idx_offsets: Optional[torch.Tensor] = None
+    block_size: Optional[tuple] = None
+    dq_write_order: Optional[torch.Tensor] = None
+    dq_write_order_full: Optional[torch.Tensor] = None
+    spt: Optional[bool] = None
+
+
+def block_classes(mask: torch.Tensor, block_size: tuple) -> torch.Tensor:
+    """(B, H, M, N) int8 classes (EMPTY, PARTIAL, FULL) of a boolean (B, H, seqlen_q, seqlen_k) mask (True =
+    keep) in ``block_size = (rows, keys)`` blocks; the elements past the sequence ends of the last blocks
+    count for neither class (the kernel masks them anyway)."""
+    if mask.dim() != 4 or mask.dtype != torch.bool:
+        raise ValueError(f"mask must be a bool tensor (B, H, seqlen_q, seqlen_k), got {mask.dtype} {tuple(mask.shape)}")
+    bq, bk = block_size
+    b, h, sq, sk = mask.shape
+    m, n = -(-sq // bq), -(-sk // bk)
+    kept = torch.zeros(b, h, m * bq, n * bk, dtype=torch.int32, device=mask.device)
+    valid = torch.zeros(1, 1, m * bq, n * bk, dtype=torch.int32, device=mask.device)
+    kept[:, :, :sq, :sk] = mask.to(torch.int32)
+    valid[:, :, :sq, :sk] = 1
+    kept = kept.view(b, h, m, bq, n, bk).sum(dim=(3, 5))
+    valid = valid.view(1, 1, m, bq, n, bk).sum(dim=(3, 5))
+    cls = torch.full_like(kept, PARTIAL, dtype=torch.int8)
+    cls[kept == 0] = EMPTY
+    cls[kept == valid.expand_as(kept)] = FULL
+    return cls
+
+
+def _lists(cls: torch.Tensor, which: int) -> tuple:
+    """Per row of ``cls`` (..., rows, cols): the count of entries of class ``which`` and their column indices,
+    ascending, packed left (int32; unused slots 0)."""
+    hit = cls == which
+    cnt = hit.sum(dim=-1, dtype=torch.int32)
+    cols = torch.arange(cls.shape[-1], device=cls.device, dtype=torch.int32).expand_as(hit)
+    # hits first (in ascending column order), misses after: sort by (not hit, column)
+    order = torch.argsort((~hit).to(torch.int32) * cls.shape[-1] + cols, dim=-1, stable=True)
+    idx = torch.where(torch.gather(hit, -1, order), torch.gather(cols, -1, order), 0).to(torch.int32)
+    return cnt.contiguous(), idx.contiguous()
+
+
+def block_sparse_from_classes(cls: torch.Tensor, block_size: tuple) -> tuple:
+    """The forward tensors (per query block: key blocks) and the backward tensors (per key block: query
+    blocks) of block classes ``cls`` (B, H, M, N)."""
+    fwd = _lists(cls, PARTIAL) + _lists(cls, FULL)
+    bwd = _lists(cls.transpose(-1, -2), PARTIAL) + _lists(cls.transpose(-1, -2), FULL)
+    size = tuple(block_size)
+    return BlockSparseTensorsTorch(*fwd, block_size=size), BlockSparseTensorsTorch(*bwd, block_size=size)
+
+
+def block_sparse_from_mask(mask: torch.Tensor, block_size: tuple) -> tuple:
+    """(forward, backward) block-sparse tensors of a dense boolean (B, H, seqlen_q, seqlen_k) mask."""
+    return block_sparse_from_classes(block_classes(mask, block_size), block_size)
+
+
+def block_sparse_from_mask_fn(fn: Callable, batch: int, heads: int, seqlen_q: int, seqlen_k: int,
+                              block_size: tuple, device=None, rows_per_chunk: int = 1024) -> tuple:
+    """(forward, backward) block-sparse tensors of a FlexAttention-style mask function
+    ``fn(b, h, q_idx, kv_idx)`` (broadcast int64 index tensors in, a bool tensor out, True = keep), evaluated
+    ``rows_per_chunk`` query rows (rounded to whole blocks) at a time so memory stays ``B*H*chunk*seqlen_k``
+    bools. ``batch`` / ``heads`` of 1 give tensors that broadcast over the call's."""
+    bq, bk = block_size
+    rows = max(bq, rows_per_chunk // bq * bq)
+    b_idx = torch.arange(batch, device=device).view(-1, 1, 1, 1)
+    h_idx = torch.arange(heads, device=device).view(1, -1, 1, 1)
+    kv_idx = torch.arange(seqlen_k, device=device).view(1, 1, 1, -1)
+    parts = []
+    for r0 in range(0, seqlen_q, rows):
+        q_idx = torch.arange(r0, min(seqlen_q, r0 + rows), device=device).view(1, 1, -1, 1)
+        keep = torch.as_tensor(fn(b_idx, h_idx, q_idx, kv_idx), device=device)
+        keep = keep.to(torch.bool).expand(batch, heads, q_idx.shape[2], seqlen_k)
+        parts.append(block_classes(keep, block_size))
+    return block_sparse_from_classes(torch.cat(parts, dim=2), block_size)
+
+
+def check_block_sparse(t: BlockSparseTensorsTorch, batch: int, heads: int, seqlen_q: int, seqlen_k: int,
+                       tile_m: int, tile_n: int, backward: bool = False) -> int:
+    """Raise ``ValueError`` naming the problem unless ``t`` fits a call of these sizes run with (tile_m, tile_n)
+    tiles; returns how many kernel M tiles one query block spans. ``backward``: the transposed tensors."""
+    kind = "block_sparse_tensors_bwd" if backward else "block_sparse_tensors"
+    for name in ("cu_total_m_blocks", "cu_block_idx_offsets", "dq_write_order", "dq_write_order_full"):
+        if getattr(t, name) is not None:
+            raise ValueError(f"{kind}.{name}: not supported by this bundle (varlen block sparsity and a custom dQ "
+                             f"write order); use dense-batch tensors (the deterministic backward keeps its own order)")
+    if t.block_size is None:
+        raise ValueError(f"{kind}.block_size is required: (query rows, keys) per block, e.g. ({tile_m}, {tile_n})")
+    bq, bk = (int(x) for x in t.block_size)
+    if bk != tile_n:
+        raise ValueError(f"{kind}: key block {bk} must equal the kernel's tile_n={tile_n} for this head dim; rebuild "
+                         f"the tensors with block_size=({bq}, {tile_n})")
+    if bq % tile_m:
+        raise ValueError(f"{kind}: query block {bq} must be a multiple of the kernel's tile_m={tile_m}; rebuild the "
+                         f"tensors with block_size=({tile_m * max(1, bq // tile_m)}, {bk})")
+    m, n = -(-seqlen_q // bq), -(-seqlen_k // bk)
+    rows, cols = (n, m) if backward else (m, n)
+    pairs = [("mask_block", t.mask_block_cnt, t.mask_block_idx)]
+    if (t.full_block_cnt is None) != (t.full_block_idx is None):
+        raise ValueError(f"{kind}: full_block_cnt and full_block_idx are given together or not at all")
+    if t.full_block_cnt is not None:
+        pairs.append(("full_block", t.full_block_cnt, t.full_block_idx))
+    for name, cnt, idx in pairs:
+        for label, x, dims in ((f"{name}_cnt", cnt, 3), (f"{name}_idx", idx, 4)):
+            if not isinstance(x, torch.Tensor) or x.dtype != torch.int32 or x.dim() != dims:
+                raise ValueError(f"{kind}.{label} must be an int32 tensor of {dims} dims")
+        if cnt.shape[0] not in (1, batch) or cnt.shape[1] not in (1, heads) or cnt.shape[2] != rows:
+            raise ValueError(f"{kind}.{name}_cnt has shape {tuple(cnt.shape)}; expected (batch or 1, heads or 1, "
+                             f"{rows}) for {'key' if backward else 'query'} blocks of {bk if backward else bq}")
+        if idx.shape[:3] != cnt.shape or not 1 <= idx.shape[3] <= cols:
+            raise ValueError(f"{kind}.{name}_idx has shape {tuple(idx.shape)}; expected {tuple(cnt.shape)} + (1..{cols},)")
+    return bq // tile_m
