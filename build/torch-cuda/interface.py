@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from . import backward, compiler, manifest
+from . import backward, compiler, flex, manifest
 from .metadata import check_requested, check_varlen_metadata
 from ._ops import add_op_namespace_prefix
 from .config import (
@@ -38,6 +38,9 @@ from .execution_model import (
     resolve_dispatch_model,
 )
 from .problem import CombineSpec, kernel_layout, misaligned_row_dim, validate_fwd, validate_varlen
+
+_LOG2_E = 1.0 / math.log(2.0)
+
 
 @functools.lru_cache(maxsize=None)
 def _model_and_target(device_index: Optional[int], dispatch_override: Optional[str],
@@ -538,6 +541,44 @@ def _refusal(requested: tuple) -> Optional[str]:
     return _REFUSALS[requested]
 
 
+def _with_mods(spec, params, mods: dict, needs_grad: bool):
+    """(spec, params) of a call with ``mods`` (score_mod, mask_mod, score_mod_bwd, aux_tensors, aux_scalars;
+    issue 20): the spec keyed on the mods (``flex.ModKey``, callables registered for the compiler); with a
+    score_mod the kernel scales S by softmax_scale before it (the softcap slot) and exponentiates with log2(e).
+    Raises for the combinations notes/flex_design.md section 3 resolves as refused."""
+    key = flex.ModKey.of(**mods)
+    if key is None:
+        return spec, params
+    if mods.get("aux_tensors") or mods.get("aux_scalars"):
+        raise NotImplementedError("aux_tensors / aux_scalars are not yet supported by flash-attn-4-sm120's "
+                                  "score_mod / mask_mod; capture constants in the mod instead (its closure values "
+                                  "and the globals it reads are part of its compile key)")
+    if mods.get("mask_mod") is not None and (spec.causal or spec.local):
+        raise ValueError("mask_mod replaces causal / window_size: express the mask in mask_mod (causal: kv_idx <= "
+                         "q_idx + seqlen_info.seqlen_k - seqlen_info.seqlen_q, see flex_examples.causal) or drop "
+                         "mask_mod")
+    if mods.get("score_mod") is not None and spec.softcap:
+        raise ValueError("softcap with score_mod: fold the cap into score_mod (cap * tanh(score / cap), see "
+                         "flex_examples.softcap)")
+    if needs_grad:
+        raise NotImplementedError(_refusal(("score_mod", "backward")))
+    flex.register(key, mods.get("score_mod"), mods.get("score_mod_bwd"), mods.get("mask_mod"))
+    spec = dataclasses.replace(spec, mods=key)
+    if mods.get("score_mod") is not None:
+        params = dataclasses.replace(params, scale_log2=_LOG2_E, softcap_scale=params.softmax_scale)
+    return spec, params
+
+
+def _mods_of(score_mod, mask_mod, kwargs: dict) -> dict:
+    """The call's mods (upstream's keyword arguments), taken out of ``kwargs``."""
+    return dict(score_mod=score_mod, mask_mod=mask_mod, score_mod_bwd=kwargs.pop("score_mod_bwd", None),
+                aux_tensors=kwargs.pop("aux_tensors", None), aux_scalars=kwargs.pop("aux_scalars", None))
+
+
+def _has_mods(mods: dict) -> bool:
+    return any(v is not None for v in mods.values())
+
+
 def _needs_grad(q, k, v, sink=None) -> bool:
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sink))
 
@@ -666,7 +707,12 @@ def flash_attn_func(
                                       window_size=window_size, learnable_sink=learnable_sink, softcap=softcap,
                                       num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
                                       score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse, **kwargs)
+    mods = _mods_of(score_mod, mask_mod, kwargs)
     _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
+    if _has_mods(mods):
+        return _flex_call(q, k, v, None, mods, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                          learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
+                          deterministic=deterministic, return_lse=return_lse)
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
@@ -730,7 +776,15 @@ def flash_attn_varlen_func(
     also checks ``cu_seqlens``, ``seqused``, ``max_seqlen_*`` and the page table on the host (one sync) and
     raises ``ValueError`` naming the first bad entry (``metadata.py``).
     """
+    mods = _mods_of(score_mod, mask_mod, kwargs)
     _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
+    if _has_mods(mods):
+        varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                      max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
+                      check_metadata=check_metadata)
+        return _flex_call(q, k, v, varlen, mods, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                          learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
+                          deterministic=deterministic, return_lse=return_lse)
     if torch.compiler.is_compiling():
         # Like flash_attn_func: graphs see the namespaced custom op; validation runs inside it.
         out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -754,6 +808,26 @@ def flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
         window_size, softcap, learnable_sink, check_metadata, page_table)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse, key,
+                learnable_sink, bool(deterministic))
+
+
+@torch.compiler.disable
+def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causal, window_size, learnable_sink,
+               softcap, num_splits, pack_gqa, deterministic, return_lse):
+    """A forward with score_mod / mask_mod (issue 20), dense (``varlen`` None) or varlen (its keyword arguments):
+    eager even under torch.compile (the callables are traced into the kernel, which a graph's custom op cannot
+    carry: Dynamo breaks the graph here), never remembered as a launch plan (the mods are part of the spec)."""
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
+    if varlen is None:
+        spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
+        tensors = None
+    else:
+        spec, shape, params, tensors = _validate_varlen_call(
+            q, k, v, varlen["cu_seqlens_q"], varlen["cu_seqlens_k"], varlen["max_seqlen_q"], varlen["max_seqlen_k"],
+            varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
+            varlen["check_metadata"], varlen["page_table"])
+    spec, params = _with_mods(spec, params, mods, _needs_grad(q, k, v, learnable_sink))
+    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
                 learnable_sink, bool(deterministic))
 
 

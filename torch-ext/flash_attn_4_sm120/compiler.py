@@ -15,7 +15,7 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from .config import FwdConfig, candidate_fwd_configs, dispatchable_fwd, fwd_smem_bytes
+from .config import FwdConfig, candidate_fwd_configs, dispatchable_fwd, fwd_smem_bytes, select_fwd_config
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
 from .bwd_config import BwdConfig, bwd_padded_head_dim, bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd
 from .problem import AppendSpec, BwdSpec, CombineSpec, FwdSpec
@@ -387,11 +387,13 @@ class Case:
     config: FwdConfig
     model_name: str = SM120.name
     subset_ci: bool = False
+    #: the mods' example name (``flex_examples``) for specs with mods
+    label: str = ""
 
     @property
     def name(self) -> str:
         s, c = self.spec, self.config
-        mask = s.mask
+        mask = s.mask + (f"_flex-{self.label}" if s.mods is not None else "")
         mask += "_softcap" if s.softcap else ""
         mask += "_sink" if s.has_sink else ""
         mask += _layout_flags(s)
@@ -549,6 +551,7 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
     for spec in append_specs():
         ci = spec.dtype == "bf16" and spec.head_dim == 256 and spec.rotary_dim == 256 and spec.page_size > 0
         cases.append(AppendCase(spec, model.name, subset_ci=ci))
+    cases += flex_cases(model)
     side = {}
     for spec, cfg in dispatchable_bwd(model):
         ci = spec.dtype == "bf16" and spec.head_dim == spec.head_dim_v and spec.head_dim in (128, 256) and spec.causal
@@ -558,6 +561,26 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
                 case = BwdSideCase(which, dataclasses.replace(spec, has_dlse=dlse), cfg, model.name)
                 side.setdefault(case.name, case)
     return cases + list(side.values())
+
+
+def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
+    """The forward with mods (issue 20): each example of ``flex_examples.gate_examples`` traced into the table's
+    d128 and d64 configs, packed-GQA, varlen (packed Q and K) and the persistent ping-pong mainloop. The CI
+    subset takes ALiBi + causal mask at d128."""
+    from . import flex, flex_examples
+
+    forced_persistent = FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True, persistent=True)
+    cases = []
+    for ex in flex_examples.gate_examples():
+        key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, mask_mod=ex.mask_mod), ex.score_mod, None,
+                            ex.mask_mod)
+        for d, pack, varlen in ((128, False, False), (64, False, False), (128, True, False), (128, False, True)):
+            spec = FwdSpec("bf16", d, d, causal=False, pack_gqa=pack, varlen_q=varlen, varlen_k=varlen, mods=key)
+            ci = d == 128 and not (pack or varlen) and ex.score_mod is not None and ex.mask_mod is not None
+            cases.append(Case(spec, select_fwd_config(spec, model), model.name, subset_ci=ci, label=ex.name))
+        spec = FwdSpec("bf16", 128, 128, causal=False, mods=key)
+        cases.append(Case(spec, forced_persistent, model.name, label=ex.name))
+    return cases
 
 
 def candidate_cases(model: ExecutionModel = SM120) -> list[Case]:

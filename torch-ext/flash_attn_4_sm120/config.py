@@ -187,6 +187,10 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
     out = []
     rows_per_pass = cfg.num_warps * 16  # rows one MMA step covers (one m16 atom per warp)
+    if spec.mods is not None and cfg.q_in_regs and cfg.tile_m // cfg.num_warps >= 32:
+        # sm_120a gate, 2026-11-25: the d64 128x64 4-warp one-stage tile (255 registers) spilled 8-192 B
+        out.append("score_mod / mask_mod index vectors beside 32 query rows per warp held in registers spill; "
+                   "a 64-row tile (16 rows per warp) serves mods")
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if cfg.tile_m % rows_per_pass:
@@ -420,7 +424,7 @@ def table_keys(spec: FwdSpec) -> list[str]:
     (``exact_key``), a dtype entry (ptxas allocates registers differently for fp16 and bf16), a
     local-window entry (the two-sided mask adds registers), the class entry, then the class's
     cp.async entry (for specs or models the class entry's mainloop cannot serve: varlen / seqused K,
-    parts without TMA)."""
+    parts without TMA); specs with mods try the class's 64-row alternate before that."""
     key = table_key(spec)
     keys = [f"d{head_dim_class(spec)}_packgqa"] if spec.pack_gqa else []
     if spec.page_size:
@@ -428,7 +432,8 @@ def table_keys(spec: FwdSpec) -> list[str]:
     keys += [exact_key(spec), f"{key}_{spec.dtype}"]
     if spec.local:
         keys.append(f"{key}_local")
-    return keys + [key, f"{key}_cp_async"]
+    # mods (issue 20) add registers; where the class entry has none to spare, its 64-row alternate serves them
+    return keys + [key] + ([f"{key}_m64"] if spec.mods is not None else []) + [f"{key}_cp_async"]
 
 
 @lru_cache(maxsize=None)

@@ -98,9 +98,10 @@ def _digest(fn, seen: set) -> str:
 
 
 def callable_key(fn: Callable) -> str:
-    """The digest of a mod (see the module docstring); raises ``ValueError`` for a value it cannot key on and
-    ``TypeError`` for something that is not a Python function."""
-    target = fn.__func__ if isinstance(fn, types.MethodType) else fn
+    """The digest of a mod (see the module docstring; a ``cute.jit``-decorated function is keyed by the function
+    it wraps); raises ``ValueError`` for a value it cannot key on and ``TypeError`` for something that is not a
+    Python function."""
+    target = inspect.unwrap(fn.__func__ if isinstance(fn, types.MethodType) else fn)
     if not isinstance(target, types.FunctionType):
         raise TypeError(f"a mod must be a Python function (def or lambda), got {type(fn).__name__}")
     return _digest(target, set())
@@ -140,3 +141,25 @@ class ModKey:
                 raise ValueError(f"aux_scalars hold ints, floats and bools; got {type(s).__name__}")
         return ModKey(*(callable_key(f) if f is not None else None for f in (score_mod, score_mod_bwd, mask_mod)),
                       score_vec=vec, aux_tensors=tensors, aux_scalars=scalars)
+
+
+#: ModKey -> (score_mod, score_mod_bwd, mask_mod): the callables a key was first seen with. Equal keys mean equal
+#: traced code, so any of them compiles the kernel; the compiler reads them here (``callables``) because the
+#: kernel's compile key holds only the ModKey.
+_CALLABLES: dict = {}
+
+
+def register(key: ModKey, score_mod=None, score_mod_bwd=None, mask_mod=None) -> ModKey:
+    """Remember the callables of ``key`` for the compiler; returns ``key``."""
+    _CALLABLES.setdefault(key, (score_mod, score_mod_bwd, mask_mod))
+    return key
+
+
+def callables(key: ModKey) -> tuple:
+    """(score_mod, score_mod_bwd, mask_mod) registered for ``key``; raises ``KeyError`` naming the key when a
+    kernel is compiled for mods this process never saw (a disk-cache miss for another process's mods)."""
+    try:
+        return _CALLABLES[key]
+    except KeyError:
+        raise KeyError(f"no callables registered for {key}: compile a kernel with mods through the API call that "
+                       f"passes them") from None

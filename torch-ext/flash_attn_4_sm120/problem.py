@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from .flex import ModKey
+
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
@@ -46,6 +48,9 @@ class FwdSpec:
     #: table (batch, max_pages); 0 = K/V dense or packed. Compile-time (a constant divisor), one build per
     #: page size a serving engine uses
     page_size: int = 0
+    #: issue 20: the identity of the call's score_mod / mask_mod (``flex.ModKey``; the callables are traced into
+    #: the kernel, compiled from ``flex.callables``), None without mods
+    mods: Optional[ModKey] = None
 
     @property
     def mask(self) -> str:

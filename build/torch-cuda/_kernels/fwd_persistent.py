@@ -136,7 +136,8 @@ class FlashFwdPersistent(FlashFwdTma):
                     n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end, group=None,
                     tile_rows=seqlen_q, head_kv=head_kv, slot_base=slot_base,
                 )
-                ctx.score = self.score_step(ctx, p.softcap_scale, window_left, window_right)
+                ctx.score = self.score_step(ctx, p.softcap_scale, window_left, window_right, batch, head,
+                                            mCuSeqlensQ, p.mCuSeqlensK)
                 ctx.kv = self.kv_loader(cur.kv_src, tidx, sm)
                 if q_loaded == 0:
                     self.q_rows(sm.sQ, cur.mQ_h, seqlen_q, head, m_block, group, gtid, zero_pad=False)

@@ -56,11 +56,13 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from ..config import (FwdConfig, atom_cols, banded_tile_order, fwd_config_problems, fwd_min_ctas_per_sm, fwd_smem_bytes,
                       padded_head_dim)
+from .. import flex
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .grid_dependency import enter_grid
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
+from .flex_mods import FlexMods, SeqlenInfo
 from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
 from .softmax import OnlineSoftmax, softmax_step
@@ -272,14 +274,26 @@ class FlashFwdMultistage:
             softmax=OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0])),
         )
 
-    def score_step(self, ctx: SimpleNamespace, softcap_scale, window_left, window_right) -> ScoreStep:
+    def score_step(self, ctx: SimpleNamespace, softcap_scale, window_left, window_right, batch=None, head=None,
+                   mCuSeqlensQ=None, mCuSeqlensK=None) -> ScoreStep:
         """What S goes through between the QK^T MMA and the softmax in this tile (``score_step``): the
-        spec's features with the tile's runtime values and ``ctx``'s S coordinates."""
+        spec's features with the tile's runtime values and ``ctx``'s S coordinates; with mods (issue 20) also
+        the batch, the grid's head and the sequences' offsets in packed Q / K."""
+        mods = seqlen_info = None
+        if const_expr(self.spec.mods is not None):
+            score_mod, _, mask_mod = flex.callables(self.spec.mods)
+            mods = FlexMods(score_mod, mask_mod, self.spec.mods.score_vec)
+            seqlen_info = SeqlenInfo(
+                offset_q=mCuSeqlensQ[batch] if const_expr(mCuSeqlensQ is not None) else Int32(0),
+                offset_k=mCuSeqlensK[batch] if const_expr(mCuSeqlensK is not None) else Int32(0),
+                seqlen_q=ctx.seqlen_q, seqlen_k=ctx.seqlen_k,
+            )
         return ScoreStep(
             tile_m=self.tile_m, tile_n=self.tile_n, softcap=self.spec.softcap, causal=self.causal,
             local=self.spec.local, mask_select=self.config.mask_select, softcap_scale=softcap_scale,
             window_left=window_left, window_right=window_right, seqlen_q=ctx.seqlen_q, seqlen_k=ctx.seqlen_k,
             m_block=ctx.m_block, group=ctx.group, tScS_rc=ctx.tScS_rc, t0ScS_rc=ctx.t0ScS_rc,
+            mods=mods, batch=batch, head=head, seqlen_info=seqlen_info,
         )
 
     @cute.jit
@@ -455,7 +469,8 @@ class FlashFwdMultistage:
                     thr_qk=thr_qk, n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end,
                     tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, kv=kv, slot_base=0,
                 )
-                ctx.score = self.score_step(ctx, softcap_scale, window_left, window_right)
+                ctx.score = self.score_step(ctx, softcap_scale, window_left, window_right, batch, head,
+                                            mCuSeqlensQ, mCuSeqlensK)
 
                 out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head,
                                       split=split)

@@ -1,6 +1,9 @@
 """What happens to a key block's scores between the S = Q K^T MMA and the online softmax (arch-free).
 
 In place on the fp32 accumulator of one (tile_m, tile_n) block, in this order:
+  0. user mods (``mods``, issue 20; ``flex_mods``): score_mod on S * softcap_scale (the host passes the
+     softmax scale there and scale_log2 = log2(e): softcap and score_mod never meet), then mask_mod, on every
+     block;
   1. softcap (``softcap``): S = tanh(S * softcap_scale). The host passes softcap_scale = scale / c and
      the softmax scale_log2 = c * log2(e), so the logits become c * tanh(scale * S / c).
   2. element mask (blocks whose ``masked`` class says they need one): entries past seqlen_k, above the
@@ -22,6 +25,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
 
+from .flex_mods import apply_mods
 from .fragments import acc_rows_cols
 from .mask import mask_scores
 
@@ -46,11 +50,20 @@ class ScoreStep:
     group: Any
     tScS_rc: cute.Tensor
     t0ScS_rc: cute.Tensor
+    #: issue 20: ``flex_mods.FlexMods`` (compile-time) or None, and what the mods read: the batch, the grid's
+    #: head (the KV head when packed), ``flex_mods.SeqlenInfo``
+    mods: Any = None
+    batch: Any = None
+    head: Any = None
+    seqlen_info: Any = None
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, n_block: Int32, masked: cutlass.Constexpr[bool]):
         """S of key block ``n_block`` (the (MMA, MMA_M, MMA_N) accumulator), softcapped, and
         element-masked when ``masked``."""
+        if const_expr(self.mods is not None):
+            apply_mods(acc_rows_cols(acc_S), self.tScS_rc, self.mods, self.softcap_scale, self.batch, self.head,
+                       self.m_block, n_block, self.tile_m, self.tile_n, self.group, self.seqlen_info)
         if const_expr(self.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * self.softcap_scale, fastmath=True))
         if const_expr(masked):

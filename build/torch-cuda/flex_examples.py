@@ -1,0 +1,102 @@
+"""Example score_mod / mask_mod callables in upstream FlashAttention-4's conventions (issue 20), each with a
+torch twin that computes the same thing on index tensors (for references and for
+``block_sparse.block_sparse_from_mask_fn``).
+
+Kernel side: ``score_mod(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors)`` and
+``mask_mod(b, h, q_idx, kv_idx, seqlen_info, aux_tensors)`` on ``TensorSSA`` vectors (see
+``_kernels/flex_mods.py``); torch side: ``(score, b, h, q, k, seqlen_q, seqlen_k)`` / ``(b, h, q, k, seqlen_q,
+seqlen_k)`` on broadcast tensors. Factories capture their parameters (part of the compile key).
+Imports of cutlass are deferred to call time: this module loads without the DSL.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Example(NamedTuple):
+    """A mod and its torch twin."""
+
+    name: str
+    score_mod: object = None
+    mask_mod: object = None
+    torch_score: object = None
+    torch_mask: object = None
+
+
+def alibi(num_heads: int) -> Example:
+    """ALiBi: score - slope_h * |q - k| with slope_h = 2^(-8 (h + 1) / num_heads) (the query head)."""
+    step = -8.0 / num_heads
+
+    def score_mod(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        import cutlass
+        import cutlass.cute as cute
+
+        slope = cute.math.exp2((h + 1).to(cutlass.Float32) * step)
+        dist = (q_idx - kv_idx).to(cutlass.Float32)
+        return score - slope * cute.where(dist < 0.0, -dist, dist)
+
+    def torch_score(score, b, h, q, k, seqlen_q, seqlen_k):
+        return score - 2.0 ** ((h + 1) * step) * (q - k).abs()
+
+    return Example(f"alibi{num_heads}", score_mod=score_mod, torch_score=torch_score)
+
+
+def softcap(cap: float) -> Example:
+    """tanh softcapping written as a score_mod: cap * tanh(score / cap)."""
+    inv = 1.0 / cap
+
+    def score_mod(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        import cutlass.cute as cute
+
+        return cute.math.tanh(score * inv) * cap
+
+    def torch_score(score, b, h, q, k, seqlen_q, seqlen_k):
+        return cap * (score * inv).tanh()
+
+    return Example(f"softcap{cap:g}", score_mod=score_mod, torch_score=torch_score)
+
+
+def causal() -> Example:
+    """Bottom-right causal mask (FlashAttention's alignment) as a mask_mod."""
+
+    def mask_mod(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return kv_idx <= q_idx + (seqlen_info.seqlen_k - seqlen_info.seqlen_q)
+
+    def torch_mask(b, h, q, k, seqlen_q, seqlen_k):
+        return k <= q + (seqlen_k - seqlen_q)
+
+    return Example("causal", mask_mod=mask_mod, torch_mask=torch_mask)
+
+
+def prefix_lm(prefix: int) -> Example:
+    """Prefix-LM: the first ``prefix`` keys are visible to every query, the rest causally (top-left aligned)."""
+
+    def mask_mod(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return (kv_idx < prefix) | (kv_idx <= q_idx)
+
+    def torch_mask(b, h, q, k, seqlen_q, seqlen_k):
+        return (k < prefix) | (k <= q)
+
+    return Example(f"prefixlm{prefix}", mask_mod=mask_mod, torch_mask=torch_mask)
+
+
+def chunked_local(chunk: int) -> Example:
+    """Chunked local attention (Llama-4 style): a query sees the keys of its own chunk, causally."""
+
+    def mask_mod(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return ((q_idx // chunk) == (kv_idx // chunk)) & (kv_idx <= q_idx)
+
+    def torch_mask(b, h, q, k, seqlen_q, seqlen_k):
+        return (q // chunk == k // chunk) & (k <= q)
+
+    return Example(f"chunked{chunk}", mask_mod=mask_mod, torch_mask=torch_mask)
+
+
+def combined(score: Example, mask: Example) -> Example:
+    return Example(f"{score.name}+{mask.name}", score.score_mod, mask.mask_mod, score.torch_score, mask.torch_mask)
+
+
+def gate_examples() -> list:
+    """The examples the conformance gate compiles (each traced into a few table configs)."""
+    return [alibi(8), softcap(30.0), causal(), prefix_lm(100), chunked_local(128), combined(alibi(8), causal())]

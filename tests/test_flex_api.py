@@ -1,0 +1,89 @@
+"""The forward's mods path on the CPU (issue 20): the spec and parameters a call with score_mod / mask_mod
+gets, the combinations refused, the tile selection, and the gate's cases."""
+
+import dataclasses
+
+import pytest
+import torch
+
+import flash_attn_4_sm120 as fa
+from flash_attn_4_sm120 import compiler, flex_examples, interface
+from flash_attn_4_sm120.config import select_fwd_config
+from flash_attn_4_sm120.execution_model import SM120
+from flash_attn_4_sm120.problem import FwdParams, FwdSpec
+
+ALIBI, CAUSAL = flex_examples.alibi(8), flex_examples.causal()
+
+
+def _call(spec=None, needs_grad=False, **mods):
+    spec = spec or FwdSpec("bf16", 128, 128, causal=False)
+    params = FwdParams(softmax_scale=0.125, scale_log2=0.125 * 1.4426950408889634, softcap_scale=0.0,
+                       window_left=0, window_right=0, sink=None)
+    full = dict(score_mod=None, mask_mod=None, score_mod_bwd=None, aux_tensors=None, aux_scalars=None) | mods
+    return interface._with_mods(spec, params, full, needs_grad)
+
+
+def test_score_mod_moves_the_scale_before_the_mod():
+    spec, params = _call(score_mod=ALIBI.score_mod)
+    assert spec.mods is not None and spec.mods.score_mod and spec.mods.mask_mod is None
+    assert params.softcap_scale == 0.125 and abs(params.scale_log2 - 1.4426950408889634) < 1e-12
+
+
+def test_mask_mod_alone_keeps_the_scale():
+    spec, params = _call(mask_mod=CAUSAL.mask_mod)
+    assert spec.mods.mask_mod and params.scale_log2 == 0.125 * 1.4426950408889634 and params.softcap_scale == 0.0
+
+
+def test_no_mods_no_change():
+    spec, _ = _call()
+    assert spec.mods is None
+
+
+@pytest.mark.parametrize("spec, mods, err, match", [
+    (FwdSpec("bf16", 128, 128, causal=True), dict(mask_mod=CAUSAL.mask_mod), ValueError, "replaces causal"),
+    (FwdSpec("bf16", 128, 128, causal=False, local=True), dict(mask_mod=CAUSAL.mask_mod), ValueError,
+     "replaces causal"),
+    (FwdSpec("bf16", 128, 128, causal=False, softcap=True), dict(score_mod=ALIBI.score_mod), ValueError,
+     "fold the cap"),
+    (None, dict(score_mod=ALIBI.score_mod, aux_tensors=[torch.zeros(3)]), NotImplementedError, "aux_tensors"),
+], ids=["causal", "window", "softcap", "aux"])
+def test_refused_combinations(spec, mods, err, match):
+    with pytest.raises(err, match=match):
+        _call(spec, **mods)
+
+
+def test_backward_is_refused_with_the_manifest_message():
+    with pytest.raises(NotImplementedError, match="backward through score_mod"):
+        _call(needs_grad=True, score_mod=ALIBI.score_mod)
+
+
+def test_public_api_refuses_until_the_manifest_lists_score_mod():
+    q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="score_mod"):
+        fa.flash_attn_func(q, q, q, score_mod=ALIBI.score_mod, score_mod_bwd=ALIBI.score_mod)
+    with pytest.raises(NotImplementedError, match="score_mod"):
+        fa.flash_attn_func(q, q, q, mask_mod=CAUSAL.mask_mod, aux_scalars=(1.0,))
+
+
+def test_mods_take_a_64_row_tile_where_the_class_entry_has_no_registers_to_spare():
+    key = _call(score_mod=ALIBI.score_mod)[0].mods
+    d64 = select_fwd_config(FwdSpec("bf16", 64, 64, False, mods=key), SM120)
+    assert d64.tile_m == 64 and d64 != select_fwd_config(FwdSpec("bf16", 64, 64, False), SM120)
+    assert select_fwd_config(FwdSpec("bf16", 128, 128, False, mods=key), SM120) == \
+        select_fwd_config(FwdSpec("bf16", 128, 128, False), SM120)
+
+
+def test_gate_cases_cover_every_example_and_mainloop_kind():
+    cases = compiler.flex_cases(SM120)
+    names = [c.name for c in cases]
+    assert len(names) == len(set(names)) == 5 * len(flex_examples.gate_examples())
+    assert any(c.config.persistent for c in cases) and any(c.spec.pack_gqa for c in cases)
+    assert any(c.spec.varlen_q for c in cases) and sum(c.subset_ci for c in cases) == 1
+    for c in cases:
+        assert not compiler.fwd_kernel_class(c.config).can_implement(c.spec, c.config, SM120), c.name
+
+
+def test_spec_with_mods_is_a_distinct_compile_key():
+    key = _call(score_mod=ALIBI.score_mod)[0].mods
+    plain = FwdSpec("bf16", 128, 128, False)
+    assert dataclasses.replace(plain, mods=key) != plain and hash(dataclasses.replace(plain, mods=key))

@@ -1,0 +1,101 @@
+"""User score and mask modifications traced into the score step (arch-free; issue 20).
+
+Upstream FlashAttention-4's conventions (notes/flex_design.md, section 1):
+
+* ``score_mod(score, b, h, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)`` on ``TensorSSA`` vectors of
+  ``vec`` adjacent columns (Float32 scores already times the softmax scale, Int32 indices), returning the
+  modified scores; the softmax then exponentiates with log2(e) only (the host passes that scale).
+* ``mask_mod(b, h, q_idx, kv_idx, seqlen_info, aux_tensors)`` on one-element vectors, returning a Boolean
+  vector: False sets the score to -inf.
+
+Indices are positions within the sequence (a varlen mod adds ``seqlen_info.offset_q`` / ``offset_k``); with
+packed GQA (tile row p = query row p // group of query head head_kv * group + p % group) the mods see the
+logical query row and head. The callables are compile-time constants of the kernel (``FlexMods``), so the
+traced code is the user's, inlined.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Callable, Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Float32, Int32, const_expr
+
+
+@dataclass(frozen=True)
+class FlexMods:
+    """A kernel's mods (compile-time): the callables and the score vector width."""
+
+    score_mod: Optional[Callable] = None
+    mask_mod: Optional[Callable] = None
+    score_vec: int = 1
+
+
+@dataclass(frozen=True)
+class SeqlenInfo:
+    """What a mod may read about its sequence (upstream's field names): the sequence's first row of the packed
+    Q / K tensors (0 when dense) and its lengths (``seqused`` honoured)."""
+
+    offset_q: Any
+    offset_k: Any
+    seqlen_q: Any
+    seqlen_k: Any
+
+
+def _vector(values, dtype):
+    """A ``TensorSSA`` of the scalar ``values``."""
+    t = cute.make_rmem_tensor((len(values),), dtype)
+    for i, v in enumerate(values):
+        t[i] = v
+    return t.load()
+
+
+@cute.jit
+def apply_mods(
+    acc_S_rc: cute.Tensor,
+    tScS_rc: cute.Tensor,
+    mods: cutlass.Constexpr,
+    score_scale: Float32,
+    batch: Int32,
+    head: Int32,
+    m_block: Int32,
+    n_block: Int32,
+    tile_m: cutlass.Constexpr[int],
+    tile_n: cutlass.Constexpr[int],
+    group: Int32,
+    seqlen_info: SeqlenInfo,
+    aux_tensors=None,
+):
+    """In place on this thread's (rows, cols) view of a score block: ``score_mod`` (scores scaled by
+    ``score_scale`` first), then ``mask_mod``. ``group``: packed GQA's query heads per KV head (``head`` is
+    then the KV head), None when unpacked (``head`` is the query head)."""
+    b_vec = [batch] * mods.score_vec
+    for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
+        row = m_block * tile_m + tScS_rc[r, 0][0]
+        q_idx, h_idx = row, head
+        if const_expr(group is not None):
+            q_idx = row // group
+            h_idx = head * group + (row - q_idx * group)
+        if const_expr(mods.score_mod is not None):
+            vec = mods.score_vec
+            for c0 in cutlass.range_constexpr(0, cute.size(acc_S_rc, mode=[1]), vec):
+                cols = [n_block * tile_n + tScS_rc[r, c0 + j][1] for j in range(vec)]
+                scores = _vector([acc_S_rc[r, c0 + j] * score_scale for j in range(vec)], Float32)
+                out = mods.score_mod(
+                    scores, _vector(b_vec, Int32), _vector([h_idx] * vec, Int32),
+                    q_idx=_vector([q_idx] * vec, Int32), kv_idx=_vector(cols, Int32),
+                    seqlen_info=seqlen_info, aux_tensors=aux_tensors,
+                )
+                res = cute.make_rmem_tensor((vec,), Float32)
+                res.store(out.to(Float32))
+                for j in cutlass.range_constexpr(vec):
+                    acc_S_rc[r, c0 + j] = res[j]
+        if const_expr(mods.mask_mod is not None):
+            for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
+                col = n_block * tile_n + tScS_rc[r, c][1]
+                keep = mods.mask_mod(_vector([batch], Int32), _vector([h_idx], Int32), _vector([q_idx], Int32),
+                                     _vector([col], Int32), seqlen_info, aux_tensors)
+                kept = cute.make_rmem_tensor((1,), cutlass.Boolean)
+                kept.store(keep)
+                s = acc_S_rc[r, c]
+                acc_S_rc[r, c] = s if kept[0] else -Float32.inf
