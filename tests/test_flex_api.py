@@ -8,6 +8,7 @@ import torch
 
 import flash_attn_4_sm120 as fa
 from flash_attn_4_sm120 import compiler, flex_examples, interface
+from flash_attn_4_sm120.bwd_config import bwd_config_problems
 from flash_attn_4_sm120.config import select_fwd_config
 from flash_attn_4_sm120.execution_model import SM120
 from flash_attn_4_sm120.problem import FwdParams, FwdSpec
@@ -54,7 +55,25 @@ def test_refused_combinations(spec, mods, err, match):
 
 def test_backward_is_refused_with_the_manifest_message():
     with pytest.raises(NotImplementedError, match="backward through score_mod"):
+        _call(needs_grad=True, score_mod=ALIBI.score_mod, score_mod_bwd=ALIBI.score_mod_bwd)
+    with pytest.raises(NotImplementedError, match="backward through score_mod"):
+        _call(needs_grad=True, mask_mod=CAUSAL.mask_mod)
+
+
+def test_a_score_mod_gradient_needs_its_derivative_rule():
+    with pytest.raises(ValueError, match="score_mod_bwd"):
         _call(needs_grad=True, score_mod=ALIBI.score_mod)
+
+
+def test_score_mod_selects_a_backward_tile_with_room_for_the_pre_mod_scores():
+    from flash_attn_4_sm120.bwd_config import BWD_TABLE_FALLBACK, select_bwd_config
+    from flash_attn_4_sm120.problem import BwdSpec
+
+    key = _call(score_mod=ALIBI.score_mod, score_mod_bwd=ALIBI.score_mod_bwd)[0].mods
+    mask_key = _call(mask_mod=CAUSAL.mask_mod)[0].mods
+    assert select_bwd_config(BwdSpec("bf16", 64, 64, False, mods=key), SM120) == BWD_TABLE_FALLBACK[64]
+    assert select_bwd_config(BwdSpec("bf16", 128, 128, False, mods=key), SM120) == BWD_TABLE_FALLBACK[128]
+    assert select_bwd_config(BwdSpec("bf16", 64, 64, False, mods=mask_key), SM120).tile_n == 128  # heavy entry
 
 
 def test_public_api_refuses_until_the_manifest_lists_score_mod():
@@ -76,11 +95,14 @@ def test_mods_take_a_64_row_tile_where_the_class_entry_has_no_registers_to_spare
 def test_gate_cases_cover_every_example_and_mainloop_kind():
     cases = compiler.flex_cases(SM120)
     names = [c.name for c in cases]
-    assert len(names) == len(set(names)) == 5 * len(flex_examples.gate_examples())
+    assert len(names) == len(set(names)) == 8 * len(flex_examples.gate_examples())  # 5 forward, 3 backward
     assert any(c.config.persistent for c in cases) and any(c.spec.pack_gqa for c in cases)
     assert any(c.spec.varlen_q for c in cases) and sum(c.subset_ci for c in cases) == 1
     for c in cases:
-        assert not compiler.fwd_kernel_class(c.config).can_implement(c.spec, c.config, SM120), c.name
+        if isinstance(c, compiler.BwdCase):
+            assert not c.config.role_split and not bwd_config_problems(c.spec, c.config, SM120), c.name
+        else:
+            assert not compiler.fwd_kernel_class(c.config).can_implement(c.spec, c.config, SM120), c.name
 
 
 def test_spec_with_mods_is_a_distinct_compile_key():

@@ -139,6 +139,12 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
                        f"must match")
         if spec.softcap:
             out.append("role_split: softcap's tanh tile lives in the S warp group, dS is formed in the other")
+        if spec.mods is not None:
+            out.append("role_split: score_mod's pre-mod scores live in the S warp group, dS is formed in the other")
+    if spec.mods is not None and spec.mods.score_mod is not None and cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
+        # sm_120a gate, 2026-11-25: a softcap score_mod at d64 on the 64x128 8-warp tile spilled 256 B
+        out.append("score_mod keeps the pre-mod scores beside S: S fragments of 32 or more registers per thread "
+                   "spill; a tile with at most 16 (64x64 on 8 warps) serves it")
     _warp_split(out, "S/dP", cfg.tile_m, cfg.tile_n, cfg.sdp_warps_m, rw)
     if cfg.dkv_chunks < 1 or d % cfg.dkv_chunks or dv % cfg.dkv_chunks:
         out.append(f"dkv_chunks={cfg.dkv_chunks} does not divide the head dims' smem widths {d}, {dv}")
@@ -191,14 +197,16 @@ BWD_TABLE_HEAVY = {
 }
 
 #: Specs the class's entries cannot run (the predicate says why): at d128 the role split takes neither softcap
-#: nor head_dim != head_dim_v; the 8-warp tile it replaced serves them.
+#: nor head_dim != head_dim_v nor mods; the 8-warp tile it replaced serves them. At d64 a score_mod (its pre-mod
+#: scores kept beside S) needs smaller S fragments than either d64 entry has: the d96 heavy tile's shape.
 BWD_TABLE_FALLBACK = {
+    64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
 }
 
 
 def _is_heavy(spec: BwdSpec) -> bool:
-    return spec.softcap or spec.varlen_q or spec.varlen_k
+    return spec.softcap or spec.varlen_q or spec.varlen_k or spec.mods is not None
 
 
 def bwd_head_dim_class(spec: BwdSpec) -> int:

@@ -17,7 +17,8 @@ from typing import Optional
 
 from .config import FwdConfig, candidate_fwd_configs, dispatchable_fwd, fwd_smem_bytes, select_fwd_config
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
-from .bwd_config import BwdConfig, bwd_padded_head_dim, bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd
+from .bwd_config import (BwdConfig, bwd_padded_head_dim, bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd,
+                         select_bwd_config)
 from .problem import AppendSpec, BwdSpec, CombineSpec, FwdSpec
 
 _TVM_FFI = "--enable-tvm-ffi"
@@ -463,11 +464,14 @@ class BwdCase:
     config: BwdConfig
     model_name: str = SM120.name
     subset_ci: bool = False
+    #: the mods' example name (``flex_examples``) for specs with mods
+    label: str = ""
 
     @property
     def name(self) -> str:
         s, c = self.spec, self.config
         mask = "causal" if s.causal else ("local" if s.local else "full")
+        mask += f"_flex-{self.label}" if s.mods is not None else ""
         mask += "_softcap" if s.softcap else ""
         mask += _layout_flags(s)
         mask += "_det" if s.deterministic else ""
@@ -565,8 +569,9 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
 
 def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
     """The forward with mods (issue 20): each example of ``flex_examples.gate_examples`` traced into the table's
-    d128 and d64 configs, packed-GQA, varlen (packed Q and K) and the persistent ping-pong mainloop. The CI
-    subset takes ALiBi + causal mask at d128."""
+    d128 and d64 configs, packed-GQA, varlen (packed Q and K) and the persistent ping-pong mainloop; and the
+    backward main kernel with the same mods (score_mod_bwd: the example's derivative) at d128, d64 and varlen
+    d128. The CI subset takes ALiBi + causal mask at d128, forward."""
     from . import flex, flex_examples
 
     forced_persistent = FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True, persistent=True)
@@ -580,6 +585,12 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
             cases.append(Case(spec, select_fwd_config(spec, model), model.name, subset_ci=ci, label=ex.name))
         spec = FwdSpec("bf16", 128, 128, causal=False, mods=key)
         cases.append(Case(spec, forced_persistent, model.name, label=ex.name))
+        # the backward of the same mods: score_mod_bwd of an example is its analytic derivative
+        bwd_key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, score_mod_bwd=ex.score_mod_bwd,
+                                               mask_mod=ex.mask_mod), ex.score_mod, ex.score_mod_bwd, ex.mask_mod)
+        for d, varlen in ((128, False), (64, False), (128, True)):
+            bspec = BwdSpec("bf16", d, d, causal=False, varlen_q=varlen, varlen_k=varlen, mods=bwd_key)
+            cases.append(BwdCase(bspec, select_bwd_config(bspec, model), model.name, label=ex.name))
     return cases
 
 

@@ -22,6 +22,8 @@ class Example(NamedTuple):
     mask_mod: object = None
     torch_score: object = None
     torch_mask: object = None
+    #: the score_mod's derivative rule: ``score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors)``
+    score_mod_bwd: object = None
 
 
 def alibi(num_heads: int) -> Example:
@@ -39,7 +41,10 @@ def alibi(num_heads: int) -> Example:
     def torch_score(score, b, h, q, k, seqlen_q, seqlen_k):
         return score - 2.0 ** ((h + 1) * step) * (q - k).abs()
 
-    return Example(f"alibi{num_heads}", score_mod=score_mod, torch_score=torch_score)
+    def score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return grad  # the bias does not depend on the score
+
+    return Example(f"alibi{num_heads}", score_mod=score_mod, torch_score=torch_score, score_mod_bwd=score_mod_bwd)
 
 
 def softcap(cap: float) -> Example:
@@ -54,7 +59,13 @@ def softcap(cap: float) -> Example:
     def torch_score(score, b, h, q, k, seqlen_q, seqlen_k):
         return cap * (score * inv).tanh()
 
-    return Example(f"softcap{cap:g}", score_mod=score_mod, torch_score=torch_score)
+    def score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        import cutlass.cute as cute
+
+        t = cute.math.tanh(score * inv)
+        return grad * (1.0 - t * t)
+
+    return Example(f"softcap{cap:g}", score_mod=score_mod, torch_score=torch_score, score_mod_bwd=score_mod_bwd)
 
 
 def causal() -> Example:
@@ -94,7 +105,8 @@ def chunked_local(chunk: int) -> Example:
 
 
 def combined(score: Example, mask: Example) -> Example:
-    return Example(f"{score.name}+{mask.name}", score.score_mod, mask.mask_mod, score.torch_score, mask.torch_mask)
+    return Example(f"{score.name}+{mask.name}", score_mod=score.score_mod, mask_mod=mask.mask_mod,
+                   torch_score=score.torch_score, torch_mask=mask.torch_mask, score_mod_bwd=score.score_mod_bwd)
 
 
 def gate_examples() -> list:

@@ -98,6 +98,9 @@ class BwdSpec:
     #: bitwise-reproducible gradients: the key blocks of a query block add their dQ in a fixed order
     #: (a semaphore per query block; ``_kernels/dq_accum``)
     deterministic: bool = False
+    #: issue 20: the forward's mods (``flex.ModKey``): the backward recomputes the modified scores and applies
+    #: score_mod_bwd to dS
+    mods: Optional[ModKey] = None
 
     @staticmethod
     def of(spec: "FwdSpec", has_dlse: bool = False, deterministic: bool = False) -> "BwdSpec":
@@ -107,7 +110,7 @@ class BwdSpec:
         return BwdSpec(dtype=spec.dtype, head_dim=spec.head_dim, head_dim_v=spec.head_dim_v, causal=spec.causal,
                        local=spec.local, softcap=spec.softcap, varlen_q=spec.varlen_q,
                        varlen_k=spec.varlen_k, seqused_q=spec.seqused_q, seqused_k=spec.seqused_k,
-                       has_dlse=has_dlse, deterministic=deterministic)
+                       has_dlse=has_dlse, deterministic=deterministic, mods=spec.mods)
 
 
 @dataclass(frozen=True)

@@ -561,7 +561,13 @@ def _with_mods(spec, params, mods: dict, needs_grad: bool):
         raise ValueError("softcap with score_mod: fold the cap into score_mod (cap * tanh(score / cap), see "
                          "flex_examples.softcap)")
     if needs_grad:
-        raise NotImplementedError(_refusal(("score_mod", "backward")))
+        if mods.get("score_mod") is not None and mods.get("score_mod_bwd") is None:
+            raise ValueError("a gradient through score_mod needs score_mod_bwd (its derivative rule: "
+                             "score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors) returns "
+                             "grad * d score_mod / d score), as upstream")
+        refusal = _refusal(("score_mod", "backward"))
+        if refusal is not None:
+            raise NotImplementedError(refusal)
     flex.register(key, mods.get("score_mod"), mods.get("score_mod_bwd"), mods.get("mask_mod"))
     spec = dataclasses.replace(spec, mods=key)
     if mods.get("score_mod") is not None:

@@ -99,3 +99,39 @@ def apply_mods(
                 kept.store(keep)
                 s = acc_S_rc[r, c]
                 acc_S_rc[r, c] = s if kept[0] else -Float32.inf
+
+
+@cute.jit
+def apply_score_mod_bwd(
+    dS_rc: cute.Tensor,
+    pre_rc: cute.Tensor,
+    tScS_rc: cute.Tensor,
+    score_mod_bwd: cutlass.Constexpr,
+    vec: cutlass.Constexpr[int],
+    batch: Int32,
+    head: Int32,
+    m_block: Int32,
+    n_block: Int32,
+    tile_m: cutlass.Constexpr[int],
+    tile_n: cutlass.Constexpr[int],
+    seqlen_info: SeqlenInfo,
+    aux_tensors=None,
+):
+    """In place: dS (the gradient with respect to the modified scores) becomes the gradient with respect to the
+    scaled pre-mod scores ``pre``: ``score_mod_bwd(grad, score, b, h, q_idx=, kv_idx=, seqlen_info=,
+    aux_tensors=)`` on ``vec``-wide vectors (upstream's convention). The backward walks unpacked query heads."""
+    for r in cutlass.range_constexpr(cute.size(dS_rc, mode=[0])):
+        q_idx = m_block * tile_m + tScS_rc[r, 0][0]
+        for c0 in cutlass.range_constexpr(0, cute.size(dS_rc, mode=[1]), vec):
+            cols = [n_block * tile_n + tScS_rc[r, c0 + j][1] for j in range(vec)]
+            out = score_mod_bwd(
+                _vector([dS_rc[r, c0 + j] for j in range(vec)], Float32),
+                _vector([pre_rc[r, c0 + j] for j in range(vec)], Float32),
+                _vector([batch] * vec, Int32), _vector([head] * vec, Int32),
+                q_idx=_vector([q_idx] * vec, Int32), kv_idx=_vector(cols, Int32),
+                seqlen_info=seqlen_info, aux_tensors=aux_tensors,
+            )
+            res = cute.make_rmem_tensor((vec,), Float32)
+            res.store(out.to(Float32))
+            for j in cutlass.range_constexpr(vec):
+                dS_rc[r, c0 + j] = res[j]

@@ -50,12 +50,14 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
+from .. import flex
 from ..bwd_config import BwdConfig, bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .dq_accum import (add_fragment, dq_tiled_mma, pass_turn, read_turn, semaphore_ptr, slice_offset, wait_turn,
                        warp_tiled_mma)
+from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .grid_dependency import enter_grid
@@ -238,6 +240,11 @@ class FlashBwdMultistage:
                 seqlen_k=seqlen_k, m_start=m_start, num_m=m_end - m_start, mQ_s=mQ_s, mdO_s=mdO_s,
                 window_left=window_left, window_right=window_right, scale_log2=scale_log2,
                 softcap_scale=softcap_scale, total_q=mQ.shape[0],
+                seqlen_info=SeqlenInfo(
+                    offset_q=mCuSeqlensQ[batch] if const_expr(packed_q) else Int32(0),
+                    offset_k=mCuSeqlensK[batch] if const_expr(mCuSeqlensK is not None) else Int32(0),
+                    seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                ) if const_expr(self.spec.mods is not None) else None,
             )
             self.load_kv(ctx, sm, mK_s, mV_s, head_kv)
             num_steps = group * ctx.num_m
@@ -440,9 +447,9 @@ class FlashBwdMultistage:
         acc_dP.fill(0.0)
         self.gemm(acc_dP, ctx.dP, sdo, None)
         if ctx.n_block < ranges[1] or ctx.n_block >= ranges[2]:
-            self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, True)
+            self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, True, head)
         else:
-            self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, False)
+            self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, False, head)
         # d. P and dS to shared memory for the transposed and the dQ GEMMs
         cute.copy(ctx.r2s, ctx.thr_r2s.retile(convert(acc_S, self.dtype)), ctx.tPsP)
         cute.copy(ctx.r2s, ctx.thr_r2s.retile(convert(acc_dP, self.dtype)), ctx.tdSsdS)
@@ -500,11 +507,22 @@ class FlashBwdMultistage:
                          self.num_threads, self.model.vector_red_f32)
 
     @cute.jit
-    def gradient_of_scores(self, ctx: SimpleNamespace, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool]):
-        """In place: acc_S becomes P = exp2(S * scale_log2 - LSE2) (softcap first, then the element mask
+    def gradient_of_scores(self, ctx: SimpleNamespace, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool],
+                           head=None):
+        """In place: acc_S becomes P = exp2(S * scale_log2 - LSE2) (mods or softcap first, then the element mask
         where ``masked``), acc_dP becomes dS = P (dP - D') (softcap: times 1 - tanh^2, the tanh taken
-        before the mask so that a masked entry's factor stays finite)."""
+        before the mask so that a masked entry's factor stays finite; score_mod: through score_mod_bwd at the
+        kept pre-mod scores). ``head``: the query head (read by the mods)."""
         t = None
+        pre = None
+        if const_expr(self.spec.mods is not None):
+            score_mod, score_mod_bwd, mask_mod = flex.callables(self.spec.mods)
+            if const_expr(score_mod is not None):
+                pre = cute.make_rmem_tensor_like(acc_S, Float32)  # the scaled pre-mod scores, for score_mod_bwd
+                pre.store(acc_S.load() * ctx.softcap_scale)
+            apply_mods(acc_rows_cols(acc_S), ctx.tScS_rc, FlexMods(score_mod, mask_mod, self.spec.mods.score_vec),
+                       ctx.softcap_scale, ctx.batch, head, m, ctx.n_block, self.tile_m, self.tile_n, None,
+                       ctx.seqlen_info)
         if const_expr(self.spec.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * ctx.softcap_scale, fastmath=True))
             t = cute.make_rmem_tensor_like(acc_S, Float32)
@@ -523,6 +541,9 @@ class FlashBwdMultistage:
                 if const_expr(self.spec.softcap):
                     ds = ds * (Float32(1.0) - t_rc[r, c] * t_rc[r, c])
                 dP_rc[r, c] = ds
+        if const_expr(pre is not None):
+            apply_score_mod_bwd(dP_rc, acc_rows_cols(pre), ctx.tScS_rc, score_mod_bwd, self.spec.mods.score_vec,
+                                ctx.batch, head, m, ctx.n_block, self.tile_m, self.tile_n, ctx.seqlen_info)
 
     # ------------------------------------------------------------------------------------------
     # Epilogue
