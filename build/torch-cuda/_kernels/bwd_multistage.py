@@ -240,11 +240,8 @@ class FlashBwdMultistage:
                 seqlen_k=seqlen_k, m_start=m_start, num_m=m_end - m_start, mQ_s=mQ_s, mdO_s=mdO_s,
                 window_left=window_left, window_right=window_right, scale_log2=scale_log2,
                 softcap_scale=softcap_scale, total_q=mQ.shape[0],
-                seqlen_info=SeqlenInfo(
-                    offset_q=mCuSeqlensQ[batch] if const_expr(packed_q) else Int32(0),
-                    offset_k=mCuSeqlensK[batch] if const_expr(mCuSeqlensK is not None) else Int32(0),
-                    seqlen_q=seqlen_q, seqlen_k=seqlen_k,
-                ) if const_expr(self.spec.mods is not None) else None,
+                seqlen_info=(SeqlenInfo.of(batch, mCuSeqlensQ, mCuSeqlensK, seqlen_q, seqlen_k)
+                             if const_expr(self.spec.mods is not None) else None),
             )
             self.load_kv(ctx, sm, mK_s, mV_s, head_kv)
             num_steps = group * ctx.num_m

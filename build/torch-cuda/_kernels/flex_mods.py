@@ -41,6 +41,13 @@ class SeqlenInfo:
     seqlen_q: Any
     seqlen_k: Any
 
+    @staticmethod
+    def of(batch, mCuSeqlensQ, mCuSeqlensK, seqlen_q, seqlen_k) -> "SeqlenInfo":
+        """Sequence ``batch``'s: offsets from the cu_seqlens of a packed side (0 for a dense one)."""
+        return SeqlenInfo(offset_q=mCuSeqlensQ[batch] if const_expr(mCuSeqlensQ is not None) else Int32(0),
+                          offset_k=mCuSeqlensK[batch] if const_expr(mCuSeqlensK is not None) else Int32(0),
+                          seqlen_q=seqlen_q, seqlen_k=seqlen_k)
+
 
 def _vector(values, dtype):
     """A ``TensorSSA`` of the scalar ``values``."""
@@ -48,6 +55,26 @@ def _vector(values, dtype):
     for i, v in enumerate(values):
         t[i] = v
     return t.load()
+
+
+def _modify_row(dst_rc, r, vec, srcs, scale, fn, batch, head, q_idx, n_block, tile_n, tScS_rc, seqlen_info,
+                aux_tensors):
+    """Row ``r`` of ``dst_rc``, ``vec`` adjacent columns at a time: ``fn(*inputs, b, h, q_idx=, kv_idx=,
+    seqlen_info=, aux_tensors=)`` on vectors (upstream's call of score_mod and score_mod_bwd), the inputs read from
+    the (rows, cols) views ``srcs``, the first times ``scale`` when one is given. Plain Python, called from the
+    ``cute.jit`` bodies below while they trace (so its loops are Python's, unrolled)."""
+    for c0 in range(0, cute.size(dst_rc, mode=[1]), vec):  # plain Python: unrolled while tracing
+        cols = [n_block * tile_n + tScS_rc[r, c0 + j][1] for j in range(vec)]
+        inputs = [_vector([src[r, c0 + j] for j in range(vec)], Float32) for src in srcs]
+        if scale is not None:
+            inputs[0] = _vector([srcs[0][r, c0 + j] * scale for j in range(vec)], Float32)
+        out = fn(*inputs, _vector([batch] * vec, Int32), _vector([head] * vec, Int32),
+                 q_idx=_vector([q_idx] * vec, Int32), kv_idx=_vector(cols, Int32),
+                 seqlen_info=seqlen_info, aux_tensors=aux_tensors)
+        res = cute.make_rmem_tensor((vec,), Float32)
+        res.store(out.to(Float32))
+        for j in range(vec):
+            dst_rc[r, c0 + j] = res[j]
 
 
 @cute.jit
@@ -69,7 +96,6 @@ def apply_mods(
     """In place on this thread's (rows, cols) view of a score block: ``score_mod`` (scores scaled by
     ``score_scale`` first), then ``mask_mod``. ``group``: packed GQA's query heads per KV head (``head`` is
     then the KV head), None when unpacked (``head`` is the query head)."""
-    b_vec = [batch] * mods.score_vec
     for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
         row = m_block * tile_m + tScS_rc[r, 0][0]
         q_idx, h_idx = row, head
@@ -77,19 +103,8 @@ def apply_mods(
             q_idx = row // group
             h_idx = head * group + (row - q_idx * group)
         if const_expr(mods.score_mod is not None):
-            vec = mods.score_vec
-            for c0 in cutlass.range_constexpr(0, cute.size(acc_S_rc, mode=[1]), vec):
-                cols = [n_block * tile_n + tScS_rc[r, c0 + j][1] for j in range(vec)]
-                scores = _vector([acc_S_rc[r, c0 + j] * score_scale for j in range(vec)], Float32)
-                out = mods.score_mod(
-                    scores, _vector(b_vec, Int32), _vector([h_idx] * vec, Int32),
-                    q_idx=_vector([q_idx] * vec, Int32), kv_idx=_vector(cols, Int32),
-                    seqlen_info=seqlen_info, aux_tensors=aux_tensors,
-                )
-                res = cute.make_rmem_tensor((vec,), Float32)
-                res.store(out.to(Float32))
-                for j in cutlass.range_constexpr(vec):
-                    acc_S_rc[r, c0 + j] = res[j]
+            _modify_row(acc_S_rc, r, mods.score_vec, (acc_S_rc,), score_scale, mods.score_mod, batch, h_idx, q_idx,
+                        n_block, tile_n, tScS_rc, seqlen_info, aux_tensors)
         if const_expr(mods.mask_mod is not None):
             for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
                 col = n_block * tile_n + tScS_rc[r, c][1]
@@ -121,17 +136,5 @@ def apply_score_mod_bwd(
     scaled pre-mod scores ``pre``: ``score_mod_bwd(grad, score, b, h, q_idx=, kv_idx=, seqlen_info=,
     aux_tensors=)`` on ``vec``-wide vectors (upstream's convention). The backward walks unpacked query heads."""
     for r in cutlass.range_constexpr(cute.size(dS_rc, mode=[0])):
-        q_idx = m_block * tile_m + tScS_rc[r, 0][0]
-        for c0 in cutlass.range_constexpr(0, cute.size(dS_rc, mode=[1]), vec):
-            cols = [n_block * tile_n + tScS_rc[r, c0 + j][1] for j in range(vec)]
-            out = score_mod_bwd(
-                _vector([dS_rc[r, c0 + j] for j in range(vec)], Float32),
-                _vector([pre_rc[r, c0 + j] for j in range(vec)], Float32),
-                _vector([batch] * vec, Int32), _vector([head] * vec, Int32),
-                q_idx=_vector([q_idx] * vec, Int32), kv_idx=_vector(cols, Int32),
-                seqlen_info=seqlen_info, aux_tensors=aux_tensors,
-            )
-            res = cute.make_rmem_tensor((vec,), Float32)
-            res.store(out.to(Float32))
-            for j in cutlass.range_constexpr(vec):
-                dS_rc[r, c0 + j] = res[j]
+        _modify_row(dS_rc, r, vec, (dS_rc, pre_rc), None, score_mod_bwd, batch, head, m_block * tile_m + tScS_rc[r, 0][0],
+                    n_block, tile_n, tScS_rc, seqlen_info, aux_tensors)

@@ -283,11 +283,7 @@ class FlashFwdMultistage:
         if const_expr(self.spec.mods is not None):
             score_mod, _, mask_mod = flex.callables(self.spec.mods)
             mods = FlexMods(score_mod, mask_mod, self.spec.mods.score_vec)
-            seqlen_info = SeqlenInfo(
-                offset_q=mCuSeqlensQ[batch] if const_expr(mCuSeqlensQ is not None) else Int32(0),
-                offset_k=mCuSeqlensK[batch] if const_expr(mCuSeqlensK is not None) else Int32(0),
-                seqlen_q=ctx.seqlen_q, seqlen_k=ctx.seqlen_k,
-            )
+            seqlen_info = SeqlenInfo.of(batch, mCuSeqlensQ, mCuSeqlensK, ctx.seqlen_q, ctx.seqlen_k)
         return ScoreStep(
             tile_m=self.tile_m, tile_n=self.tile_n, softcap=self.spec.softcap, causal=self.causal,
             local=self.spec.local, mask_select=self.config.mask_select, softcap_scale=softcap_scale,
