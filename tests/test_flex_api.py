@@ -40,24 +40,32 @@ def test_no_mods_no_change():
     assert spec.mods is None
 
 
-@pytest.mark.parametrize("spec, mods, err, match", [
-    (FwdSpec("bf16", 128, 128, causal=True), dict(mask_mod=CAUSAL.mask_mod), ValueError, "replaces causal"),
-    (FwdSpec("bf16", 128, 128, causal=False, local=True), dict(mask_mod=CAUSAL.mask_mod), ValueError,
-     "replaces causal"),
-    (FwdSpec("bf16", 128, 128, causal=False, softcap=True), dict(score_mod=ALIBI.score_mod), ValueError,
-     "fold the cap"),
-    (None, dict(score_mod=ALIBI.score_mod, aux_tensors=[torch.zeros(3)]), NotImplementedError, "aux_tensors"),
-], ids=["causal", "window", "softcap", "aux"])
-def test_refused_combinations(spec, mods, err, match):
-    with pytest.raises(err, match=match):
+@pytest.mark.parametrize("spec, mods, match", [
+    (FwdSpec("bf16", 128, 128, causal=True), dict(mask_mod=CAUSAL.mask_mod), "mask_mod replaces the causal flag"),
+    (FwdSpec("bf16", 128, 128, causal=False, local=True), dict(mask_mod=CAUSAL.mask_mod),
+     "mask_mod replaces window_size"),
+    (FwdSpec("bf16", 128, 128, causal=False, local=True), dict(mask_mod=CAUSAL.mask_mod, score_mod=ALIBI.score_mod),
+     "mask_mod replaces window_size"),
+    (FwdSpec("bf16", 128, 128, causal=False, softcap=True), dict(score_mod=ALIBI.score_mod), "fold the cap"),
+    (None, dict(score_mod=ALIBI.score_mod, aux_tensors=[torch.zeros(3)]), "aux_tensors"),
+], ids=["causal", "window", "window-both-mods", "softcap", "aux"])
+def test_refused_combinations(spec, mods, match):
+    with pytest.raises(NotImplementedError, match=match):
         _call(spec, **mods)
 
 
-def test_backward_is_refused_with_the_manifest_message():
-    with pytest.raises(NotImplementedError, match="backward through score_mod"):
-        _call(needs_grad=True, score_mod=ALIBI.score_mod, score_mod_bwd=ALIBI.score_mod_bwd)
-    with pytest.raises(NotImplementedError, match="backward through score_mod"):
-        _call(needs_grad=True, mask_mod=CAUSAL.mask_mod)
+@pytest.mark.parametrize("spec", [FwdSpec("bf16", 128, 128, causal=True),
+                                  FwdSpec("bf16", 128, 128, causal=False, local=True)], ids=["causal", "window"])
+def test_a_score_mod_alone_keeps_causal_and_windows(spec):
+    """Only a mask_mod replaces the flags' mask; a score_mod modifies the scores the flags leave visible."""
+    out, _ = _call(spec, score_mod=ALIBI.score_mod)
+    assert out.mods.score_mod and (out.causal, out.local) == (spec.causal, spec.local)
+
+
+def test_the_backward_of_mods_is_supported():
+    spec, _ = _call(needs_grad=True, score_mod=ALIBI.score_mod, score_mod_bwd=ALIBI.score_mod_bwd)
+    assert spec.mods.score_mod_bwd
+    assert _call(needs_grad=True, mask_mod=CAUSAL.mask_mod)[0].mods.mask_mod
 
 
 def test_a_score_mod_gradient_needs_its_derivative_rule():
@@ -76,18 +84,19 @@ def test_score_mod_selects_a_backward_tile_with_room_for_the_pre_mod_scores():
     assert select_bwd_config(BwdSpec("bf16", 64, 64, False, mods=mask_key), SM120).tile_n == 128  # heavy entry
 
 
-def test_public_api_refuses_until_the_manifest_lists_score_mod():
+def test_public_api_takes_mods_through_validation():
     q = torch.zeros(1, 4, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="score_mod"):
-        fa.flash_attn_func(q, q, q, score_mod=ALIBI.score_mod, score_mod_bwd=ALIBI.score_mod)
-    with pytest.raises(NotImplementedError, match="score_mod"):
-        fa.flash_attn_func(q, q, q, mask_mod=CAUSAL.mask_mod, aux_scalars=(1.0,))
+    for entry in (fa.flash_attn_func, fa.flash_attn_varlen_func):
+        with pytest.raises(ValueError, match="CUDA tensors"):  # accepted; only the device is wrong
+            entry(q, q, q, score_mod=ALIBI.score_mod, score_mod_bwd=ALIBI.score_mod_bwd)
 
 
 def test_mods_take_a_64_row_tile_where_the_class_entry_has_no_registers_to_spare():
     key = _call(score_mod=ALIBI.score_mod)[0].mods
     d64 = select_fwd_config(FwdSpec("bf16", 64, 64, False, mods=key), SM120)
     assert d64.tile_m == 64 and d64 != select_fwd_config(FwdSpec("bf16", 64, 64, False), SM120)
+    d96 = select_fwd_config(FwdSpec("bf16", 96, 96, False, mods=key), SM120)  # a 64-key S tile at 32 rows
+    assert d96.tile_m // d96.num_warps == 16 and d96 != select_fwd_config(FwdSpec("bf16", 96, 96, False), SM120)
     assert select_fwd_config(FwdSpec("bf16", 128, 128, False, mods=key), SM120) == \
         select_fwd_config(FwdSpec("bf16", 128, 128, False), SM120)
 
@@ -95,7 +104,11 @@ def test_mods_take_a_64_row_tile_where_the_class_entry_has_no_registers_to_spare
 def test_gate_cases_cover_every_example_and_mainloop_kind():
     cases = compiler.flex_cases(SM120)
     names = [c.name for c in cases]
-    assert len(names) == len(set(names)) == 8 * len(flex_examples.gate_examples())  # 5 forward, 3 backward
+    # per example 5 forward, 3 backward; the two heaviest at 5 more classes (forward, backward but the sink's)
+    # and 3 split / paged forwards
+    assert len(names) == len(set(names)) == 8 * len(flex_examples.gate_examples()) + 2 * (5 + 4 + 3)
+    assert {c.spec.head_dim for c in cases} == {64, 96, 128, 192, 256} and any(c.spec.dtype == "fp16" for c in cases)
+    assert any(getattr(c.spec, "page_size", 0) for c in cases) and any(getattr(c.spec, "split_kv", 0) for c in cases)
     assert any(c.config.persistent for c in cases) and any(c.spec.pack_gqa for c in cases)
     assert any(c.spec.varlen_q for c in cases) and sum(c.subset_ci for c in cases) == 1
     for c in cases:

@@ -15,8 +15,9 @@ pytestmark = pytest.mark.gpu
 EXAMPLES = {ex.name: ex for ex in flex_examples.gate_examples()}
 
 
-def flex_ref(q, k, v, ex, upcast=True):
-    """(out (b, sq, hq, dv), lse (b, hq, sq)) of q/k/v with example ``ex``; fp32 or the input dtype."""
+def flex_ref(q, k, v, ex, upcast=True, causal=False, sink=None):
+    """(out (b, sq, hq, dv), lse (b, hq, sq)) of q/k/v with example ``ex`` (plus the causal flag's mask and a
+    learnable sink's logit in the denominator); fp32 or the input dtype."""
     dtype = q.dtype
     if upcast:
         q, k, v = q.float(), k.float(), v.float()
@@ -31,9 +32,14 @@ def flex_ref(q, k, v, ex, upcast=True):
         scores = ex.torch_score(scores, bi, hi, qi, ki, sq, sk)
     if ex.torch_mask is not None:
         scores = scores.masked_fill(~ex.torch_mask(bi, hi, qi, ki, sq, sk).expand_as(scores), float("-inf"))
+    if causal:
+        scores = scores.masked_fill((ki > qi + (sk - sq)).expand_as(scores), float("-inf"))
+    if sink is not None:  # one more logit per row with no value row
+        sink_col = sink.float().view(1, -1, 1, 1).expand(b, hq, sq, 1)
+        scores = torch.cat([scores, sink_col], dim=-1)
     empty = torch.isneginf(scores).all(dim=-1)
     lse = torch.logsumexp(scores.masked_fill(empty[..., None], 0.0), dim=-1)
-    p = torch.exp(scores - lse[..., None])
+    p = torch.exp(scores - lse[..., None])[..., :sk]
     out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
     return out.to(dtype), lse.masked_fill(empty, float("-inf"))
 
@@ -44,9 +50,9 @@ def run_mods(q, k, v, ex, varlen=None):
                                 softcap=0.0, num_splits=None, pack_gqa=None, deterministic=False, return_lse=True)
 
 
-def check(out, lse, q, k, v, ex):
-    ref, lse_ref = flex_ref(q, k, v, ex)
-    pt, _ = flex_ref(q, k, v, ex, upcast=False)
+def check(out, lse, q, k, v, ex, **ref_kw):
+    ref, lse_ref = flex_ref(q, k, v, ex, **ref_kw)
+    pt, _ = flex_ref(q, k, v, ex, upcast=False, **ref_kw)
     assert not out.isnan().any() and not lse.isnan().any()
     err = (out.float() - ref.float()).abs().max().item()
     pt_err = (pt.float() - ref.float()).abs().max().item()
@@ -148,3 +154,163 @@ def test_score_mod_gradient_needs_score_mod_bwd():
         interface._flex_call(q, q, q, None, dict(score_mod=EXAMPLES["alibi8"].score_mod), softmax_scale=None,
                              causal=False, window_size=(None, None), learnable_sink=None, softcap=0.0,
                              num_splits=None, pack_gqa=None, deterministic=False, return_lse=False)
+
+
+# -- through the public API: the other head-dim classes, fp16, sinks, the causal flag, split-KV, paged K/V,
+# deterministic repeats, and the refusals (manifest interactions with score_mod)
+
+HEAVY = [flex_examples.softcap(30.0), flex_examples.combined(flex_examples.alibi(8), flex_examples.causal())]
+
+
+def _grads(q, k, v, dout, fn):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = fn(*leaves)
+    return out, torch.autograd.grad(out.float(), leaves, dout.float())
+
+
+def _check_grads(got, ref, pt, atol=1e-4):
+    for n, g, r, p in zip("qkv", got, ref, pt):
+        assert not g.isnan().any(), f"d{n} has NaN"
+        err, pt_err = (g.float() - r.float()).abs().max().item(), (p.float() - r.float()).abs().max().item()
+        assert err <= 2 * pt_err + atol, f"d{n}: max|g-ref|={err:.3e} > 2*{pt_err:.3e}"
+
+
+@pytest.mark.parametrize("ex", HEAVY, ids=[e.name for e in HEAVY])
+@pytest.mark.parametrize("dtype, d, dv", [(torch.bfloat16, 96, 96), (torch.bfloat16, 192, 128),
+                                          (torch.bfloat16, 256, 256), (torch.float16, 128, 128)],
+                         ids=["d96", "d192-128", "d256", "fp16"])
+def test_public_api_forward_and_backward(ex, dtype, d, dv):
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(4)
+    q = torch.randn(2, 173, 8, d, dtype=dtype, device="cuda")
+    k = torch.randn(2, 250, 2, d, dtype=dtype, device="cuda")
+    v = torch.randn(2, 250, 2, dv, dtype=dtype, device="cuda")
+    dout = torch.randn(2, 173, 8, dv, dtype=dtype, device="cuda")
+    mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd)
+    out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **mods)
+    check(out, lse, q, k, v, ex)
+    _, got = _grads(q, k, v, dout, lambda *t: fa.flash_attn_func(*t, **mods)[0])
+    _, ref = _grads(q, k, v, dout, lambda *t: flex_ref(*t, ex)[0].float())
+    _, pt = _grads(q, k, v, dout, lambda *t: flex_ref(*t, ex, upcast=False)[0])
+    _check_grads(got, ref, pt)
+
+
+@pytest.mark.parametrize("window", [None, (64, 0)], ids=["causal", "causal-window"])
+def test_score_mod_with_the_causal_flag_and_a_sink(window):
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(5)
+    ex = EXAMPLES["alibi8"]
+    q = torch.randn(2, 200, 8, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 300, 2, 128, dtype=torch.bfloat16, device="cuda")
+    sink = torch.randn(8, device="cuda")
+    kw = dict(causal=True, learnable_sink=sink, score_mod=ex.score_mod, score_mod_bwd=ex.score_mod_bwd)
+    if window is None:
+        out, lse = fa.flash_attn_func(q, k, k, return_lse=True, **kw)
+        check(out, lse, q, k, k, ex, causal=True, sink=sink)
+    else:  # the window's reference: a mask on top of causal
+        left = window[0]
+        win = flex_examples.Example("win", score_mod=ex.score_mod, torch_score=ex.torch_score,
+                                    torch_mask=lambda b, h, qi, ki, sq, sk: ki >= qi + (sk - sq) - left)
+        out, lse = fa.flash_attn_func(q, k, k, return_lse=True, window_size=window, **kw)
+        check(out, lse, q, k, k, win, causal=True, sink=sink)
+
+
+@pytest.mark.parametrize("num_splits", [3, 0], ids=["3-splits", "auto"])
+def test_split_kv_decode_with_mods(num_splits):
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(6)
+    for ex in HEAVY:
+        q = torch.randn(3, 2, 16, 128, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(3, 3000, 2, 128, dtype=torch.bfloat16, device="cuda")
+        out, lse = fa.flash_attn_func(q, k, k, return_lse=True, num_splits=num_splits, score_mod=ex.score_mod,
+                                      mask_mod=ex.mask_mod)
+        check(out, lse, q, k, k, ex)
+
+
+@pytest.mark.parametrize("page_size", [16, 1])
+def test_paged_kv_with_mods(page_size):
+    """kv_idx is the logical key position: a paged cache equals the dense K/V it holds."""
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(7)
+    b, sk, hkv, d = 2, 320, 2, 128
+    pages = sk // page_size
+    k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+    perm = torch.randperm(b * pages + 3, device="cuda")[: b * pages]
+    kc = torch.zeros(b * pages + 3, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
+    vc = torch.zeros_like(kc)
+    kc[perm], vc[perm] = k.reshape(b * pages, page_size, hkv, d), v.reshape(b * pages, page_size, hkv, d)
+    table = perm.view(b, pages).to(torch.int32)
+    for ex in HEAVY:
+        for sq in (1, 150):
+            q = torch.randn(b, sq, 8, d, dtype=torch.bfloat16, device="cuda")
+            out, lse = fa.flash_attn_func(q, kc, vc, page_table=table, return_lse=True, score_mod=ex.score_mod,
+                                          mask_mod=ex.mask_mod)
+            check(out, lse, q, k, v, ex)
+
+
+def test_varlen_backward_with_mods_matches_each_sequence():
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(8)
+    ex = HEAVY[1]
+    cu_q = torch.tensor([0, 100, 100, 257], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 120, 125, 325], dtype=torch.int32, device="cuda")
+    q = torch.randn(257, 8, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(325, 2, 128, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(325, 2, 128, dtype=torch.bfloat16, device="cuda")
+    dout = torch.randn(257, 8, 128, dtype=torch.bfloat16, device="cuda")
+    mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd)
+    _, got = _grads(q, k, v, dout, lambda *t: fa.flash_attn_varlen_func(*t, cu_q, cu_k, 157, 200, **mods)[0])
+    for i in (0, 2):
+        rows, keys = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
+        one = (q[rows][None], k[keys][None], v[keys][None])
+        _, ref = _grads(*one, dout[rows][None], lambda *t: flex_ref(*t, ex)[0].float())
+        _, pt = _grads(*one, dout[rows][None], lambda *t: flex_ref(*t, ex, upcast=False)[0])
+        _check_grads([got[0][rows][None], got[1][keys][None], got[2][keys][None]], ref, pt)
+    assert got[1][120:125].abs().max() == 0  # the sequence with no queries: no key gradient
+
+
+def test_deterministic_backward_with_mods_is_bitwise_repeatable():
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(9)
+    ex = HEAVY[1]
+    q = torch.randn(2, 333, 8, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 517, 2, 64, dtype=torch.bfloat16, device="cuda")
+    dout = torch.randn(2, 333, 8, 64, dtype=torch.bfloat16, device="cuda")
+    mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd, deterministic=True)
+    runs = [_grads(q, k, k, dout, lambda *t: fa.flash_attn_func(*t, **mods)[0])[1] for _ in range(3)]
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+
+
+def test_refusals_through_the_public_api():
+    import flash_attn_4_sm120 as fa
+
+    q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(NotImplementedError, match="mask_mod replaces the causal flag"):
+        fa.flash_attn_func(q, q, q, causal=True, mask_mod=EXAMPLES["causal"].mask_mod)
+    with pytest.raises(NotImplementedError, match="fold the cap"):
+        fa.flash_attn_func(q, q, q, softcap=10.0, score_mod=EXAMPLES["alibi8"].score_mod)
+    with pytest.raises(ValueError, match="score_mod_bwd"):
+        fa.flash_attn_func(q.requires_grad_(), q, q, score_mod=EXAMPLES["alibi8"].score_mod)
+
+
+def test_mods_under_torch_compile_break_the_graph_and_match_eager():
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(10)
+    ex = HEAVY[1]
+    q = torch.randn(2, 128, 8, 64, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 128, 2, 64, dtype=torch.bfloat16, device="cuda")
+
+    def f(q, k):
+        return fa.flash_attn_func(q * 2, k, k, score_mod=ex.score_mod, mask_mod=ex.mask_mod)[0] + 1
+
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(f)(q, k), f(q, k))

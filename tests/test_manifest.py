@@ -42,7 +42,8 @@ IMPLICIT = {c["id"] for c in DATA["conditions"] if c["implicit"]}
 IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", "conformance_gate",
                      "sliding_window", "softcap", "learnable_sink", "varlen",
                      "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward", "pack_gqa",
-                     "split_kv", "combine", "paged_kv", "kvcache_api", "backward", "deterministic_backward"}
+                     "split_kv", "combine", "paged_kv", "kvcache_api", "backward", "deterministic_backward",
+                     "score_mod"}
 
 
 def _involved(conflict: dict) -> list[str]:

@@ -7,7 +7,7 @@ mbarrier release, TMA warp-specialized, overlapped, ping-pong, persistent ping-p
 packed-GQA decode, split-KV + combine, varlen (packed and dense with seqused), paged K/V (page
 sizes 1, 16, 48; decode, prefill and chunked prefill), flash_attn_with_kvcache (append and rotary into
 paged and dense caches), the public combine, and the backward (every head-dim class; deterministic; the
-role-split kernel), varlen metadata included. Every family first runs
+role-split kernel), score_mod / mask_mod forward and backward, varlen metadata included. Every family first runs
 with good inputs, then (where it takes metadata) with corrupt metadata: cu_seqlens past the packed
 rows, negative or decreasing offsets, seqused past the tensor or negative, max_seqlen too small, page
 table entries past the pool or negative. Corrupt metadata may give wrong rows; it must never touch memory
@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
-                 "kvcache", "bwd", "bwd_det", "bwd_rolesplit")
+                 "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "flex")
 
 
 def _i32(xs, device="cuda"):
@@ -276,6 +276,56 @@ def _combine_run():
     torch.cuda.synchronize()
 
 
+def _flex_runs():
+    """score_mod / mask_mod (issue 20), forward and backward: every gate example on dense GQA inputs (d128;
+    two at d64), decode-length queries (packed GQA), and a varlen batch through the mods path with the good and
+    corrupt metadata of ``_varlen_runs`` (the mods read ``seqlen_info``, so corrupt lengths reach them)."""
+    import torch
+
+    from flash_attn_4_sm120 import flex_examples, interface
+
+    if not hasattr(interface, "_flex_call"):
+        print("no score_mod / mask_mod in this build: skipped")
+        return
+    real = interface._refusal  # the backward of mods runs whether or not the manifest lists it yet
+    interface._refusal = lambda req: None if req == ("score_mod", "backward") else real(req)
+    opts = dict(softmax_scale=None, causal=False, window_size=(None, None), learnable_sink=None, softcap=0.0,
+                num_splits=None, pack_gqa=None, deterministic=False, return_lse=True)
+
+    def call(q, k, v, ex, varlen=None):
+        mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd)
+        leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+        out = interface._flex_call(*leaves, varlen, mods, **opts)[0]
+        torch.autograd.grad(out, leaves, torch.ones_like(out))
+
+    torch.manual_seed(6)
+    examples = flex_examples.gate_examples()
+    dense = [(128, 333, 517, ex) for ex in examples] + [(64, 333, 517, ex) for ex in examples[:2]]
+    for d, sq, sk, ex in dense + [(128, 3, 1000, examples[-1])]:  # the last: decode-length queries, packed GQA
+        q = torch.randn(2, sq, 8, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(2, sk, 2, d, dtype=torch.bfloat16, device="cuda")
+        call(q, k, k, ex)
+    lens_q, lens_k = [5, 0, 113, 1, 70], [700, 3, 250, 9, 300]
+    q = torch.randn(sum(lens_q), 8, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(sum(lens_k), 2, 128, dtype=torch.bfloat16, device="cuda")
+    cu_q, cu_k = _i32([0, 5, 5, 118, 119, 189]), _i32([0, 700, 703, 953, 962, 1262])
+    metadata = [  # (cu_q, cu_k, seqused_q, seqused_k, max_q, max_k)
+        (cu_q, cu_k, None, None, 113, 700),
+        (cu_q, _i32([0, 700, 703, 953, 962, 50_000]), None, None, 113, 700),
+        (_i32([-300, 5, 5, 118, 119, 189]), _i32([-9, 700, 703, 953, 962, 1262]), None, None, 113, 700),
+        (_i32([0, 50, 5, 118, 119, 189]), _i32([0, 900, 3, 953, 962, 1262]), None, None, 113, 700),
+        (cu_q, cu_k, _i32([5, 0, 113, 900, 70]), _i32([700, 3, 250, 100_000, 300]), 113, 700),
+        (cu_q, cu_k, _i32([-5, 0, 113, 1, 70]), _i32([-1, 3, 250, 9, 300]), 113, 700),
+        (cu_q, cu_k, None, None, 7, 20),
+    ]
+    for ex in (flex_examples.combined(flex_examples.alibi(8), flex_examples.causal()),
+               flex_examples.chunked_local(128)):
+        for cq, ck, uq, uk, mq, mk in metadata:
+            call(q, k, k, ex, dict(cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk, seqused_q=uq,
+                                   seqused_k=uk, page_table=None, check_metadata=False))
+    torch.cuda.synchronize()
+
+
 FAMILIES = {
     **{kind: (lambda kind=kind: _dense_config_run(kind))
        for kind in ("cp_async", "single_stage", "single_stage_w8", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "persistent")},
@@ -289,6 +339,7 @@ FAMILIES = {
     "bwd": _bwd_runs,
     "bwd_det": lambda: _bwd_runs(deterministic=True),
     "bwd_rolesplit": lambda: _bwd_runs(deterministic=True, role_split=True),
+    "flex": _flex_runs,
 }
 
 

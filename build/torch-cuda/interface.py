@@ -510,6 +510,8 @@ def _window_entries(window_size) -> tuple:
 def _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, extra) -> None:
     """Check the options, then raise the manifest's message for each requested feature this version
     does not implement."""
+    planned = {"dropout_p": "dropout", "block_sparse_tensors": "block_sparsity"}  # issue 20's next features
+    asked = [fid for name, fid in planned.items() if extra.pop(name, None) not in (None, 0, 0.0)]
     if extra:
         raise TypeError(f"flash_attn_func got unexpected arguments: {sorted(extra)}")
     _check_options(num_splits, pack_gqa)
@@ -518,6 +520,7 @@ def _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, extra) -> N
         requested.append("split_kv")
     if score_mod is not None or mask_mod is not None:
         requested.append("score_mod")
+    requested += asked
     if requested:
         refusal = _refusal(tuple(requested))
         if refusal is not None:
@@ -545,7 +548,7 @@ def _with_mods(spec, params, mods: dict, needs_grad: bool):
     """(spec, params) of a call with ``mods`` (score_mod, mask_mod, score_mod_bwd, aux_tensors, aux_scalars;
     issue 20): the spec keyed on the mods (``flex.ModKey``, callables registered for the compiler); with a
     score_mod the kernel scales S by softmax_scale before it (the softcap slot) and exponentiates with log2(e).
-    Raises for the combinations notes/flex_design.md section 3 resolves as refused."""
+    Raises the manifest's message for the combinations it refuses (mask_mod with causal / a window, softcap)."""
     key = flex.ModKey.of(**mods)
     if key is None:
         return spec, params
@@ -553,21 +556,15 @@ def _with_mods(spec, params, mods: dict, needs_grad: bool):
         raise NotImplementedError("aux_tensors / aux_scalars are not yet supported by flash-attn-4-sm120's "
                                   "score_mod / mask_mod; capture constants in the mod instead (its closure values "
                                   "and the globals it reads are part of its compile key)")
-    if mods.get("mask_mod") is not None and (spec.causal or spec.local):
-        raise ValueError("mask_mod replaces causal / window_size: express the mask in mask_mod (causal: kv_idx <= "
-                         "q_idx + seqlen_info.seqlen_k - seqlen_info.seqlen_q, see flex_examples.causal) or drop "
-                         "mask_mod")
-    if mods.get("score_mod") is not None and spec.softcap:
-        raise ValueError("softcap with score_mod: fold the cap into score_mod (cap * tanh(score / cap), see "
-                         "flex_examples.softcap)")
-    if needs_grad:
-        if mods.get("score_mod") is not None and mods.get("score_mod_bwd") is None:
-            raise ValueError("a gradient through score_mod needs score_mod_bwd (its derivative rule: "
-                             "score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors) returns "
-                             "grad * d score_mod / d score), as upstream")
-        refusal = _refusal(("score_mod", "backward"))
-        if refusal is not None:
-            raise NotImplementedError(refusal)
+    if needs_grad and mods.get("score_mod") is not None and mods.get("score_mod_bwd") is None:
+        raise ValueError("a gradient through score_mod needs score_mod_bwd (its derivative rule: "
+                         "score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors) returns "
+                         "grad * d score_mod / d score), as upstream")
+    flags = (("mask_mod", mods.get("mask_mod") is not None), ("causal", spec.causal),
+             ("sliding_window", spec.local), ("softcap", spec.softcap), ("backward", needs_grad))
+    refusal = _refusal(("score_mod", *(name for name, on in flags if on)))
+    if refusal is not None:
+        raise NotImplementedError(refusal)
     flex.register(key, mods.get("score_mod"), mods.get("score_mod_bwd"), mods.get("mask_mod"))
     spec = dataclasses.replace(spec, mods=key)
     if mods.get("score_mod") is not None:

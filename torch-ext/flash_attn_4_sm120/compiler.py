@@ -571,7 +571,8 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
     """The forward with mods (issue 20): each example of ``flex_examples.gate_examples`` traced into the table's
     d128 and d64 configs, packed-GQA, varlen (packed Q and K) and the persistent ping-pong mainloop; and the
     backward main kernel with the same mods (score_mod_bwd: the example's derivative) at d128, d64 and varlen
-    d128. The CI subset takes ALiBi + causal mask at d128, forward."""
+    d128; then the heaviest examples at d96, d192/128, d256, fp16 and with a sink (forward and backward), and
+    split-KV, paged and paged split-KV forwards. The CI subset takes ALiBi + causal mask at d128, forward."""
     from . import flex, flex_examples
 
     forced_persistent = FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True, persistent=True)
@@ -591,6 +592,25 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
         for d, varlen in ((128, False), (64, False), (128, True)):
             bspec = BwdSpec("bf16", d, d, causal=False, varlen_q=varlen, varlen_k=varlen, mods=bwd_key)
             cases.append(BwdCase(bspec, select_bwd_config(bspec, model), model.name, label=ex.name))
+    # every other head-dim class, fp16, a sink, split-KV decode and paged K/V, with the heaviest examples (a
+    # transcendental score_mod; ALiBi + a mask), forward and backward (paged K/V has no backward; the backward's
+    # spec has no sink: dsink is a torch reduction)
+    for ex in (flex_examples.softcap(30.0), flex_examples.combined(flex_examples.alibi(8), flex_examples.causal())):
+        key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, mask_mod=ex.mask_mod), ex.score_mod, None,
+                            ex.mask_mod)
+        bwd_key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, score_mod_bwd=ex.score_mod_bwd,
+                                               mask_mod=ex.mask_mod), ex.score_mod, ex.score_mod_bwd, ex.mask_mod)
+        for dtype, d, dv, extra in (("bf16", 96, 96, {}), ("bf16", 192, 128, {}), ("bf16", 256, 256, {}),
+                                    ("fp16", 128, 128, {}), ("bf16", 128, 128, dict(has_sink=True))):
+            spec = FwdSpec(dtype, d, dv, causal=False, mods=key, **extra)
+            cases.append(Case(spec, select_fwd_config(spec, model), model.name, label=ex.name))
+            if not extra:
+                bspec = BwdSpec(dtype, d, dv, causal=False, mods=bwd_key)
+                cases.append(BwdCase(bspec, select_bwd_config(bspec, model), model.name, label=ex.name))
+        for extra in (dict(pack_gqa=True, split_kv=True), dict(page_size=16),
+                      dict(page_size=16, pack_gqa=True, split_kv=True)):
+            spec = FwdSpec("bf16", 128, 128, causal=False, mods=key, **extra)
+            cases.append(Case(spec, select_fwd_config(spec, model), model.name, label=ex.name))
     return cases
 
 

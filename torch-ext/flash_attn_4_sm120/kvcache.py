@@ -39,7 +39,6 @@ inference: nothing is recorded for autograd).
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Optional
 
 import torch
