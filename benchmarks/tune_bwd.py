@@ -35,8 +35,7 @@ def _use(cfg, cls):
     from flash_attn_4_sm120 import backward, bwd_config
 
     bwd_config.BWD_TABLE[cls] = cfg
-    bwd_config.select_bwd_config.cache_clear()
-    backward._kernels.cache_clear()
+    backward.clear_caches()
 
 
 def _inputs(cls, causal_override=None):

@@ -129,3 +129,39 @@ def test_unmasked_pairs_see_every_entry(causal, local, left, right):
             for n in range(us, ue):
                 assert bool(seen[m * tm:min((m + 1) * tm, sq), n * tn:(n + 1) * tn].all()), (sq, sk, tm, tn, m, n)
         assert torch.is_tensor(seen)
+
+
+# -- the query-head group split of small GQA grids (bwd_config.bwd_group_split)
+
+
+def test_group_split_keeps_mha_and_large_grids_whole():
+    from flash_attn_4_sm120.bwd_config import bwd_group_split
+
+    assert bwd_group_split(2048, 2048, 64, 64, 8, 1, 4, True, 132) == 1  # MHA: nothing to split
+    assert bwd_group_split(8192, 8192, 64, 64, 8, 4, 4, True, 132) == 1  # 128 x 8 x 4 CTAs: many waves
+    assert bwd_group_split(0, 0, 64, 64, 2, 4, 4, True, 132) == 1
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk,hkv,group,batch,slots", [
+    (2048, 2048, 2, 4, 4, 132), (1024, 1024, 8, 4, 4, 132), (512, 512, 2, 4, 8, 170), (333, 517, 2, 4, 2, 132),
+    (4096, 4096, 1, 8, 1, 48), (100, 3000, 2, 6, 3, 188)])
+def test_group_split_divides_the_group_and_never_models_slower(sq, sk, hkv, group, batch, slots, causal):
+    """The chosen split divides the group, and a small grid (here under a wave or two) always splits."""
+    from flash_attn_4_sm120.bwd_config import bwd_group_split
+
+    s = bwd_group_split(sq, sk, 64, 64, hkv, group, batch, causal, slots)
+    assert group % s == 0
+    if -(-sk // 64) * hkv * batch <= slots // 2:
+        assert s > 1
+
+
+@pytest.mark.parametrize("b,s,hq,hkv,causal,best", [
+    (4, 2048, 8, 2, True, 4), (4, 1024, 32, 8, True, 1), (8, 1024, 16, 4, True, 1), (8, 512, 8, 2, True, 1),
+    (2, 4096, 16, 4, True, 4), (4, 2048, 8, 2, False, 1), (1, 8192, 32, 8, True, 1), (16, 1024, 32, 8, True, 1)])
+def test_group_split_picks_the_measured_winner(b, s, hq, hkv, causal, best):
+    """H100 at SM120 occupancy (132 SMs, one CTA each; group_split_ab_h100_2026-11-25.json): the split that
+    measured fastest, or 1 where no split gained (d64 for the 16/4 row, d128 elsewhere: both 64x64 tiles)."""
+    from flash_attn_4_sm120.bwd_config import bwd_group_split
+
+    assert bwd_group_split(s, s, 64, 64, hkv, hq // hkv, b, causal, 132) == best

@@ -321,11 +321,9 @@ def role_split_tables(monkeypatch):
     cfg = bwd_config.BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True)
     monkeypatch.setitem(bwd_config.BWD_TABLE, 64, dataclasses_replace(cfg, stages_do=2))
     monkeypatch.setitem(bwd_config.BWD_TABLE, 128, cfg)
-    bwd_config.select_bwd_config.cache_clear()
-    backward._kernels.cache_clear()
+    backward.clear_caches()
     yield
-    bwd_config.select_bwd_config.cache_clear()
-    backward._kernels.cache_clear()
+    backward.clear_caches()
 
 
 def dataclasses_replace(obj, **changes):
@@ -346,3 +344,38 @@ def test_bwd_role_split_candidate_varlen_deterministic(role_split_tables):
     run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 128, causal=True, sink=True, deterministic=True)
     run_varlen([100, 64, 257, 33], [120, 70, 257, 40], 4, 2, 112, window_size=(40, 8), used_q=[90, 0, 200, 33],
                used_k=[120, 10, 250, 7])
+
+
+@pytest.fixture(params=[1, 2, 4], ids=["split1", "split2", "split4"])
+def group_split(request, monkeypatch):
+    """The backward's query-head group split forced (``backward._group_split``; the rule picks it from the
+    grid otherwise, and splits most of this file's small GQA shapes)."""
+    from flash_attn_4_sm120 import backward
+
+    monkeypatch.setattr(backward, "_group_split", lambda *a: request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window_size=(96, 32), softcap=20.0)],
+                         ids=["full", "causal", "window-softcap"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_bwd_group_split_dense(group_split, mask, d):
+    run_dense(2, 333, 517, 8, 2, d, d, sink=True, with_dlse=True, **mask)
+
+
+def test_bwd_group_split_varlen_seqused(group_split):
+    run_varlen([100, 64, 257, 33], [120, 70, 257, 40], 8, 2, 128, causal=True, used_q=[90, 0, 200, 33],
+               used_k=[120, 10, 250, 7])
+
+
+def test_bwd_group_split_deterministic_is_bitwise_repeatable(group_split):
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(0)
+    q, k = _rand(2, 900, 8, 128, dtype=torch.bfloat16), _rand(2, 900, 2, 128, dtype=torch.bfloat16)
+    dout = _rand(2, 900, 8, 128, dtype=torch.bfloat16)
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, k)]
+    runs = [torch.autograd.grad(fa.flash_attn_func(*leaves, causal=True, deterministic=True)[0], leaves, dout)
+            for _ in range(3)]
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))

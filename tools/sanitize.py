@@ -145,8 +145,7 @@ def _bwd_runs(deterministic=False, role_split=False):
         cfg = bwd_config.BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True)
         bwd_config.BWD_TABLE[64] = dataclasses.replace(cfg, stages_do=2)
         bwd_config.BWD_TABLE[128] = cfg
-        bwd_config.select_bwd_config.cache_clear()
-        backward._kernels.cache_clear()
+        backward.clear_caches()
     torch.manual_seed(2)
     for d in (64, 128) if role_split else (64, 128, 192, 256):
         q = torch.randn(2, 333, 6, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)

@@ -5,7 +5,9 @@ branches (the execution model arrives as an argument, the tile from ``bwd_config
 returns ``(dq, dk, dv, dsink)``:
   1. preprocess (``_kernels/bwd_preprocess``): LSE2 and D' = rowsum(dO * O) - dLSE into fp32 workspaces
      of ``bwd_config.ROW_PAD``-row blocks per sequence;
-  2. main kernel (``_kernels/bwd_multistage``): dK, dV, and dQ's fp32 partial sums;
+  2. main kernel (``_kernels/bwd_multistage``): dK, dV, and dQ's fp32 partial sums (a small GQA grid: each
+     KV head's query-head group split over ``bwd_config.bwd_group_split`` CTAs, their partial dK / dV summed
+     here in fp32);
   3. postprocess (``_kernels/bwd_postprocess``): dQ = scale * accumulator, in q's dtype.
 The sink's gradient, ``dsink_h = -sum_rows exp(sink_h - LSE) * D'`` over the rows of head h, is a torch
 reduction over the workspaces (a fixed-order sum: deterministic). Workspaces are sized from shapes
@@ -14,6 +16,7 @@ only, so the whole backward can be captured in a CUDA graph.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from typing import Optional
@@ -21,7 +24,8 @@ from typing import Optional
 import torch
 
 from . import compiler
-from .bwd_config import ROW_PAD, bwd_padded_head_dim, bwd_smem_bytes, select_bwd_config
+from .bwd_config import (ROW_PAD, bwd_config_problems, bwd_group_split, bwd_padded_head_dim, bwd_smem_bytes,
+                          select_bwd_config)
 from .config import STATIC_SMEM_BYTES
 from .problem import BwdSpec, FwdShape, FwdSpec
 
@@ -29,17 +33,33 @@ _LOG2_E = 1.0 / math.log(2.0)
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]]):
-    """(preprocess, main, postprocess, config) for ``spec``; the main kernel launched with the model's
-    CTAs per SM on a larger part (``ExecutionModel.occupancy_launch_smem``)."""
+def _main_kernel(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]]):
+    """The main kernel of ``spec``, launched with the model's CTAs per SM on a larger part
+    (``ExecutionModel.occupancy_launch_smem``)."""
     cfg = select_bwd_config(spec, model)
     launch_smem = 0
     if device_smem is not None:
         launch_smem = model.occupancy_launch_smem(bwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES, STATIC_SMEM_BYTES,
                                                   *device_smem)
+    return compiler.get_bwd_kernel(spec, cfg, model, target, launch_smem)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernels(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]]):
+    """(preprocess, main (unsplit), postprocess, config) for ``spec``."""
+    cfg = select_bwd_config(spec, model)
     return (compiler.get_bwd_side_kernel("preprocess", spec, cfg, model, target),
-            compiler.get_bwd_kernel(spec, cfg, model, target, launch_smem),
+            _main_kernel(spec, model, target, device_smem),
             compiler.get_bwd_side_kernel("postprocess", spec, cfg, model, target), cfg)
+
+
+def clear_caches() -> None:
+    """Forget the chosen configs and kernels (tests and the tuner patch the tables)."""
+    from .bwd_config import select_bwd_config as select
+
+    select.cache_clear()
+    for cached in (_main_kernel, _kernels, _group_split):
+        cached.cache_clear()
 
 
 def _grad_like(t: torch.Tensor, zero: bool) -> torch.Tensor:
@@ -47,13 +67,32 @@ def _grad_like(t: torch.Tensor, zero: bool) -> torch.Tensor:
         torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
+@functools.lru_cache(maxsize=4096)
+def _group_split(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int) -> int:
+    """``bwd_config.bwd_group_split`` for this call: the model's CTAs per SM of the main kernel on ``num_sms``
+    SMs; a window counts as unmasked (every query block visited: the even case, which splits least). Memoized
+    (a training step repeats its shapes; host time counts at small ones)."""
+    slots = num_sms * model.ctas_per_sm(bwd_smem_bytes(bspec, cfg) + STATIC_SMEM_BYTES)
+    split = bwd_group_split(shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n, shape.num_heads_kv,
+                            shape.num_heads // shape.num_heads_kv, shape.batch, bspec.causal and not bspec.local,
+                            slots)
+    if split > 1 and bwd_config_problems(_split_spec(bspec, split), cfg, model):
+        return 1  # the predicate keeps this spec unsplit
+    return split
+
+
+@functools.lru_cache(maxsize=None)
+def _split_spec(bspec: BwdSpec, split: int) -> BwdSpec:
+    return dataclasses.replace(bspec, group_split=split)
+
+
 def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, params, varlen, sink_dtype,
-            model, target: str, device_smem, deterministic: bool = False, grads=None) -> tuple:
+            model, target: str, device_smem, deterministic: bool = False, grads=None, num_sms: int = 0) -> tuple:
     """Gradients of a validated forward call (see the module docstring). ``varlen`` is the forward's
     (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table) or None; ``sink_dtype`` the learnable
     sink's dtype (None without a sink); ``deterministic``: bitwise-reproducible dQ (a zeroed int32
     counter per query block orders its key blocks' additions); ``grads``: (dq, dk, dv) to write into (contiguous,
-    shaped like q, k, v), else fresh ones."""
+    shaped like q, k, v), else fresh ones; ``num_sms``: the device's, for the group split (0: never split)."""
     cu_q, cu_k, used_q, used_k, _ = varlen or (None, None, None, None, None)
     bspec = BwdSpec.of(spec, has_dlse=dlse is not None, deterministic=deterministic)
     if grads is None:
@@ -94,10 +133,23 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
     sem = (torch.zeros((*ws_rows[:-1], ws_rows[-1] // cfg.tile_m + 1), dtype=torch.int32, device=dev)
            if deterministic else None)
     max_q = shape.seqlen_q
+    # A small grid splits each KV head's query-head group over `split` CTAs (the main kernel's spec), each
+    # writing a partial dK / dV head (KV head h's are heads h * split .. h * split + split - 1), summed below
+    # in fp32 in a fixed order (deterministic mode holds).
+    split = _group_split(bspec, cfg, shape, model, num_sms) if num_sms else 1
+    dk_part, dv_part = dk, dv
+    if split > 1:
+        main = _main_kernel(_split_spec(bspec, split), model, target, device_smem)
+        alloc = torch.zeros if spec.seqused_k else torch.empty  # rows past a used length are not written
+        dk_part, dv_part = (alloc((*t.shape[:-2], t.shape[-2] * split, t.shape[-1]), dtype=t.dtype, device=dev)
+                            for t in (dk, dv))
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
-    main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk, dv, params.softmax_scale, params.scale_log2, params.softcap_scale,
-         params.window_left, params.window_right, cu_q, cu_k, used_q, used_k, shape.seqlen_k)
+    main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk_part, dv_part, params.softmax_scale, params.scale_log2,
+         params.softcap_scale, params.window_left, params.window_right, cu_q, cu_k, used_q, used_k, shape.seqlen_k)
     post(dq_acc, dq, params.softmax_scale, cu_q, used_q, max_q)
+    if split > 1:
+        for part, full in ((dk_part, dk), (dv_part, dv)):  # one reduction kernel each, fp32 accumulation
+            torch.sum(part.unflatten(-2, (full.shape[-2], split)), dim=-2, out=full)
     if has_sink:
         view = (-1, 1) if spec.varlen_q else (1, -1, 1)
         p_sink = torch.exp2(params.sink.view(view) * _LOG2_E - lse2)

@@ -101,6 +101,10 @@ class BwdSpec:
     #: issue 20: the forward's mods (``flex.ModKey``): the backward recomputes the modified scores and applies
     #: score_mod_bwd to dS
     mods: Optional[ModKey] = None
+    #: the main kernel's query-head group split (``bwd_config.bwd_group_split``): each KV head's CTAs come
+    #: ``group_split`` times, each walking ``group / group_split`` query heads into its own partial dK / dV head
+    #: (the host sums them); a compile-time divisor, so 1 is exactly the unsplit kernel
+    group_split: int = 1
 
     @staticmethod
     def of(spec: "FwdSpec", has_dlse: bool = False, deterministic: bool = False) -> "BwdSpec":

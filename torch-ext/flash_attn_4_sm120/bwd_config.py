@@ -145,6 +145,13 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         # sm_120a gate, 2026-11-25: a softcap score_mod at d64 on the 64x128 8-warp tile spilled 256 B
         out.append("score_mod keeps the pre-mod scores beside S: S fragments of 32 or more registers per thread "
                    "spill; a tile with at most 16 (64x64 on 8 warps) serves it")
+    if spec.group_split not in (1, *GROUP_SPLITS):
+        out.append(f"group_split={spec.group_split} (1 or one of {GROUP_SPLITS})")
+    if spec.group_split > 1 and spec.mods is not None and spec.mods.score_mod is not None and max(d, dv) > 192:
+        # sm_120a gate, 2026-11-25: the d256 tile with the softcap score_mod runs at 255 registers unsplit and
+        # spilled 32 B with the split's head arithmetic
+        out.append("group_split beside a score_mod's pre-mod scores at head dims over 192 spills; the unsplit "
+                   "kernel serves it")
     _warp_split(out, "S/dP", cfg.tile_m, cfg.tile_n, cfg.sdp_warps_m, rw)
     if cfg.dkv_chunks < 1 or d % cfg.dkv_chunks or dv % cfg.dkv_chunks:
         out.append(f"dkv_chunks={cfg.dkv_chunks} does not divide the head dims' smem widths {d}, {dv}")
@@ -300,4 +307,65 @@ def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
             specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", deterministic=True))
         specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True))
         specs.append(BwdSpec("bf16", d, dv // 2, causal=True))  # head_dim != head_dim_v
+        # the group splits of small GQA grids (each a compile-time divisor), and the heaviest layout split
+        specs += [BwdSpec("bf16", d, dv, causal=True, group_split=s) for s in GROUP_SPLITS]
+        specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, seqused_q=True,
+                             seqused_k=True, deterministic=True, softcap=True, group_split=2))
     return [(spec, select_bwd_config(spec, model)) for spec in dict.fromkeys(specs)]
+
+
+#: The group splits the backward compiles (``BwdSpec.group_split``: a compile-time divisor), each in the gate.
+GROUP_SPLITS = (2, 3, 4, 8)
+#: A query-head group is split over more CTAs only where the modelled time improves by more than this share:
+#: each split writes one more partial dK / dV, which the host sums, and the model's modest gains did not
+#: survive that (H100, group_split_ab_h100_2026-11-25.json: modelled 1.07x at 4 x 1024 32/8 and 8 x 1024
+#: 16/4 d64, measured 0.97x; modelled 1.06-1.10x at 8 x 512 8/2, where host time dominates, measured 0.64x;
+#: modelled 1.12-1.28x, measured 1.12-1.22x).
+GROUP_SPLIT_SLACK = 0.10
+#: Grids of at least this many waves stay whole: their tail is under 1/8 of the time (and the model is not
+#: worth its host time there).
+GROUP_SPLIT_MIN_WAVES = 8
+#: Per-CTA fixed cost in query-block steps: the K/V tile load before the first step and the dK/dV store after
+#: the last.
+GROUP_SPLIT_FIXED_STEPS = 2.0
+
+
+@lru_cache(maxsize=4096)
+def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int, batch: int,
+                    causal: bool, slots: int) -> int:
+    """Query-head splits of each KV head's group for the backward: the main kernel runs one CTA per (key
+    block, KV head, batch) and walks ``group`` query heads in it, so a GQA model with few KV heads launches a
+    small grid of long CTAs (8/2 heads at 4 x 2048 keys: 256 CTAs of 4 heads each), and the causal CTAs of
+    early key blocks, which see every later query block, leave the last wave's SMs idle. With ``s`` splits
+    (a divisor of ``group`` in ``GROUP_SPLITS``) each KV head gets ``s`` CTA rows (``BwdSpec.group_split``), a
+    CTA walks ``group / s`` heads and writes its own partial dK/dV, which the host sums in fp32 (a fixed order:
+    deterministic mode holds).
+
+    The model: CTAs start in launch order (key block fastest) on ``slots`` = SMs x CTAs per SM, each taking
+    ``heads * query blocks it visits (bottom-right causal or all) + GROUP_SPLIT_FIXED_STEPS`` step times; the
+    time is the greedy schedule's makespan; the answer is the fastest split where it beats the whole group by
+    more than ``GROUP_SPLIT_SLACK``, else 1. Measured on the H100 at SM120 occupancy (gqa_grid_h100_2026-11-25.json, bf16, causal): 4 x 2048
+    keys, 8/2 heads, d128 runs at 137 TFLOPS as GQA and 175 with every query head its own KV head (1.28x;
+    the model: 1.28x); 4 x 1024 32/8 1.11x (model 1.03-1.07x); 8 x 1024 16/4 d64 1.10x (1.07x)."""
+    num_n = -(-seqlen_k // tile_n)
+    num_m = -(-seqlen_q // tile_m)
+    if group <= 1 or slots <= 0 or num_n <= 0 or num_m <= 0:
+        return 1
+    if num_n * heads_kv * batch >= GROUP_SPLIT_MIN_WAVES * slots:
+        return 1
+    import heapq
+
+    # the first query block that sees key block n: its first key's diagonal row (bottom-right aligned)
+    visits = [num_m - min(num_m, max(0, (n * tile_n - (seqlen_k - seqlen_q)) // tile_m)) if causal else num_m
+              for n in range(num_n)]
+    splits = [1] + [s for s in GROUP_SPLITS if group % s == 0]
+    times = []
+    for s in splits:
+        works = [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
+        free = [0.0] * slots
+        for _ in range(heads_kv * s * batch):
+            for w in works:
+                heapq.heapreplace(free, free[0] + w)
+        times.append(max(free))
+    best = min(range(len(splits)), key=lambda i: (times[i], splits[i]))
+    return splits[best] if times[0] > times[best] * (1 + GROUP_SPLIT_SLACK) else 1

@@ -266,8 +266,10 @@ def _fake_bwd_args(spec: BwdSpec, config: BwdConfig):
 
     q, do = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim), \
         rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim_v)
-    k, dk = (rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim) for _ in range(2))
-    v, dv = (rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim_v) for _ in range(2))
+    # dK / dV: the KV heads, or their group_split partial copies (a size of their own)
+    heads_dkv = heads_kv if spec.group_split == 1 else cute.sym_int()
+    k, dk = (rows(spec.varlen_k, seqlen_k, total_k, h, spec.head_dim) for h in (heads_kv, heads_dkv))
+    v, dv = (rows(spec.varlen_k, seqlen_k, total_k, h, spec.head_dim_v) for h in (heads_kv, heads_dkv))
     ws_rows = (heads_q, rows_pad) if spec.varlen_q else (batch, heads_q, rows_pad)
     lse2, dsum = (_fake_tensor(cutlass.Float32, ws_rows, rows_of_vectors=False) for _ in range(2))
     dq_acc = _fake_tensor(cutlass.Float32, (*ws_rows, bwd_padded_head_dim(spec.head_dim, config)))
@@ -475,6 +477,7 @@ class BwdCase:
         mask += "_softcap" if s.softcap else ""
         mask += _layout_flags(s)
         mask += "_det" if s.deterministic else ""
+        mask += f"_gs{s.group_split}" if s.group_split > 1 else ""
         return (f"bwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}"
                 f"q{c.stages_q}o{c.stages_do}_{c.sdp_warps_m}{c.dkv_warps_n}{c.dq_warps_m}"
                 + (f"c{c.dq_chunks}" if c.dq_chunks > 1 else "") + (f"k{c.dkv_chunks}" if c.dkv_chunks > 1 else "")
@@ -605,8 +608,9 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
             spec = FwdSpec(dtype, d, dv, causal=False, mods=key, **extra)
             cases.append(Case(spec, select_fwd_config(spec, model), model.name, label=ex.name))
             if not extra:
-                bspec = BwdSpec(dtype, d, dv, causal=False, mods=bwd_key)
-                cases.append(BwdCase(bspec, select_bwd_config(bspec, model), model.name, label=ex.name))
+                for split in (1, 2) if d == 192 else (1,):  # the group split with mods (d256: refused)
+                    bspec = BwdSpec(dtype, d, dv, causal=False, mods=bwd_key, group_split=split)
+                    cases.append(BwdCase(bspec, select_bwd_config(bspec, model), model.name, label=ex.name))
         for extra in (dict(pack_gqa=True, split_kv=True), dict(page_size=16),
                       dict(page_size=16, pack_gqa=True, split_kv=True)):
             spec = FwdSpec("bf16", 128, 128, causal=False, mods=key, **extra)

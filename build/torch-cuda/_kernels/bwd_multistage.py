@@ -8,7 +8,9 @@ LSE, and D'_i = dO_i . O_i - dLSE_i from the preprocess:
     dS_ij = P_ij (dP_ij - D'_i)   (softcap: times 1 - tanh(u_ij)^2)
     dK_j  = scale * sum_i dS_ij Q_i                  dQ_i += sum_j dS_ij K_j  (scaled in the postprocess)
 summed over every query head of the KV group (MHA, GQA, MQA): the CTA walks all of them, so dK/dV are
-reduced in registers and stored once in 16 bits. dQ of each query block is added into an fp32
+reduced in registers and stored once in 16 bits. With ``spec.group_split`` = s > 1 (small GQA grids) a
+KV head's group is walked by s CTAs: CTA row y reads KV head y // s, walks query heads y * group / s
+onward and writes partial dK / dV head y, which the host sums. dQ of each query block is added into an fp32
 accumulator with ``red.global.add`` (the other key blocks of the head add theirs: order-dependent), in
 the MMA-fragment order of ``dq_accum`` (one 16-byte reduction per thread and m16n8 atom).
 
@@ -164,7 +166,9 @@ class FlashBwdMultistage:
         self._setup()
         packed_k = mCuSeqlensK is not None
         seqlen_k = max_seqlen_k if const_expr(packed_k) else mK.shape[1]
-        grid = (cute.ceil_div(seqlen_k, self.tile_n), num_heads(mK, packed_k), num_batches(mK, mCuSeqlensK))
+        # a CTA row per dK / dV head: the KV heads, each ``group_split`` times (partial heads, summed by the host)
+        grid = (cute.ceil_div(seqlen_k, self.tile_n), num_heads(mK, packed_k) * self.spec.group_split,
+                num_batches(mK, mCuSeqlensK))
         self.kernel(
             mQ, mK, mV, mdO, mLSE2, mD, mdQacc, mSem, mdK, mdV, softmax_scale, scale_log2, softcap_scale,
             window_left, window_right, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
@@ -218,9 +222,12 @@ class FlashBwdMultistage:
         self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq = g2s_qk, g2s_v, mma_sdp, mma_dkv, mma_dq
         enter_grid(self.model.has_pdl)  # the preprocess's LSE2 / D' and the zeroed accumulator
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head_kv, batch = cute.arch.block_idx()
+        n_block, head_kv, batch = cute.arch.block_idx()  # head_kv: the dK / dV (partial) head this CTA writes
         packed_q = mCuSeqlensQ is not None
+        split = self.spec.group_split
         group = num_heads(mQ, packed_q) // num_heads(mK, mCuSeqlensK is not None)
+        if const_expr(split > 1):
+            group = group // split  # the query heads this CTA walks
         mK_s, seqlen_k = sequence_heads(mK, batch, mCuSeqlensK, mSeqUsedK)
         mV_s, _ = sequence_heads(mV, batch, mCuSeqlensK, mSeqUsedK)
         mQ_s, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
@@ -243,7 +250,7 @@ class FlashBwdMultistage:
                 seqlen_info=(SeqlenInfo.of(batch, mCuSeqlensQ, mCuSeqlensK, seqlen_q, seqlen_k)
                              if const_expr(self.spec.mods is not None) else None),
             )
-            self.load_kv(ctx, sm, mK_s, mV_s, head_kv)
+            self.load_kv(ctx, sm, mK_s, mV_s, head_kv // split if const_expr(split > 1) else head_kv)
             num_steps = group * ctx.num_m
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)
