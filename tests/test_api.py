@@ -79,6 +79,7 @@ def test_any_head_dim_in_the_envelope_passes_validation(head_dim, head_dim_v):
     [
         pytest.param({"dropout_p": 0.1}, id="dropout"),
         pytest.param({"block_sparse_tensors": object()}, id="block-sparsity"),
+        pytest.param({"block_sparse_tensors": torch.zeros(2, 3)}, id="block-sparsity-tensor"),
     ],
 )
 def test_planned_features_are_refused_not_ignored(kwargs):
@@ -103,6 +104,12 @@ def test_window_softcap_sink_validation(kwargs, exc, match):
     q = _t(1, 8, 4, 64)
     with pytest.raises(exc, match=match):
         fa.flash_attn_func(q, q, q, **kwargs)
+
+
+def test_dropout_p_zero_is_the_plain_call():
+    q = _t(1, 8, 4, 64)
+    with pytest.raises(ValueError, match="CUDA tensors"):  # accepted: validation goes on to the device check
+        fa.flash_attn_func(q, q, q, dropout_p=0.0)
 
 
 def test_unknown_keyword_is_a_type_error():

@@ -55,10 +55,7 @@ def _kernels(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int,
 
 def clear_caches() -> None:
     """Forget the chosen configs and kernels (tests and the tuner patch the tables)."""
-    from .bwd_config import select_bwd_config as select
-
-    select.cache_clear()
-    for cached in (_main_kernel, _kernels, _group_split):
+    for cached in (select_bwd_config, _main_kernel, _kernels, _group_split):
         cached.cache_clear()
 
 

@@ -512,7 +512,8 @@ def _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, extra) -> N
     """Check the options, then raise the manifest's message for each requested feature this version
     does not implement."""
     planned = {"dropout_p": "dropout", "block_sparse_tensors": "block_sparsity"}  # issue 20's next features
-    asked = [fid for name, fid in planned.items() if extra.pop(name, None) not in (None, 0, 0.0)]
+    values = {fid: extra.pop(name, None) for name, fid in planned.items()}
+    asked = [fid for fid, v in values.items() if v is not None and not (isinstance(v, (int, float)) and v == 0)]
     if extra:
         raise TypeError(f"flash_attn_func got unexpected arguments: {sorted(extra)}")
     _check_options(num_splits, pack_gqa)
