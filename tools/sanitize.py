@@ -7,7 +7,7 @@ mbarrier release, TMA warp-specialized, overlapped, ping-pong, persistent ping-p
 packed-GQA decode, split-KV + combine, varlen (packed and dense with seqused), paged K/V (page
 sizes 1, 16, 48; decode, prefill and chunked prefill), flash_attn_with_kvcache (append and rotary into
 paged and dense caches), the public combine, and the backward (every head-dim class; deterministic; the
-role-split kernel), score_mod / mask_mod forward and backward, varlen metadata included. Every family first runs
+role-split kernel; the group split), score_mod / mask_mod forward and backward, varlen metadata included. Every family first runs
 with good inputs, then (where it takes metadata) with corrupt metadata: cu_seqlens past the packed
 rows, negative or decreasing offsets, seqused past the tensor or negative, max_seqlen too small, page
 table entries past the pool or negative. Corrupt metadata may give wrong rows; it must never touch memory
@@ -160,6 +160,17 @@ def _bwd_runs(deterministic=False, role_split=False):
             torch.autograd.grad(out, [q, k, v] + ([sink] if "learnable_sink" in kw else []), torch.ones_like(out))
     _varlen_runs(1, False, grad=True, deterministic=deterministic)
     torch.cuda.synchronize()
+
+
+def _bwd_split_runs():
+    """The backward's group split (partial dK / dV heads) forced on the varlen metadata cases of ``_varlen_runs``
+    (8/2 heads: split 2 and 4); the dense calls of ``_bwd_runs`` already split (its 6/2 grids are small)."""
+    from flash_attn_4_sm120 import backward
+
+    for split in (2, 4):
+        backward._group_split = lambda *a, split=split: split
+        _varlen_runs(1, False, grad=True)
+        _varlen_runs(1, False, grad=True, deterministic=True)
 
 
 def _decode_run():
@@ -338,6 +349,7 @@ FAMILIES = {
     "bwd": _bwd_runs,
     "bwd_det": lambda: _bwd_runs(deterministic=True),
     "bwd_rolesplit": lambda: _bwd_runs(deterministic=True, role_split=True),
+    "bwd_split": _bwd_split_runs,
     "flex": _flex_runs,
 }
 
