@@ -106,7 +106,8 @@ def test_gate_cases_cover_every_example_and_mainloop_kind():
     names = [c.name for c in cases]
     # per example 5 forward, 3 backward; the two heaviest at 5 more classes (forward, backward but the sink's)
     # and 3 split / paged forwards
-    assert len(names) == len(set(names)) == 8 * len(flex_examples.gate_examples()) + 2 * (5 + 4 + 1 + 3)
+    assert len(names) == len(set(names)) == (8 * len(flex_examples.gate_examples()) + 2 * (5 + 4 + 1 + 3)
+                                             + 3 * len(flex_examples.aux_gate_examples()))
     assert {c.spec.head_dim for c in cases} == {64, 96, 128, 192, 256} and any(c.spec.dtype == "fp16" for c in cases)
     assert any(getattr(c.spec, "page_size", 0) for c in cases) and any(getattr(c.spec, "split_kv", 0) for c in cases)
     assert any(c.config.persistent for c in cases) and any(c.spec.pack_gqa for c in cases)

@@ -314,3 +314,61 @@ def test_mods_under_torch_compile_break_the_graph_and_match_eager():
 
     torch._dynamo.reset()
     assert torch.equal(torch.compile(f)(q, k), f(q, k))
+
+
+# -- aux tensors (the kernels' aux slots; interface.AUX_TENSORS_ENABLED turns them on once these pass)
+
+
+@pytest.fixture
+def aux_enabled(monkeypatch):
+    monkeypatch.setattr(interface, "AUX_TENSORS_ENABLED", True)
+
+
+def _aux_examples(seqlen):
+    slopes = torch.rand(8, device="cuda") * 0.25
+    doc_ids = (torch.arange(seqlen, device="cuda", dtype=torch.int32) * 7 // 300).to(torch.int32)  # ~43-token docs
+    return [flex_examples.alibi_slopes(slopes), flex_examples.documents(doc_ids)]
+
+
+@pytest.mark.parametrize("which", [0, 1], ids=["alibi-slopes", "documents"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_aux_tensor_mods_forward_and_backward(aux_enabled, which, head_dim):
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(11)
+    ex = _aux_examples(300)[which]
+    q = torch.randn(2, 300, 8, head_dim, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 300, 2, head_dim, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(2, 300, 2, head_dim, dtype=torch.bfloat16, device="cuda")
+    dout = torch.randn_like(q)
+    mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd,
+                aux_tensors=list(ex.aux_tensors))
+    out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **mods)
+    check(out, lse, q, k, v, ex)
+    _, got = _grads(q, k, v, dout, lambda *t: fa.flash_attn_func(*t, **mods)[0])
+    _, ref = _grads(q, k, v, dout, lambda *t: flex_ref(*t, ex)[0].float())
+    _, pt = _grads(q, k, v, dout, lambda *t: flex_ref(*t, ex, upcast=False)[0])
+    _check_grads(got, ref, pt)
+
+
+def test_aux_tensor_mods_decode_and_new_values(aux_enabled):
+    """Packed-GQA decode reads the slopes per query head; new aux values reuse the kernel (runtime arguments)."""
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(12)
+    q = torch.randn(3, 2, 8, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(3, 1000, 2, 128, dtype=torch.bfloat16, device="cuda")
+    for _ in range(2):
+        ex = _aux_examples(1000)[0]
+        out, lse = fa.flash_attn_func(q, k, k, return_lse=True, score_mod=ex.score_mod,
+                                      aux_tensors=list(ex.aux_tensors))
+        check(out, lse, q, k, k, ex)
+
+
+def test_aux_tensors_are_refused_until_enabled():
+    import flash_attn_4_sm120 as fa
+
+    ex = _aux_examples(64)[0]
+    q = torch.randn(1, 64, 8, 64, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(NotImplementedError, match="aux_tensors"):
+        fa.flash_attn_func(q, q[:, :, :2], q[:, :, :2], score_mod=ex.score_mod, aux_tensors=list(ex.aux_tensors))

@@ -289,7 +289,8 @@ def _combine_run():
 def _flex_runs():
     """score_mod / mask_mod (issue 20), forward and backward: every gate example on dense GQA inputs (d128;
     two at d64), decode-length queries (packed GQA), and a varlen batch through the mods path with the good and
-    corrupt metadata of ``_varlen_runs`` (the mods read ``seqlen_info``, so corrupt lengths reach them)."""
+    corrupt metadata of ``_varlen_runs`` (the mods read ``seqlen_info``, so corrupt lengths reach them); mods
+    that read aux tensors, dense and varlen."""
     import torch
 
     from flash_attn_4_sm120 import flex_examples, interface
@@ -302,8 +303,8 @@ def _flex_runs():
     opts = dict(softmax_scale=None, causal=False, window_size=(None, None), learnable_sink=None, softcap=0.0,
                 num_splits=None, pack_gqa=None, deterministic=False, return_lse=True)
 
-    def call(q, k, v, ex, varlen=None):
-        mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd)
+    def call(q, k, v, ex, varlen=None, extra=None):
+        mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd, **(extra or {}))
         leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
         out = interface._flex_call(*leaves, varlen, mods, **opts)[0]
         torch.autograd.grad(out, leaves, torch.ones_like(out))
@@ -319,6 +320,12 @@ def _flex_runs():
     q = torch.randn(sum(lens_q), 8, 128, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(sum(lens_k), 2, 128, dtype=torch.bfloat16, device="cuda")
     cu_q, cu_k = _i32([0, 5, 5, 118, 119, 189]), _i32([0, 700, 703, 953, 962, 1262])
+
+    def metadata_varlen(entry):
+        cq, ck, uq, uk, mq, mk = entry
+        return dict(cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk, seqused_q=uq, seqused_k=uk,
+                    page_table=None, check_metadata=False)
+
     metadata = [  # (cu_q, cu_k, seqused_q, seqused_k, max_q, max_k)
         (cu_q, cu_k, None, None, 113, 700),
         (cu_q, _i32([0, 700, 703, 953, 962, 50_000]), None, None, 113, 700),
@@ -330,9 +337,19 @@ def _flex_runs():
     ]
     for ex in (flex_examples.combined(flex_examples.alibi(8), flex_examples.causal()),
                flex_examples.chunked_local(128)):
-        for cq, ck, uq, uk, mq, mk in metadata:
-            call(q, k, k, ex, dict(cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk, seqused_q=uq,
-                                   seqused_k=uk, page_table=None, check_metadata=False))
+        for entry in metadata:
+            call(q, k, k, ex, metadata_varlen(entry))
+    # mods that read aux tensors (indices held to each sequence), with good metadata: a corrupt length makes a
+    # mod index its own tensor out of bounds, which only the caller's metadata can rule out
+    interface.AUX_TENSORS_ENABLED = True
+    aux_examples = (flex_examples.alibi_slopes(torch.rand(8, device="cuda")),
+                    flex_examples.documents(torch.arange(700, device="cuda", dtype=torch.int32) // 50))
+    for ex in aux_examples:
+        opts_aux = dict(aux_tensors=list(ex.aux_tensors))
+        call(torch.randn(2, 333, 8, 128, dtype=torch.bfloat16, device="cuda"),
+             torch.randn(2, 517, 2, 128, dtype=torch.bfloat16, device="cuda"),
+             torch.randn(2, 517, 2, 128, dtype=torch.bfloat16, device="cuda"), ex, None, opts_aux)
+        call(q, k, k, ex, metadata_varlen(metadata[0]), opts_aux)
     torch.cuda.synchronize()
 
 

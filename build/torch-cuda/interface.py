@@ -190,7 +190,7 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
     caps a persistent config's grid (default: one CTA per SM; tests pass fewer so that every CTA
     walks several tiles)."""
     return _plan_for(q, v, spec, shape, params, config, num_splits, max_ctas).run(q, k, v, params.sink, varlen,
-                                                                                    out, lse)
+                                                                                    out, lse, params.aux)
 
 
 def _plan_for(q, v, spec, shape, params, config, num_splits, max_ctas) -> "_LaunchPlan":
@@ -224,7 +224,7 @@ class _LaunchPlan:
     max_ctas: int = 0
     band: int = 1
 
-    def run(self, q, k, v, sink, varlen, out=None, lse=None):
+    def run(self, q, k, v, sink, varlen, out=None, lse=None, aux=()):
         device = q.device
         if out is None:
             out = (torch.zeros if self.zero_fill else torch.empty)(self.out_shape, dtype=self.dtype, device=device)
@@ -246,14 +246,14 @@ class _LaunchPlan:
         if self.splits == 1:
             kernel, = self.launches
             calls = ((kernel, (q, k, v, out, lse, *self.scalars, sink, cu_q, cu_k, used_q, used_k, pages, self.seqlen_q, 1,
-                               self.max_ctas, self.band)),)
+                               self.max_ctas, self.band, *compiler.aux_args(aux))),)
         else:
             # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
             o_part = torch.empty((self.splits, *self.out_shape), dtype=torch.float32, device=device)
             lse_part = torch.empty((self.splits, *self.lse_shape), dtype=torch.float32, device=device)
             split_kernel, combine_kernel = self.launches
             calls = ((split_kernel, (q, k, v, o_part, lse_part, *self.scalars, None, cu_q, cu_k, used_q, used_k, pages,
-                                     self.seqlen_q, self.splits, 0, self.band)),
+                                     self.seqlen_q, self.splits, 0, self.band, *compiler.aux_args(aux))),
                      (combine_kernel, (o_part, lse_part, out, lse, sink, cu_q, used_q, self.seqlen_q)))
         launch_on(device, calls)
         return out, lse
@@ -546,7 +546,7 @@ def _refusal(requested: tuple) -> Optional[str]:
     return _REFUSALS[requested]
 
 
-def _with_mods(spec, params, mods: dict, needs_grad: bool):
+def _with_mods(spec, params, mods: dict, needs_grad: bool, device=None):
     """(spec, params) of a call with ``mods`` (score_mod, mask_mod, score_mod_bwd, aux_tensors, aux_scalars;
     issue 20): the spec keyed on the mods (``flex.ModKey``, callables registered for the compiler); with a
     score_mod the kernel scales S by softmax_scale before it (the softcap slot) and exponentiates with log2(e).
@@ -554,10 +554,7 @@ def _with_mods(spec, params, mods: dict, needs_grad: bool):
     key = flex.ModKey.of(**mods)
     if key is None:
         return spec, params
-    if mods.get("aux_tensors") or mods.get("aux_scalars"):
-        raise NotImplementedError("aux_tensors / aux_scalars are not yet supported by flash-attn-4-sm120's "
-                                  "score_mod / mask_mod; capture constants in the mod instead (its closure values "
-                                  "and the globals it reads are part of its compile key)")
+    aux = _aux_tensors(mods.get("aux_tensors"), mods.get("aux_scalars"), device)
     if needs_grad and mods.get("score_mod") is not None and mods.get("score_mod_bwd") is None:
         raise ValueError("a gradient through score_mod needs score_mod_bwd (its derivative rule: "
                          "score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors) returns "
@@ -571,7 +568,34 @@ def _with_mods(spec, params, mods: dict, needs_grad: bool):
     spec = dataclasses.replace(spec, mods=key)
     if mods.get("score_mod") is not None:
         params = dataclasses.replace(params, scale_log2=_LOG2_E, softcap_scale=params.softmax_scale)
-    return spec, params
+    return spec, (dataclasses.replace(params, aux=aux) if aux else params)
+
+
+#: aux_tensors reach the kernels (the mods' ``aux_tensors`` list, in the trailing aux slots; gated on sm_120a) but
+#: wait for their GPU tests (``tests/test_flex_gpu.py`` turns this on to run them); until then a call is refused.
+AUX_TENSORS_ENABLED = False
+
+
+def _aux_tensors(tensors, scalars, device) -> tuple:
+    """The call's aux tensors for the kernels' aux slots (their last dimension made contiguous), checked."""
+    if scalars:
+        raise NotImplementedError("aux_scalars are not supported by flash-attn-4-sm120: capture numbers in the mod "
+                                  "(its closure values are part of its compile key) or pass a 1-element aux tensor")
+    if not tensors:
+        return ()
+    if not AUX_TENSORS_ENABLED:
+        raise NotImplementedError("aux_tensors are not yet enabled in flash-attn-4-sm120 (compiled, awaiting their "
+                                  "GPU tests); capture constants in the mod instead (its closure values and the "
+                                  "globals it reads are part of its compile key)")
+    tensors = tuple(tensors)
+    if len(tensors) > compiler.MAX_AUX_TENSORS:
+        raise ValueError(f"at most {compiler.MAX_AUX_TENSORS} aux_tensors, got {len(tensors)}")
+    for i, t in enumerate(tensors):
+        if not isinstance(t, torch.Tensor) or t.dim() < 1 or (device is not None and t.device != device):
+            raise ValueError(f"aux_tensors[{i}] must be a tensor of at least one dimension on {device}")
+        if str(t.dtype).replace("torch.", "") not in compiler.AUX_DTYPES:
+            raise ValueError(f"aux_tensors[{i}] has dtype {t.dtype}; supported: {', '.join(compiler.AUX_DTYPES)}")
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
 
 
 def _mods_of(score_mod, mask_mod, kwargs: dict) -> dict:
@@ -600,7 +624,7 @@ def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None,
         out, lse = _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, num_splits, deterministic)
     else:
         plan = remember(key, _plan_for(q, v, spec, shape, params, None, num_splits, None))
-        out, lse = plan.run(q, k, v, params.sink, varlen)
+        out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux)
     return out, (lse if (return_lse or needs_grad) else None)
 
 
@@ -831,7 +855,7 @@ def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causa
             q, k, v, varlen["cu_seqlens_q"], varlen["cu_seqlens_k"], varlen["max_seqlen_q"], varlen["max_seqlen_k"],
             varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
             varlen["check_metadata"], varlen["page_table"])
-    spec, params = _with_mods(spec, params, mods, _needs_grad(q, k, v, learnable_sink))
+    spec, params = _with_mods(spec, params, mods, _needs_grad(q, k, v, learnable_sink), q.device)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
                 learnable_sink, bool(deterministic))
 

@@ -203,6 +203,8 @@ class FwdParams:
     window_left: int
     window_right: int
     sink: Optional[torch.Tensor]
+    #: the mods' aux tensors (issue 20), in the kernels' trailing aux slots (``compiler.MAX_AUX_TENSORS``)
+    aux: tuple = ()
 
 
 _LOG2_E = 1.0 / math.log(2.0)

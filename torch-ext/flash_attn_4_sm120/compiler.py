@@ -43,6 +43,37 @@ def _fake_vector(elem, n):
     return cute.runtime.make_fake_tensor(elem, (n,), stride=(1,), assumed_align=4)
 
 
+#: The aux tensors a kernel with mods takes (issue 20): trailing optional tensor parameters ``mAux0..mAux3``,
+#: None unless the spec's ``ModKey.aux_tensors`` names one; every launch passes ``aux_args(...)``.
+MAX_AUX_TENSORS = 4
+#: the aux tensors' element types (torch names; ``_fake_aux`` maps them to the DSL's)
+AUX_DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint8", "int8")
+
+
+def aux_args(aux: tuple = ()) -> tuple:
+    """A call's aux tensors padded to the kernels' ``MAX_AUX_TENSORS`` trailing slots."""
+    return (*aux, *(None,) * (MAX_AUX_TENSORS - len(aux)))
+
+
+def _fake_aux(mods) -> tuple:
+    """The aux slots' fakes: a tensor of the recorded (dtype, ndim) per aux tensor of ``mods`` (symbolic sizes
+    and strides, unit last stride), None for the rest."""
+    import cutlass
+    import cutlass.cute as cute
+
+    if mods is None or not mods.aux_tensors:
+        return aux_args()
+    types = dict(zip(AUX_DTYPES, (cutlass.Float32, cutlass.Float16, cutlass.BFloat16, cutlass.Int32, cutlass.Int64,
+                                  cutlass.Uint8, cutlass.Int8)))
+    fakes = []
+    for dtype, ndim in mods.aux_tensors:
+        elem = types[dtype]
+        stride = tuple(cute.sym_int64() for _ in range(ndim - 1)) + (1,)
+        fakes.append(cute.runtime.make_fake_tensor(elem, tuple(cute.sym_int() for _ in range(ndim)), stride=stride,
+                                                   assumed_align=elem.width // 8))
+    return aux_args(tuple(fakes))
+
+
 def _fake_fwd_args(spec: FwdSpec):
     """Fake tensors with symbolic sizes/strides (static: head dims, unit last stride, 16 B alignment)."""
     import cutlass
@@ -89,7 +120,8 @@ def _fake_fwd_args(spec: FwdSpec):
     # num_splits, max_ctas and tile_band.
     scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0))
     return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, page_table, cutlass.Int32(0), cutlass.Int32(1),
-            cutlass.Int32(0), cutlass.Int32(1), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+            cutlass.Int32(0), cutlass.Int32(1), *_fake_aux(spec.mods),
+            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def fwd_kernel_class(config: FwdConfig):
@@ -111,8 +143,9 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
                 check_valid: bool = True, launch_smem: int = 0):
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
     ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink, cu_seqlens_q,
-    cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q, num_splits, max_ctas, tile_band)`` taking torch
-    tensors (TVM FFI, current stream); the optional tensors are None unless the spec's matching flag is set
+    cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q, num_splits, max_ctas, tile_band, aux0, aux1,
+    aux2, aux3)`` taking torch tensors (TVM FFI, current stream; ``*aux_args(params.aux)`` fills the aux slots);
+    the optional tensors are None unless the spec's matching flag is set
     (``page_table`` with ``spec.page_size``: k / v are then (num_pages, page_size, heads_kv, d) caches). With
     ``spec.split_kv`` out/lse are the fp32 (num_splits, ...) partial workspaces. ``max_ctas`` caps the
     grid of persistent configs (``config.persistent``: one CTA per SM, so the SM count); others ignore it.
@@ -282,14 +315,14 @@ def _fake_bwd_args(spec: BwdSpec, config: BwdConfig):
     used_k = _fake_vector(cutlass.Int32, cute.sym_int()) if spec.seqused_k else None
     return (q, k, v, do, lse2, dsum, dq_acc, sem, dk, dv, cutlass.Float32(1.0), cutlass.Float32(1.0),
             cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0), cu_q, cu_k, used_q, used_k, cutlass.Int32(0),
-            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+            *_fake_aux(spec.mods), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def compile_bwd(spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target: str, extra_options: str = "",
                 check_valid: bool = True, launch_smem: int = 0):
     """Trace and compile the backward main kernel; returns ``fn(q, k, v, dout, lse2, dsum, dq_accum, semaphores,
     dk, dv, softmax_scale, scale_log2, softcap_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k,
-    seqused_q, seqused_k, max_seqlen_k)`` taking torch tensors (TVM FFI, current stream)."""
+    seqused_q, seqused_k, max_seqlen_k, aux0, aux1, aux2, aux3)`` taking torch tensors (TVM FFI, current stream)."""
     import cutlass.cute as cute
 
     from ._kernels.bwd_multistage import FlashBwdMultistage
@@ -561,7 +594,8 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
     cases += flex_cases(model)
     side = {}
     for spec, cfg in dispatchable_bwd(model):
-        ci = spec.dtype == "bf16" and spec.head_dim == spec.head_dim_v and spec.head_dim in (128, 256) and spec.causal
+        ci = (spec.dtype == "bf16" and spec.head_dim == spec.head_dim_v and spec.head_dim in (128, 256) and spec.causal
+              and spec.group_split <= 2)
         cases.append(BwdCase(spec, cfg, model.name, subset_ci=ci))
         for which in ("preprocess", "postprocess"):
             for dlse in (False, True) if which == "preprocess" else (False,):
@@ -575,7 +609,8 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
     d128 and d64 configs, packed-GQA, varlen (packed Q and K) and the persistent ping-pong mainloop; and the
     backward main kernel with the same mods (score_mod_bwd: the example's derivative) at d128, d64 and varlen
     d128; then the heaviest examples at d96, d192/128, d256, fp16 and with a sink (forward and backward), and
-    split-KV, paged and paged split-KV forwards. The CI subset takes ALiBi + causal mask at d128, forward."""
+    split-KV, paged and paged split-KV forwards; and two mods that read aux tensors. The CI subset takes ALiBi +
+    causal mask at d128, forward."""
     from . import flex, flex_examples
 
     forced_persistent = FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True, persistent=True)
@@ -615,6 +650,18 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
                       dict(page_size=16, pack_gqa=True, split_kv=True)):
             spec = FwdSpec("bf16", 128, 128, causal=False, mods=key, **extra)
             cases.append(Case(spec, select_fwd_config(spec, model), model.name, label=ex.name))
+    # mods that read aux tensors (the kernels' aux slots): forward at d128 and d64, backward at d128
+    for ex in flex_examples.aux_gate_examples():
+        key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, mask_mod=ex.mask_mod, aux_tensors=ex.aux_tensors),
+                            ex.score_mod, None, ex.mask_mod)
+        for d in (128, 64):
+            spec = FwdSpec("bf16", d, d, causal=False, mods=key)
+            cases.append(Case(spec, select_fwd_config(spec, model), model.name, label=ex.name))
+        bwd_key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, score_mod_bwd=ex.score_mod_bwd,
+                                               mask_mod=ex.mask_mod, aux_tensors=ex.aux_tensors),
+                                ex.score_mod, ex.score_mod_bwd, ex.mask_mod)
+        bspec = BwdSpec("bf16", 128, 128, causal=False, mods=bwd_key)
+        cases.append(BwdCase(bspec, select_bwd_config(bspec, model), model.name, label=ex.name))
     return cases
 
 

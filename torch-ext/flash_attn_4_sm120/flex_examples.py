@@ -24,6 +24,8 @@ class Example(NamedTuple):
     torch_mask: object = None
     #: the score_mod's derivative rule: ``score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors)``
     score_mod_bwd: object = None
+    #: the tensors the mods read (pass as ``aux_tensors=``); the torch twins read the same ones
+    aux_tensors: tuple = ()
 
 
 def alibi(num_heads: int) -> Example:
@@ -104,11 +106,64 @@ def chunked_local(chunk: int) -> Example:
     return Example(f"chunked{chunk}", mask_mod=mask_mod, torch_mask=torch_mask)
 
 
+def alibi_slopes(slopes) -> Example:
+    """ALiBi with per-head slopes read from an aux tensor: score - slopes[h] * |q - k| (``slopes``: (num_heads,)
+    float32, ``aux_tensors[0]``)."""
+
+    def score_mod(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        import cutlass
+        import cutlass.cute as cute
+
+        heads = cute.make_rmem_tensor(h.shape, cutlass.Int32)  # every lane holds the row's head
+        heads.store(h)
+        slope = cutlass.Float32(aux_tensors[0][heads[0]])
+        dist = (q_idx - kv_idx).to(cutlass.Float32)
+        return score - cute.where(dist < 0.0, -dist, dist) * slope
+
+    def torch_score(score, b, h, q, k, seqlen_q, seqlen_k):
+        return score - slopes.float()[h] * (q - k).abs()
+
+    def score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return grad
+
+    return Example("alibi-slopes", score_mod=score_mod, torch_score=torch_score, score_mod_bwd=score_mod_bwd,
+                   aux_tensors=(slopes,))
+
+
+def documents(doc_ids) -> Example:
+    """Document masking read from an aux tensor: a query sees the keys of its own document, causally
+    (``doc_ids``: (seqlen,) int32, the document of each position, shared by the batch: ``aux_tensors[0]``)."""
+
+    def mask_mod(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        import cutlass
+        import cutlass.cute as cute
+
+        rows, cols = cute.make_rmem_tensor((1,), cutlass.Int32), cute.make_rmem_tensor((1,), cutlass.Int32)
+        rows.store(q_idx)
+        cols.store(kv_idx)
+        diff = cute.make_rmem_tensor((1,), cutlass.Int32)
+        diff[0] = cutlass.Int32(aux_tensors[0][rows[0]]) - cutlass.Int32(aux_tensors[0][cols[0]])
+        return (diff.load() == 0) & (kv_idx <= q_idx)
+
+    def torch_mask(b, h, q, k, seqlen_q, seqlen_k):
+        return (doc_ids[q] == doc_ids[k]) & (k <= q)
+
+    return Example("documents", mask_mod=mask_mod, torch_mask=torch_mask, aux_tensors=(doc_ids,))
+
+
 def combined(score: Example, mask: Example) -> Example:
     return Example(f"{score.name}+{mask.name}", score_mod=score.score_mod, mask_mod=mask.mask_mod,
-                   torch_score=score.torch_score, torch_mask=mask.torch_mask, score_mod_bwd=score.score_mod_bwd)
+                   torch_score=score.torch_score, torch_mask=mask.torch_mask, score_mod_bwd=score.score_mod_bwd,
+                   aux_tensors=score.aux_tensors + mask.aux_tensors)
 
 
 def gate_examples() -> list:
     """The examples the conformance gate compiles (each traced into a few table configs)."""
     return [alibi(8), softcap(30.0), causal(), prefix_lm(100), chunked_local(128), combined(alibi(8), causal())]
+
+
+def aux_gate_examples() -> list:
+    """The aux-tensor examples the gate compiles (CPU tensors: only their dtype and rank enter the key)."""
+    import torch
+
+    return [alibi_slopes(torch.zeros(8, dtype=torch.float32)), documents(torch.zeros(16, dtype=torch.int32))]

@@ -59,7 +59,7 @@ from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .dq_accum import (add_fragment, dq_tiled_mma, pass_turn, read_turn, semaphore_ptr, slice_offset, wait_turn,
                        warp_tiled_mma)
-from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd
+from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd, aux_list
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .grid_dependency import enter_grid
@@ -158,6 +158,10 @@ class FlashBwdMultistage:
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
         max_seqlen_k: Int32,
+        mAux0: Optional[cute.Tensor],
+        mAux1: Optional[cute.Tensor],
+        mAux2: Optional[cute.Tensor],
+        mAux3: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
         if const_expr(not (mQ.element_type == mK.element_type == mV.element_type == mdO.element_type
@@ -173,7 +177,7 @@ class FlashBwdMultistage:
             mQ, mK, mV, mdO, mLSE2, mD, mdQacc, mSem, mdK, mdV, softmax_scale, scale_log2, softcap_scale,
             window_left, window_right, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sP_layout,
-            self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq,
+            self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq, mAux0, mAux1, mAux2, mAux3,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -218,8 +222,13 @@ class FlashBwdMultistage:
         mma_sdp: cute.TiledMma,
         mma_dkv: cute.TiledMma,
         mma_dq: cute.TiledMma,
+        mAux0: Optional[cute.Tensor],
+        mAux1: Optional[cute.Tensor],
+        mAux2: Optional[cute.Tensor],
+        mAux3: Optional[cute.Tensor],
     ):
         self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq = g2s_qk, g2s_v, mma_sdp, mma_dkv, mma_dq
+        self.aux_tensors = aux_list(mAux0, mAux1, mAux2, mAux3)  # the mods' aux tensors (None without)
         enter_grid(self.model.has_pdl)  # the preprocess's LSE2 / D' and the zeroed accumulator
         tidx, _, _ = cute.arch.thread_idx()
         n_block, head_kv, batch = cute.arch.block_idx()  # head_kv: the dK / dV (partial) head this CTA writes
@@ -526,7 +535,7 @@ class FlashBwdMultistage:
                 pre.store(acc_S.load() * ctx.softcap_scale)
             apply_mods(acc_rows_cols(acc_S), ctx.tScS_rc, FlexMods(score_mod, mask_mod, self.spec.mods.score_vec),
                        ctx.softcap_scale, ctx.batch, head, m, ctx.n_block, self.tile_m, self.tile_n, None,
-                       ctx.seqlen_info)
+                       ctx.seqlen_info, self.aux_tensors)
         if const_expr(self.spec.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * ctx.softcap_scale, fastmath=True))
             t = cute.make_rmem_tensor_like(acc_S, Float32)
@@ -547,7 +556,8 @@ class FlashBwdMultistage:
                 dP_rc[r, c] = ds
         if const_expr(pre is not None):
             apply_score_mod_bwd(dP_rc, acc_rows_cols(pre), ctx.tScS_rc, score_mod_bwd, self.spec.mods.score_vec,
-                                ctx.batch, head, m, ctx.n_block, self.tile_m, self.tile_n, ctx.seqlen_info)
+                                ctx.batch, head, m, ctx.n_block, self.tile_m, self.tile_n, ctx.seqlen_info,
+                                self.aux_tensors)
 
     # ------------------------------------------------------------------------------------------
     # Epilogue

@@ -9,8 +9,9 @@ Upstream FlashAttention-4's conventions (notes/flex_design.md, section 1):
   vector: False sets the score to -inf.
 
 Indices are positions within the sequence (a varlen mod adds ``seqlen_info.offset_q`` / ``offset_k``); with
-packed GQA (tile row p = query row p // group of query head head_kv * group + p % group) the mods see the
-logical query row and head. The callables are compile-time constants of the kernel (``FlexMods``), so the
+aux tensors (``aux_tensors``: the call's, from the kernels' aux slots) they are held to the sequence
+(``_in_range``); with packed GQA (tile row p = query row p // group of query head head_kv * group + p % group)
+the mods see the logical query row and head. The callables are compile-time constants of the kernel (``FlexMods``), so the
 traced code is the user's, inlined.
 """
 
@@ -49,6 +50,22 @@ class SeqlenInfo:
                           seqlen_q=seqlen_q, seqlen_k=seqlen_k)
 
 
+def aux_list(*slots):
+    """The mods' ``aux_tensors`` from a kernel's aux slots (trace time): the given tensors in order, None when the
+    call has none (upstream's value then)."""
+    given = [t for t in slots if t is not None]
+    return given if given else None
+
+
+def _in_range(idx, n, aux_tensors):
+    """With aux tensors, ``idx`` held to [0, n - 1] (the sequence's positions): a mod may index an aux tensor
+    with it, and the tile's rows / columns past the sequence (whose results are discarded) must not read past
+    it; without aux tensors, ``idx`` unchanged (upstream wraps the same indices when aux tensors are given)."""
+    if aux_tensors is None:
+        return idx
+    return cutlass.min(cutlass.max(idx, Int32(0)), cutlass.max(n - 1, Int32(0)))
+
+
 def _vector(values, dtype):
     """A ``TensorSSA`` of the scalar ``values``."""
     t = cute.make_rmem_tensor((len(values),), dtype)
@@ -63,8 +80,10 @@ def _modify_row(dst_rc, r, vec, srcs, scale, fn, batch, head, q_idx, n_block, ti
     seqlen_info=, aux_tensors=)`` on vectors (upstream's call of score_mod and score_mod_bwd), the inputs read from
     the (rows, cols) views ``srcs``, the first times ``scale`` when one is given. Plain Python, called from the
     ``cute.jit`` bodies below while they trace (so its loops are Python's, unrolled)."""
+    q_idx = _in_range(q_idx, seqlen_info.seqlen_q, aux_tensors)
     for c0 in range(0, cute.size(dst_rc, mode=[1]), vec):  # plain Python: unrolled while tracing
-        cols = [n_block * tile_n + tScS_rc[r, c0 + j][1] for j in range(vec)]
+        cols = [_in_range(n_block * tile_n + tScS_rc[r, c0 + j][1], seqlen_info.seqlen_k, aux_tensors)
+                for j in range(vec)]
         inputs = [_vector([src[r, c0 + j] for j in range(vec)], Float32) for src in srcs]
         if scale is not None:
             inputs[0] = _vector([srcs[0][r, c0 + j] * scale for j in range(vec)], Float32)
@@ -106,9 +125,10 @@ def apply_mods(
             _modify_row(acc_S_rc, r, mods.score_vec, (acc_S_rc,), score_scale, mods.score_mod, batch, h_idx, q_idx,
                         n_block, tile_n, tScS_rc, seqlen_info, aux_tensors)
         if const_expr(mods.mask_mod is not None):
+            q_in = _in_range(q_idx, seqlen_info.seqlen_q, aux_tensors)
             for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
-                col = n_block * tile_n + tScS_rc[r, c][1]
-                keep = mods.mask_mod(_vector([batch], Int32), _vector([h_idx], Int32), _vector([q_idx], Int32),
+                col = _in_range(n_block * tile_n + tScS_rc[r, c][1], seqlen_info.seqlen_k, aux_tensors)
+                keep = mods.mask_mod(_vector([batch], Int32), _vector([h_idx], Int32), _vector([q_in], Int32),
                                      _vector([col], Int32), seqlen_info, aux_tensors)
                 kept = cute.make_rmem_tensor((1,), cutlass.Boolean)
                 kept.store(keep)

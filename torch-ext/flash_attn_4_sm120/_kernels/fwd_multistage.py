@@ -62,7 +62,7 @@ from ..problem import FwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .grid_dependency import enter_grid
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
-from .flex_mods import FlexMods, SeqlenInfo
+from .flex_mods import FlexMods, SeqlenInfo, aux_list
 from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
 from .softmax import OnlineSoftmax, softmax_step
@@ -289,7 +289,7 @@ class FlashFwdMultistage:
             local=self.spec.local, mask_select=self.config.mask_select, softcap_scale=softcap_scale,
             window_left=window_left, window_right=window_right, seqlen_q=ctx.seqlen_q, seqlen_k=ctx.seqlen_k,
             m_block=ctx.m_block, group=ctx.group, tScS_rc=ctx.tScS_rc, t0ScS_rc=ctx.t0ScS_rc,
-            mods=mods, batch=batch, head=head, seqlen_info=seqlen_info,
+            mods=mods, batch=batch, head=head, seqlen_info=seqlen_info, aux_tensors=self.aux_tensors,
         )
 
     @cute.jit
@@ -314,6 +314,10 @@ class FlashFwdMultistage:
         num_splits: Int32,
         max_ctas: Int32,
         tile_band: Int32,
+        mAux0: Optional[cute.Tensor],
+        mAux1: Optional[cute.Tensor],
+        mAux2: Optional[cute.Tensor],
+        mAux3: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
         out_dtype = Float32 if const_expr(self.spec.split_kv) else self.dtype
@@ -345,7 +349,7 @@ class FlashFwdMultistage:
             mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, mPageTable, num_splits,
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
-            tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks, cutlass.max(tile_band, 1),
+            tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks, cutlass.max(tile_band, 1), mAux0, mAux1, mAux2, mAux3,
         ).launch(
             grid=grid,
             block=[self.launch_threads, 1, 1],
@@ -397,9 +401,14 @@ class FlashFwdMultistage:
         mV_tma: Optional[cute.Tensor],
         num_m_blocks: Int32,
         tile_band: Int32,
+        mAux0: Optional[cute.Tensor],
+        mAux1: Optional[cute.Tensor],
+        mAux2: Optional[cute.Tensor],
+        mAux3: Optional[cute.Tensor],
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
+        self.aux_tensors = aux_list(mAux0, mAux1, mAux2, mAux3)  # the mods' aux tensors (None without)
         enter_grid(self.model.has_pdl)  # the append's rows, a user kernel's Q: visible from here on
         if const_expr(self.config.persistent):  # one CTA per SM walks the tiles (fwd_persistent)
             self.persistent_tiles(SimpleNamespace(
