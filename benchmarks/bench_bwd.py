@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench_fwd import OCCUPANCY_METHOD, fa, timed, upstream_fa4  # noqa: E402  (sets FLASH_ATTENTION_ARCH first)
+from bench_fwd import OCCUPANCY_METHOD, fa, time_parts, upstream_fa4  # noqa: E402  (sets FLASH_ATTENTION_ARCH first)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 #: (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, d, dv, causal)
@@ -91,27 +91,12 @@ def main():
         fwd_flops = 2 * b * hq * sq * sk * (d + dv) * (0.5 if causal else 1.0)
         row = {"case": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
                "head_dim": d, "head_dim_v": dv, "causal": causal}
+        parts = {"bwd": (lambda fn: functools.partial(torch.autograd.grad, fn(q, k, v, causal), (q, k, v), dout,
+                                                      retain_graph=True), 2.5),
+                 "fwd_bwd": (lambda fn: lambda: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout), 3.5)}
+        time_parts(row, impls, parts, occupancies, model, fwd_flops)
         for occ in occupancies:
             key = "results" if occ == "sm120" else "results_h100"
-            row[key] = {}
-            for impl, fn in impls.items():
-                res = {}
-                try:
-                    out = fn(q, k, v, causal)
-                    bwd = functools.partial(torch.autograd.grad, out, (q, k, v), dout, retain_graph=True)
-                    res["bwd"] = timed(impl, bwd, occ, model, row.setdefault("emulation_bwd", {}))
-
-                    def step(fn=fn):
-                        torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout)
-                    res["fwd_bwd"] = timed(impl, step, occ, model, row.setdefault("emulation_fwd_bwd", {}))
-                    del out
-                except Exception as e:
-                    res["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                for part, mult in (("bwd", 2.5), ("fwd_bwd", 3.5)):
-                    r = res.get(part, {})
-                    if "ms" in r:
-                        r["tflops"] = fwd_flops * mult / r["ms"] / 1e9
-                row[key][impl] = res
             cells = [f"{i}={r['bwd']['tflops']:.0f}/{r['fwd_bwd']['tflops']:.0f}TF"
                      if "tflops" in r.get("bwd", {}) and "tflops" in r.get("fwd_bwd", {}) else f"{i}=-"
                      for i, r in row[key].items()]

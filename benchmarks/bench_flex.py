@@ -22,20 +22,15 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
-import sys
 from pathlib import Path
-from unittest import mock
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
-import flash_attn_4_sm120 as fa  # noqa: E402
+from bench_fwd import fa, time_parts  # noqa: E402  (puts torch-ext on the path)
 from flash_attn_4_sm120 import flex_examples as fx  # noqa: E402
-from flash_attn_4_sm120.execution_model import OCCUPANCY_ENV  # noqa: E402
-from occupancy import cache_preference, faithful_preference  # noqa: E402
-from timing import median_ms  # noqa: E402
 
+#: the SM120-occupancy peers here (FlexAttention's Triton kernels, through the cache preference)
+PEERS = ("flex_attention",)
 #: (batch, seqlen, heads_q, heads_kv, head_dim)
 SHAPE = (4, 4096, 32, 8, 128)
 DOC_LEN = 512
@@ -91,19 +86,6 @@ def flex_call(ex: fx.Example, s: int):
     return run
 
 
-def timed(impl: str, call, occ: str, model, emulation: dict) -> dict:
-    if impl == "ours":
-        with mock.patch.dict(os.environ, {OCCUPANCY_ENV: "model" if occ == "sm120" else "device"}):
-            return {"ms": median_ms(call)}
-    if occ == "h100":
-        return {"ms": median_ms(call)}
-    info = emulation[impl] = faithful_preference(call, model)
-    if info["pref"] is None:
-        return {"skipped": "its occupancy cannot be set to an SM120's (see emulation)"}
-    with cache_preference(info["pref"]):
-        return {"ms": median_ms(call)}
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
@@ -127,24 +109,18 @@ def main():
         if "varlen_docs" not in kwargs:
             impls["flex_attention"] = flex_call(ex, s)
         row = {"case": name, "shape": list(SHAPE)}
+
+        def forward(fn):
+            def run():
+                with torch.no_grad():
+                    fn(q, k, v)
+            return run
+
+        parts = {"fwd": (forward, 1.0),
+                 "fwd_bwd": (lambda fn: lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), 3.5)}
+        time_parts(row, impls, parts, occupancies, model, flops, PEERS)
         for occ in occupancies:
             key = "results" if occ == "sm120" else "results_h100"
-            row[key] = {}
-            for impl, fn in impls.items():
-                res = {}
-                try:
-                    with torch.no_grad():
-                        res["fwd"] = timed(impl, lambda fn=fn: fn(q, k, v), occ, model, row.setdefault("emulation", {}))
-
-                    def step(fn=fn):
-                        torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
-                    res["fwd_bwd"] = timed(impl, step, occ, model, row.setdefault("emulation_fwd_bwd", {}))
-                except Exception as e:  # noqa: BLE001  (a peer that cannot run a case is reported)
-                    res["error"] = f"{type(e).__name__}: {str(e)[:200]}"
-                for part, mult in (("fwd", 1.0), ("fwd_bwd", 3.5)):
-                    if "ms" in res.get(part, {}):
-                        res[part]["tflops"] = flops * mult / res[part]["ms"] / 1e9
-                row[key][impl] = res
             cells = [f"{i}=" + "/".join(f"{r[p]['ms']:.2f}" if "ms" in r.get(p, {}) else "-" for p in ("fwd", "fwd_bwd"))
                      + "ms" for i, r in row[key].items()]
             print(f"{name:36s} [{occ}] fwd/fwd+bwd " + " ".join(cells), flush=True)

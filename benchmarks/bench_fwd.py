@@ -101,20 +101,41 @@ OCCUPANCY_METHOD = (
 SM120_PEERS = ("sdpa_flash_fa2", "fa4_sm120_path", "flashinfer")
 
 
-def timed(impl: str, call, occ: str, model, emulation: dict) -> dict:
-    """Median ms of ``call`` at occupancy ``occ`` (see OCCUPANCY_METHOD)."""
+def timed(impl: str, call, occ: str, model, emulation: dict, peers: tuple = SM120_PEERS) -> dict:
+    """Median ms of ``call`` at occupancy ``occ`` (see OCCUPANCY_METHOD); at SM120 occupancy only ``peers`` (and
+    ours) are timed."""
     if impl.startswith("ours"):  # ours and its variants (e.g. ours_deterministic)
         with mock.patch.dict(os.environ, {OCCUPANCY_ENV: "model" if occ == "sm120" else "device"}):
             return {"ms": median_ms(call)}
     if occ == "h100":
         return {"ms": median_ms(call)}
-    if impl not in SM120_PEERS:
+    if impl not in peers:
         return {"skipped": "not an SM120 peer"}
     info = emulation[impl] = faithful_preference(call, model)
     if info["pref"] is None:
         return {"skipped": "its occupancy cannot be set to an SM120's (see emulation)"}
     with cache_preference(info["pref"]):
         return {"ms": median_ms(call)}
+
+
+def time_parts(row: dict, impls: dict, parts: dict, occupancies, model, flops: float, peers: tuple = SM120_PEERS):
+    """Fill ``row["results"]`` (sm120) / ``row["results_h100"]`` with ``{impl: {part: {ms, tflops}}}``: ``parts``
+    maps a part's name to ``(make, multiplier)``, ``make(fn)`` returning the call to time for implementation ``fn``
+    and ``flops * multiplier`` its work; an implementation that cannot run a case gets ``{"error": ...}``."""
+    for occ in occupancies:
+        key = "results" if occ == "sm120" else "results_h100"
+        row[key] = {}
+        for impl, fn in impls.items():
+            res = {}
+            try:
+                for part, (make, _) in parts.items():
+                    res[part] = timed(impl, make(fn), occ, model, row.setdefault(f"emulation_{part}", {}), peers)
+            except Exception as e:  # noqa: BLE001  (reported, not fatal)
+                res["error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            for part, (_, mult) in parts.items():
+                if "ms" in res.get(part, {}):
+                    res[part]["tflops"] = flops * mult / res[part]["ms"] / 1e9
+            row[key][impl] = res
 
 
 def sdpa(backend):

@@ -175,25 +175,30 @@ def _check_grads(got, ref, pt, atol=1e-4):
         assert err <= 2 * pt_err + atol, f"d{n}: max|g-ref|={err:.3e} > 2*{pt_err:.3e}"
 
 
-@pytest.mark.parametrize("ex", HEAVY, ids=[e.name for e in HEAVY])
-@pytest.mark.parametrize("dtype, d, dv", [(torch.bfloat16, 96, 96), (torch.bfloat16, 192, 128),
-                                          (torch.bfloat16, 256, 256), (torch.float16, 128, 128)],
-                         ids=["d96", "d192-128", "d256", "fp16"])
-def test_public_api_forward_and_backward(ex, dtype, d, dv):
+def check_forward_and_grads(q, k, v, dout, ex, **extra):
+    """flash_attn_func with ``ex``'s mods: out / LSE and dQ / dK / dV against the fp32 reference (2x rule)."""
     import flash_attn_4_sm120 as fa
 
-    torch.manual_seed(4)
-    q = torch.randn(2, 173, 8, d, dtype=dtype, device="cuda")
-    k = torch.randn(2, 250, 2, d, dtype=dtype, device="cuda")
-    v = torch.randn(2, 250, 2, dv, dtype=dtype, device="cuda")
-    dout = torch.randn(2, 173, 8, dv, dtype=dtype, device="cuda")
-    mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd)
+    mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd, **extra)
     out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **mods)
     check(out, lse, q, k, v, ex)
     _, got = _grads(q, k, v, dout, lambda *t: fa.flash_attn_func(*t, **mods)[0])
     _, ref = _grads(q, k, v, dout, lambda *t: flex_ref(*t, ex)[0].float())
     _, pt = _grads(q, k, v, dout, lambda *t: flex_ref(*t, ex, upcast=False)[0])
     _check_grads(got, ref, pt)
+
+
+@pytest.mark.parametrize("ex", HEAVY, ids=[e.name for e in HEAVY])
+@pytest.mark.parametrize("dtype, d, dv", [(torch.bfloat16, 96, 96), (torch.bfloat16, 192, 128),
+                                          (torch.bfloat16, 256, 256), (torch.float16, 128, 128)],
+                         ids=["d96", "d192-128", "d256", "fp16"])
+def test_public_api_forward_and_backward(ex, dtype, d, dv):
+    torch.manual_seed(4)
+    q = torch.randn(2, 173, 8, d, dtype=dtype, device="cuda")
+    k = torch.randn(2, 250, 2, d, dtype=dtype, device="cuda")
+    v = torch.randn(2, 250, 2, dv, dtype=dtype, device="cuda")
+    dout = torch.randn(2, 173, 8, dv, dtype=dtype, device="cuda")
+    check_forward_and_grads(q, k, v, dout, ex)
 
 
 @pytest.mark.parametrize("window", [None, (64, 0)], ids=["causal", "causal-window"])
@@ -333,22 +338,13 @@ def _aux_examples(seqlen):
 @pytest.mark.parametrize("which", [0, 1], ids=["alibi-slopes", "documents"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_aux_tensor_mods_forward_and_backward(aux_enabled, which, head_dim):
-    import flash_attn_4_sm120 as fa
-
     torch.manual_seed(11)
     ex = _aux_examples(300)[which]
     q = torch.randn(2, 300, 8, head_dim, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(2, 300, 2, head_dim, dtype=torch.bfloat16, device="cuda")
     v = torch.randn(2, 300, 2, head_dim, dtype=torch.bfloat16, device="cuda")
     dout = torch.randn_like(q)
-    mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd,
-                aux_tensors=list(ex.aux_tensors))
-    out, lse = fa.flash_attn_func(q, k, v, return_lse=True, **mods)
-    check(out, lse, q, k, v, ex)
-    _, got = _grads(q, k, v, dout, lambda *t: fa.flash_attn_func(*t, **mods)[0])
-    _, ref = _grads(q, k, v, dout, lambda *t: flex_ref(*t, ex)[0].float())
-    _, pt = _grads(q, k, v, dout, lambda *t: flex_ref(*t, ex, upcast=False)[0])
-    _check_grads(got, ref, pt)
+    check_forward_and_grads(q, k, v, dout, ex, aux_tensors=list(ex.aux_tensors))
 
 
 def test_aux_tensor_mods_decode_and_new_values(aux_enabled):
