@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flash_attn_4_sm120 as fa
-from flash_attn_4_sm120 import compiler, flex_examples, interface
+from flash_attn_4_sm120 import compiler, flex, flex_examples, interface
 from flash_attn_4_sm120.bwd_config import bwd_config_problems
 from flash_attn_4_sm120.config import select_fwd_config
 from flash_attn_4_sm120.execution_model import SM120
@@ -95,6 +95,10 @@ def test_mods_take_a_64_row_tile_where_the_class_entry_has_no_registers_to_spare
     key = _call(score_mod=ALIBI.score_mod)[0].mods
     d64 = select_fwd_config(FwdSpec("bf16", 64, 64, False, mods=key), SM120)
     assert d64.tile_m == 64 and d64 != select_fwd_config(FwdSpec("bf16", 64, 64, False), SM120)
+    aux = flex_examples.relative_bias(torch.zeros(8, 65))
+    aux_key = flex.ModKey.of(score_mod=aux.score_mod, aux_tensors=aux.aux_tensors)
+    d128_aux = select_fwd_config(FwdSpec("bf16", 128, 128, False, mods=aux_key), SM120)  # aux addresses at 32 rows
+    assert d128_aux.tile_m // d128_aux.num_warps == 16
     d96 = select_fwd_config(FwdSpec("bf16", 96, 96, False, mods=key), SM120)  # a 64-key S tile at 32 rows
     assert d96.tile_m // d96.num_warps == 16 and d96 != select_fwd_config(FwdSpec("bf16", 96, 96, False), SM120)
     assert select_fwd_config(FwdSpec("bf16", 128, 128, False, mods=key), SM120) == \

@@ -332,10 +332,11 @@ def aux_enabled(monkeypatch):
 def _aux_examples(seqlen):
     slopes = torch.rand(8, device="cuda") * 0.25
     doc_ids = (torch.arange(seqlen, device="cuda", dtype=torch.int32) * 7 // 300).to(torch.int32)  # ~43-token docs
-    return [flex_examples.alibi_slopes(slopes), flex_examples.documents(doc_ids)]
+    bias = torch.randn(8, 2 * 40 + 1, device="cuda")
+    return [flex_examples.alibi_slopes(slopes), flex_examples.documents(doc_ids), flex_examples.relative_bias(bias)]
 
 
-@pytest.mark.parametrize("which", [0, 1], ids=["alibi-slopes", "documents"])
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["alibi-slopes", "documents", "relative-bias"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_aux_tensor_mods_forward_and_backward(aux_enabled, which, head_dim):
     torch.manual_seed(11)

@@ -130,6 +130,36 @@ def alibi_slopes(slopes) -> Example:
                    aux_tensors=(slopes,))
 
 
+def relative_bias(bias) -> Example:
+    """A learned relative position bias read from an aux tensor: score + bias[h, clamp(q - k, -w, w) + w]
+    (``bias``: (num_heads, 2 w + 1) float32, ``aux_tensors[0]``; distances past w share the edge entries)."""
+    width = (bias.shape[-1] - 1) // 2
+
+    def score_mod(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        import cutlass
+        import cutlass.cute as cute
+
+        heads = cute.make_rmem_tensor(h.shape, cutlass.Int32)
+        heads.store(h)
+        dist = cute.make_rmem_tensor(q_idx.shape, cutlass.Int32)
+        dist.store(q_idx - kv_idx)
+        out = cute.make_rmem_tensor(score.shape, cutlass.Float32)
+        out.store(score)
+        for j in range(cute.size(out)):  # plain Python: the vector's lanes, unrolled while tracing
+            col = cutlass.min(cutlass.max(dist[j], cutlass.Int32(-width)), cutlass.Int32(width)) + width
+            out[j] = out[j] + cutlass.Float32(aux_tensors[0][heads[0], col])
+        return out.load()
+
+    def torch_score(score, b, h, q, k, seqlen_q, seqlen_k):
+        return score + bias.float()[h, (q - k).clamp(-width, width) + width]
+
+    def score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return grad
+
+    return Example("relative-bias", score_mod=score_mod, torch_score=torch_score, score_mod_bwd=score_mod_bwd,
+                   aux_tensors=(bias,))
+
+
 def documents(doc_ids) -> Example:
     """Document masking read from an aux tensor: a query sees the keys of its own document, causally
     (``doc_ids``: (seqlen,) int32, the document of each position, shared by the batch: ``aux_tensors[0]``)."""
@@ -166,4 +196,5 @@ def aux_gate_examples() -> list:
     """The aux-tensor examples the gate compiles (CPU tensors: only their dtype and rank enter the key)."""
     import torch
 
-    return [alibi_slopes(torch.zeros(8, dtype=torch.float32)), documents(torch.zeros(16, dtype=torch.int32))]
+    return [alibi_slopes(torch.zeros(8, dtype=torch.float32)), documents(torch.zeros(16, dtype=torch.int32)),
+            relative_bias(torch.zeros(8, 65, dtype=torch.float32))]

@@ -187,11 +187,13 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
     out = []
     rows_per_pass = cfg.num_warps * 16  # rows one MMA step covers (one m16 atom per warp)
-    if spec.mods is not None and cfg.tile_m // cfg.num_warps >= 32 and (cfg.q_in_regs or cfg.tile_n >= 64):
+    if spec.mods is not None and cfg.tile_m // cfg.num_warps >= 32 and (cfg.q_in_regs or cfg.tile_n >= 64
+                                                                         or spec.mods.aux_tensors):
         # sm_120a gate, 2026-11-25: the d64 128x64 4-warp one-stage tile with Q in registers (255 registers)
-        # spilled 8-192 B; the d96 128x64 4-warp tile with Q in shared memory (64 S values per thread) 240 B
-        out.append("score_mod / mask_mod index vectors beside 32 query rows per warp (Q in registers or a 64-key "
-                   "S tile) spill; a 64-row tile (16 rows per warp) serves mods")
+        # spilled 8-192 B; the d96 128x64 4-warp tile with Q in shared memory (64 S values per thread) 240 B;
+        # the d128 256x32 ping-pong tile with a relative bias read from an aux tensor 180 B
+        out.append("score_mod / mask_mod index vectors beside 32 query rows per warp (Q in registers, a 64-key "
+                   "S tile, or aux tensor addresses) spill; a 64-row tile (16 rows per warp) serves mods")
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if cfg.tile_m % rows_per_pass:
