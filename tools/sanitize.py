@@ -343,6 +343,7 @@ def _flex_runs():
     # mod index its own tensor out of bounds, which only the caller's metadata can rule out
     interface.AUX_TENSORS_ENABLED = True
     aux_examples = (flex_examples.alibi_slopes(torch.rand(8, device="cuda")),
+                    flex_examples.relative_bias(torch.randn(8, 65, device="cuda")),
                     flex_examples.documents(torch.arange(700, device="cuda", dtype=torch.int32) // 50))
     for ex in aux_examples:
         opts_aux = dict(aux_tensors=list(ex.aux_tensors))
