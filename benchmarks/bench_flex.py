@@ -100,6 +100,15 @@ def main():
     k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     dout = torch.randn_like(q)
+
+    def forward(fn):
+        def run():
+            with torch.no_grad():
+                fn(q, k, v)
+        return run
+
+    parts = {"fwd": (forward, 1.0),
+             "fwd_bwd": (lambda fn: lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), 3.5)}
     rows = []
     for name, kwargs, ex, causal_like in cases():
         if args.cases and not any(c in name for c in args.cases):
@@ -109,15 +118,6 @@ def main():
         if "varlen_docs" not in kwargs:
             impls["flex_attention"] = flex_call(ex, s)
         row = {"case": name, "shape": list(SHAPE)}
-
-        def forward(fn):
-            def run():
-                with torch.no_grad():
-                    fn(q, k, v)
-            return run
-
-        parts = {"fwd": (forward, 1.0),
-                 "fwd_bwd": (lambda fn: lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), 3.5)}
         time_parts(row, impls, parts, occupancies, model, flops, PEERS)
         for occ in occupancies:
             key = "results" if occ == "sm120" else "results_h100"

@@ -27,10 +27,7 @@ from . import compiler
 from .bwd_config import (ROW_PAD, bwd_config_problems, bwd_group_split, bwd_padded_head_dim, bwd_smem_bytes,
                           select_bwd_config)
 from .config import STATIC_SMEM_BYTES
-from .problem import BwdSpec, FwdShape, FwdSpec
-
-_LOG2_E = 1.0 / math.log(2.0)
-
+from .problem import LOG2_E, BwdSpec, FwdShape, FwdSpec
 
 @functools.lru_cache(maxsize=None)
 def _main_kernel(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]]):
@@ -150,7 +147,7 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
             torch.sum(part.unflatten(-2, (full.shape[-2], split)), dim=-2, out=full)
     if has_sink:
         view = (-1, 1) if spec.varlen_q else (1, -1, 1)
-        p_sink = torch.exp2(params.sink.view(view) * _LOG2_E - lse2)
+        p_sink = torch.exp2(params.sink.view(view) * LOG2_E - lse2)
         reduce_dims = [1] if spec.varlen_q else [0, 2]
         dsink.copy_((-(p_sink * dsum).sum(dim=reduce_dims)).to(sink_dtype))
     return dq, dk, dv, dsink

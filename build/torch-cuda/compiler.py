@@ -611,13 +611,12 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
     d128; then the heaviest examples at d96, d192/128, d256, fp16 and with a sink (forward and backward), and
     split-KV, paged and paged split-KV forwards; and two mods that read aux tensors. The CI subset takes ALiBi +
     causal mask at d128, forward."""
-    from . import flex, flex_examples
+    from . import flex_examples
 
     forced_persistent = FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True, persistent=True)
     cases = []
     for ex in flex_examples.gate_examples():
-        key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, mask_mod=ex.mask_mod), ex.score_mod, None,
-                            ex.mask_mod)
+        key, bwd_key = _example_keys(ex)
         for d, pack, varlen in ((128, False, False), (64, False, False), (128, True, False), (128, False, True)):
             spec = FwdSpec("bf16", d, d, causal=False, pack_gqa=pack, varlen_q=varlen, varlen_k=varlen, mods=key)
             ci = d == 128 and not (pack or varlen) and ex.score_mod is not None and ex.mask_mod is not None
@@ -625,8 +624,6 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
         spec = FwdSpec("bf16", 128, 128, causal=False, mods=key)
         cases.append(Case(spec, forced_persistent, model.name, label=ex.name))
         # the backward of the same mods: score_mod_bwd of an example is its analytic derivative
-        bwd_key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, score_mod_bwd=ex.score_mod_bwd,
-                                               mask_mod=ex.mask_mod), ex.score_mod, ex.score_mod_bwd, ex.mask_mod)
         for d, varlen in ((128, False), (64, False), (128, True)):
             bspec = BwdSpec("bf16", d, d, causal=False, varlen_q=varlen, varlen_k=varlen, mods=bwd_key)
             cases.append(BwdCase(bspec, select_bwd_config(bspec, model), model.name, label=ex.name))
@@ -634,10 +631,7 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
     # transcendental score_mod; ALiBi + a mask), forward and backward (paged K/V has no backward; the backward's
     # spec has no sink: dsink is a torch reduction)
     for ex in (flex_examples.softcap(30.0), flex_examples.combined(flex_examples.alibi(8), flex_examples.causal())):
-        key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, mask_mod=ex.mask_mod), ex.score_mod, None,
-                            ex.mask_mod)
-        bwd_key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, score_mod_bwd=ex.score_mod_bwd,
-                                               mask_mod=ex.mask_mod), ex.score_mod, ex.score_mod_bwd, ex.mask_mod)
+        key, bwd_key = _example_keys(ex)
         for dtype, d, dv, extra in (("bf16", 96, 96, {}), ("bf16", 192, 128, {}), ("bf16", 256, 256, {}),
                                     ("fp16", 128, 128, {}), ("bf16", 128, 128, dict(has_sink=True))):
             spec = FwdSpec(dtype, d, dv, causal=False, mods=key, **extra)
@@ -652,17 +646,24 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
             cases.append(Case(spec, select_fwd_config(spec, model), model.name, label=ex.name))
     # mods that read aux tensors (the kernels' aux slots): forward at d128 and d64, backward at d128
     for ex in flex_examples.aux_gate_examples():
-        key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, mask_mod=ex.mask_mod, aux_tensors=ex.aux_tensors),
-                            ex.score_mod, None, ex.mask_mod)
+        key, bwd_key = _example_keys(ex)
         for d in (128, 64):
             spec = FwdSpec("bf16", d, d, causal=False, mods=key)
             cases.append(Case(spec, select_fwd_config(spec, model), model.name, label=ex.name))
-        bwd_key = flex.register(flex.ModKey.of(score_mod=ex.score_mod, score_mod_bwd=ex.score_mod_bwd,
-                                               mask_mod=ex.mask_mod, aux_tensors=ex.aux_tensors),
-                                ex.score_mod, ex.score_mod_bwd, ex.mask_mod)
         bspec = BwdSpec("bf16", 128, 128, causal=False, mods=bwd_key)
         cases.append(BwdCase(bspec, select_bwd_config(bspec, model), model.name, label=ex.name))
     return cases
+
+
+def _example_keys(ex) -> tuple:
+    """(forward key, backward key) of a ``flex_examples`` example, registered for the compiler: the backward's
+    also holds the example's score_mod_bwd (its analytic derivative)."""
+    from . import flex
+
+    mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, aux_tensors=ex.aux_tensors)
+    return (flex.register(flex.ModKey.of(**mods), ex.score_mod, None, ex.mask_mod),
+            flex.register(flex.ModKey.of(score_mod_bwd=ex.score_mod_bwd, **mods), ex.score_mod, ex.score_mod_bwd,
+                          ex.mask_mod))
 
 
 def candidate_cases(model: ExecutionModel = SM120) -> list[Case]:

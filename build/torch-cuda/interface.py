@@ -37,10 +37,7 @@ from .execution_model import (
     resolve_compile_target,
     resolve_dispatch_model,
 )
-from .problem import CombineSpec, kernel_layout, misaligned_row_dim, validate_fwd, validate_varlen
-
-_LOG2_E = 1.0 / math.log(2.0)
-
+from .problem import LOG2_E, CombineSpec, kernel_layout, misaligned_row_dim, validate_fwd, validate_varlen
 
 @functools.lru_cache(maxsize=None)
 def _model_and_target(device_index: Optional[int], dispatch_override: Optional[str],
@@ -567,7 +564,7 @@ def _with_mods(spec, params, mods: dict, needs_grad: bool, device=None):
     flex.register(key, mods.get("score_mod"), mods.get("score_mod_bwd"), mods.get("mask_mod"))
     spec = dataclasses.replace(spec, mods=key)
     if mods.get("score_mod") is not None:
-        params = dataclasses.replace(params, scale_log2=_LOG2_E, softcap_scale=params.softmax_scale)
+        params = dataclasses.replace(params, scale_log2=LOG2_E, softcap_scale=params.softmax_scale)
     return spec, (dataclasses.replace(params, aux=aux) if aux else params)
 
 
@@ -593,7 +590,7 @@ def _aux_tensors(tensors, scalars, device) -> tuple:
     for i, t in enumerate(tensors):
         if not isinstance(t, torch.Tensor) or t.dim() < 1 or (device is not None and t.device != device):
             raise ValueError(f"aux_tensors[{i}] must be a tensor of at least one dimension on {device}")
-        if str(t.dtype).replace("torch.", "") not in compiler.AUX_DTYPES:
+        if flex.dtype_name(t) not in compiler.AUX_DTYPES:
             raise ValueError(f"aux_tensors[{i}] has dtype {t.dtype}; supported: {', '.join(compiler.AUX_DTYPES)}")
     return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
 

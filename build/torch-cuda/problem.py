@@ -207,7 +207,8 @@ class FwdParams:
     aux: tuple = ()
 
 
-_LOG2_E = 1.0 / math.log(2.0)
+#: log2(e): natural-log quantities times this are exp2 / log2 quantities (host and kernels)
+LOG2_E = 1.0 / math.log(2.0)
 
 
 def _window_entry(x) -> Optional[int]:
@@ -283,7 +284,7 @@ def _runtime_params(q, num_heads, softmax_scale, causal, window_size, softcap, l
         raise ValueError(f"flash_attn_4_sm120 runs on CUDA tensors; got tensors on {q.device}")
     params = FwdParams(
         softmax_scale=softmax_scale,
-        scale_log2=(softcap if softcap > 0.0 else softmax_scale) * _LOG2_E,
+        scale_log2=(softcap if softcap > 0.0 else softmax_scale) * LOG2_E,
         softcap_scale=softmax_scale / softcap if softcap > 0.0 else 0.0,
         window_left=_clamp_bound(left, unbounded),
         window_right=_clamp_bound(right, unbounded),

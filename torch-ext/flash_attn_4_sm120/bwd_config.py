@@ -344,9 +344,10 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
     The model: CTAs start in launch order (key block fastest) on ``slots`` = SMs x CTAs per SM, each taking
     ``heads * query blocks it visits (bottom-right causal or all) + GROUP_SPLIT_FIXED_STEPS`` step times; the
     time is the greedy schedule's makespan; the answer is the fastest split where it beats the whole group by
-    more than ``GROUP_SPLIT_SLACK``, else 1. Measured on the H100 at SM120 occupancy (gqa_grid_h100_2026-11-25.json, bf16, causal): 4 x 2048
-    keys, 8/2 heads, d128 runs at 137 TFLOPS as GQA and 175 with every query head its own KV head (1.28x;
-    the model: 1.28x); 4 x 1024 32/8 1.11x (model 1.03-1.07x); 8 x 1024 16/4 d64 1.10x (1.07x)."""
+    more than ``GROUP_SPLIT_SLACK``, else 1. Measured on the H100 at SM120 occupancy (bf16, causal,
+    gqa_grid_h100_2026-11-25.json): 4 x 2048 keys, 8/2 heads, d128 runs at 137 TFLOPS as GQA and 175 with every
+    query head its own KV head (1.28x; the model: 1.28x); 4 x 1024 32/8 1.11x (model 1.03-1.07x); 8 x 1024 16/4
+    d64 1.10x (1.07x)."""
     num_n = -(-seqlen_k // tile_n)
     num_m = -(-seqlen_q // tile_m)
     if group <= 1 or slots <= 0 or num_n <= 0 or num_m <= 0:

@@ -107,6 +107,11 @@ def callable_key(fn: Callable) -> str:
     return _digest(target, set())
 
 
+def dtype_name(t) -> str:
+    """An aux tensor's element type as the compile key records it (torch's name: "float32", "int32", ...)."""
+    return str(t.dtype).replace("torch.", "")
+
+
 @dataclass(frozen=True)
 class ModKey:
     """The compile-time identity of a call's mods: one digest per callable (None when absent), their vector
@@ -134,7 +139,7 @@ class ModKey:
                              f"pairs of adjacent columns)")
         if mask_mod is not None and getattr(mask_mod, "__vec_size__", 1) != 1:
             raise ValueError("mask_mod.__vec_size__ must be 1 on SM120")
-        tensors = tuple((str(t.dtype).replace("torch.", ""), t.dim()) for t in (aux_tensors or ()))
+        tensors = tuple((dtype_name(t), t.dim()) for t in (aux_tensors or ()))
         scalars = tuple(type(s).__name__ for s in (aux_scalars or ()))
         for s in aux_scalars or ():
             if not isinstance(s, (int, float, bool)):

@@ -32,12 +32,11 @@ from cutlass import Float32, Int32, const_expr
 
 from ..config import MAX_SPLITS
 from ..execution_model import ExecutionModel
-from ..problem import MAX_HEAD_DIM, CombineSpec
+from ..problem import LOG2_E, MAX_HEAD_DIM, CombineSpec
 from . import CUTLASS_DTYPES
 from .grid_dependency import enter_grid
 from .seqlen_info import lse_row, num_batches, num_heads, sequence_heads, split_view
 
-LOG2_E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 #: fp32 columns per lane per chunk (one 16-byte load); a warp covers 128 columns per chunk
 COLS_PER_LANE = 4

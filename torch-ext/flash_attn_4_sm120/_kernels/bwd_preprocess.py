@@ -20,9 +20,8 @@ from cutlass import Float32, Int32, const_expr
 
 from ..bwd_config import ROW_PAD
 from ..execution_model import ExecutionModel
-from ..problem import BwdSpec
+from ..problem import LOG2_E, BwdSpec
 from . import CUTLASS_DTYPES
-from .fwd_multistage import LOG2_E
 from .grid_dependency import enter_grid
 from .seqlen_info import lse_row, num_batches, num_heads, sequence_heads, workspace_row
 

@@ -11,8 +11,8 @@ Upstream FlashAttention-4's conventions (notes/flex_design.md, section 1):
 Indices are positions within the sequence (a varlen mod adds ``seqlen_info.offset_q`` / ``offset_k``); with
 aux tensors (``aux_tensors``: the call's, from the kernels' aux slots) they are held to the sequence
 (``_in_range``); with packed GQA (tile row p = query row p // group of query head head_kv * group + p % group)
-the mods see the logical query row and head. The callables are compile-time constants of the kernel (``FlexMods``), so the
-traced code is the user's, inlined.
+the mods see the logical query row and head. The callables are compile-time constants of the kernel
+(``FlexMods``), so the traced code is the user's, inlined.
 """
 
 from dataclasses import dataclass

@@ -43,7 +43,6 @@ Constraints: tile_m a multiple of 16 * num_warps, tile_n a multiple of 16, 1-3 s
 within the model's per-CTA limit (see ``config.fwd_config_problems``).
 """
 
-import math
 from types import SimpleNamespace
 from typing import Optional
 
@@ -58,7 +57,7 @@ from ..config import (FwdConfig, atom_cols, banded_tile_order, fwd_config_proble
                       padded_head_dim)
 from .. import flex
 from ..execution_model import CopyKind, ExecutionModel
-from ..problem import FwdSpec
+from ..problem import LOG2_E, FwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .grid_dependency import enter_grid
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
@@ -72,7 +71,6 @@ from .tile_scheduler import PersistentTileScheduler, SingleTileScheduler
 
 _COPY_BITS = 128  # 16-byte cp.async / st.global vectors
 _BAR_TURN = 2  # named barriers 2 and 3: the ping-pong turns of the two warp groups (0: CTA, 1: MMA warps)
-LOG2_E = 1.0 / math.log(2.0)
 
 
 def smem_layout_atom(dtype, width: int) -> cute.ComposedLayout:
