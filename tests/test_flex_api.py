@@ -47,8 +47,8 @@ def test_no_mods_no_change():
     (FwdSpec("bf16", 128, 128, causal=False, local=True), dict(mask_mod=CAUSAL.mask_mod, score_mod=ALIBI.score_mod),
      "mask_mod replaces window_size"),
     (FwdSpec("bf16", 128, 128, causal=False, softcap=True), dict(score_mod=ALIBI.score_mod), "fold the cap"),
-    (None, dict(score_mod=ALIBI.score_mod, aux_tensors=[torch.zeros(3)]), "aux_tensors"),
-], ids=["causal", "window", "window-both-mods", "softcap", "aux"])
+    (None, dict(score_mod=ALIBI.score_mod, aux_scalars=[1.0]), "aux_scalars"),
+], ids=["causal", "window", "window-both-mods", "softcap", "aux-scalars"])
 def test_refused_combinations(spec, mods, match):
     with pytest.raises(NotImplementedError, match=match):
         _call(spec, **mods)

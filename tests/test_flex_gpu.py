@@ -111,12 +111,6 @@ def test_mods_with_no_mod_equal_the_plain_kernel():
     assert (lse - plain_lse).abs().max().item() < 1e-3
 
 
-def _allow_mods_backward(monkeypatch):
-    """The manifest refuses score_mod + backward until these tests pass on a GPU; let the path run."""
-    real = interface._refusal
-    monkeypatch.setattr(interface, "_refusal", lambda req: None if req == ("score_mod", "backward") else real(req))
-
-
 def flex_grads_ref(q, k, v, dout, ex, upcast=True):
     qs, ks, vs = (t.detach().clone().requires_grad_(True) for t in (q, k, v))
     out, _ = flex_ref(qs, ks, vs, ex, upcast)
@@ -125,10 +119,9 @@ def flex_grads_ref(q, k, v, dout, ex, upcast=True):
 
 @pytest.mark.parametrize("name", list(EXAMPLES))
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_mods_backward_match_reference(monkeypatch, name, head_dim):
+def test_mods_backward_match_reference(name, head_dim):
     """dQ, dK, dV through score_mod (its score_mod_bwd) and mask_mod against autograd of the fp32 reference,
     with the 2x rule (pt: the same in bf16)."""
-    _allow_mods_backward(monkeypatch)
     torch.manual_seed(3)
     ex = EXAMPLES[name]
     q = torch.randn(2, 211, 8, head_dim, dtype=torch.bfloat16, device="cuda", requires_grad=True)
@@ -321,12 +314,7 @@ def test_mods_under_torch_compile_break_the_graph_and_match_eager():
     assert torch.equal(torch.compile(f)(q, k), f(q, k))
 
 
-# -- aux tensors (the kernels' aux slots; interface.AUX_TENSORS_ENABLED turns them on once these pass)
-
-
-@pytest.fixture
-def aux_enabled(monkeypatch):
-    monkeypatch.setattr(interface, "AUX_TENSORS_ENABLED", True)
+# -- aux tensors (the kernels' aux slots)
 
 
 def _aux_examples(seqlen):
@@ -338,7 +326,7 @@ def _aux_examples(seqlen):
 
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["alibi-slopes", "documents", "relative-bias"])
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_aux_tensor_mods_forward_and_backward(aux_enabled, which, head_dim):
+def test_aux_tensor_mods_forward_and_backward(which, head_dim):
     torch.manual_seed(11)
     ex = _aux_examples(300)[which]
     q = torch.randn(2, 300, 8, head_dim, dtype=torch.bfloat16, device="cuda")
@@ -348,7 +336,7 @@ def test_aux_tensor_mods_forward_and_backward(aux_enabled, which, head_dim):
     check_forward_and_grads(q, k, v, dout, ex, aux_tensors=list(ex.aux_tensors))
 
 
-def test_aux_tensor_mods_decode_and_new_values(aux_enabled):
+def test_aux_tensor_mods_decode_and_new_values():
     """Packed-GQA decode reads the slopes per query head; new aux values reuse the kernel (runtime arguments)."""
     import flash_attn_4_sm120 as fa
 

@@ -1,9 +1,11 @@
 """Regenerate the README performance tables from committed benchmark results (benchmarks/results): the
-forward table (bench_fwd.py), the serving table (bench_serving.py) and the backward table (bench_bwd.py).
+forward table (bench_fwd.py), the serving table (bench_serving.py), the backward table (bench_bwd.py) and the
+score / mask mods table (bench_flex.py).
 
     python tools/gen_perf.py [--result benchmarks/results/fwd_h100_2026-11-25.json]
                              [--serving-result benchmarks/results/serving_h100_2026-11-25.json]
-                             [--bwd-result benchmarks/results/bwd_h100_2026-11-25.json] [--check]
+                             [--bwd-result benchmarks/results/bwd_h100_2026-11-25.json]
+                             [--flex-result benchmarks/results/flex_h100_2026-11-26.json] [--check]
 """
 
 import argparse
@@ -19,6 +21,8 @@ BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
 SERVING_BEGIN, SERVING_END = "<!-- serving-table:begin -->", "<!-- serving-table:end -->"
 BWD_DEFAULT = ROOT / "benchmarks" / "results" / "bwd_h100_2026-11-25.json"
 BWD_BEGIN, BWD_END = "<!-- bwd-table:begin -->", "<!-- bwd-table:end -->"
+FLEX_DEFAULT = ROOT / "benchmarks" / "results" / "flex_h100_2026-11-26.json"
+FLEX_BEGIN, FLEX_END = "<!-- flex-table:begin -->", "<!-- flex-table:end -->"
 BWD_IMPLS = [("ours", "this bundle"), ("ours_deterministic", "this bundle, deterministic"),
              ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
              ("sdpa_cudnn", "SDPA cuDNN (wgmma)")]
@@ -148,6 +152,31 @@ def bwd_table(result: dict, source: str) -> str:
     return "\n".join(lines)
 
 
+def flex_table(result: dict, source: str) -> str:
+    """Milliseconds of the mods cases (forward; forward + backward in parentheses) per occupancy, ours against
+    torch FlexAttention (compiled) where it runs there."""
+    lines = [f"Score / mask mods, bf16, {result['device']}, {result['date']} (`{source}`). Milliseconds, forward "
+             "(forward + backward); ratio = FlexAttention's time / ours, same run. FlexAttention's Triton tiles "
+             "(128-131 KB of shared memory forward, 161 KB backward) cannot run at an SM120's occupancy: n/a there."]
+    for field in [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]:
+        lines += ["", f"**{OCCUPANCIES[field]}**", "", "| case | shape (b, s, hq, hkv, d) | this bundle | "
+                  "FlexAttention (compiled) | Flex / ours |", "|---|---|---|---|---|"]
+        for row in result["rows"]:
+            res = row.get(field, {})
+
+            def ms(impl, part):
+                return res.get(impl, {}).get(part, {}).get("ms")
+
+            cells = [f"{ms(i, 'fwd'):.2f} ({ms(i, 'fwd_bwd'):.2f})" if ms(i, "fwd") and ms(i, "fwd_bwd") else "n/a"
+                     for i in ("ours", "flex_attention")]
+            ratio = (f"{ms('flex_attention', 'fwd') / ms('ours', 'fwd'):.2f}× "
+                     f"({ms('flex_attention', 'fwd_bwd') / ms('ours', 'fwd_bwd'):.2f}×)"
+                     if cells[1] != "n/a" and cells[0] != "n/a" else "n/a")
+            shape = ", ".join(str(x) for x in row["shape"])
+            lines.append(f"| {row['case']} | {shape} | " + " | ".join(cells + [ratio]) + " |")
+    return "\n".join(lines)
+
+
 def _replace(body: str, begin: str, end: str, text: str) -> str:
     start, stop = body.index(begin) + len(begin), body.index(end)
     return body[:start] + "\n" + text + "\n" + body[stop:]
@@ -158,6 +187,7 @@ def main():
     ap.add_argument("--result", default=str(DEFAULT))
     ap.add_argument("--serving-result", default=str(SERVING_DEFAULT))
     ap.add_argument("--bwd-result", default=str(BWD_DEFAULT))
+    ap.add_argument("--flex-result", default=str(FLEX_DEFAULT))
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
     readme = ROOT / "README.md"
@@ -165,7 +195,8 @@ def main():
     new = body
     for path, begin, end, make in ((Path(args.result), BEGIN, END, table),
                                    (Path(args.serving_result), SERVING_BEGIN, SERVING_END, serving_table),
-                                   (Path(args.bwd_result), BWD_BEGIN, BWD_END, bwd_table)):
+                                   (Path(args.bwd_result), BWD_BEGIN, BWD_END, bwd_table),
+                                   (Path(args.flex_result), FLEX_BEGIN, FLEX_END, flex_table)):
         new = _replace(new, begin, end, make(json.loads(path.read_text()), path.relative_to(ROOT).as_posix()))
     if args.check:
         sys.exit(0 if new == body else 1)

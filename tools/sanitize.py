@@ -298,8 +298,6 @@ def _flex_runs():
     if not hasattr(interface, "_flex_call"):
         print("no score_mod / mask_mod in this build: skipped")
         return
-    real = interface._refusal  # the backward of mods runs whether or not the manifest lists it yet
-    interface._refusal = lambda req: None if req == ("score_mod", "backward") else real(req)
     opts = dict(softmax_scale=None, causal=False, window_size=(None, None), learnable_sink=None, softcap=0.0,
                 num_splits=None, pack_gqa=None, deterministic=False, return_lse=True)
 
@@ -341,7 +339,6 @@ def _flex_runs():
             call(q, k, k, ex, metadata_varlen(entry))
     # mods that read aux tensors (indices held to each sequence), with good metadata: a corrupt length makes a
     # mod index its own tensor out of bounds, which only the caller's metadata can rule out
-    interface.AUX_TENSORS_ENABLED = True
     aux_examples = (flex_examples.alibi_slopes(torch.rand(8, device="cuda")),
                     flex_examples.relative_bias(torch.randn(8, 65, device="cuda")),
                     flex_examples.documents(torch.arange(700, device="cuda", dtype=torch.int32) // 50))

@@ -568,9 +568,6 @@ def _with_mods(spec, params, mods: dict, needs_grad: bool, device=None):
     return spec, (dataclasses.replace(params, aux=aux) if aux else params)
 
 
-#: aux_tensors reach the kernels (the mods' ``aux_tensors`` list, in the trailing aux slots; gated on sm_120a) but
-#: wait for their GPU tests (``tests/test_flex_gpu.py`` turns this on to run them); until then a call is refused.
-AUX_TENSORS_ENABLED = False
 
 
 def _aux_tensors(tensors, scalars, device) -> tuple:
@@ -580,10 +577,6 @@ def _aux_tensors(tensors, scalars, device) -> tuple:
                                   "(its closure values are part of its compile key) or pass a 1-element aux tensor")
     if not tensors:
         return ()
-    if not AUX_TENSORS_ENABLED:
-        raise NotImplementedError("aux_tensors are not yet enabled in flash-attn-4-sm120 (compiled, awaiting their "
-                                  "GPU tests); capture constants in the mod instead (its closure values and the "
-                                  "globals it reads are part of its compile key)")
     tensors = tuple(tensors)
     if len(tensors) > compiler.MAX_AUX_TENSORS:
         raise ValueError(f"at most {compiler.MAX_AUX_TENSORS} aux_tensors, got {len(tensors)}")
