@@ -27,7 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 import flash_attn_4_sm120 as fa  # noqa: E402
 from flash_attn_4_sm120 import interface  # noqa: E402
-from flash_attn_4_sm120.compiler import aux_args, get_combine_kernel, get_fwd_kernel  # noqa: E402
+from flash_attn_4_sm120.compiler import aux_args, sparse_args, get_combine_kernel, get_fwd_kernel  # noqa: E402
 from flash_attn_4_sm120.config import select_fwd_config  # noqa: E402
 from flash_attn_4_sm120.problem import CombineSpec, validate_fwd  # noqa: E402
 
@@ -75,9 +75,9 @@ def main():
     scalars = (prm.scale_log2, prm.softcap_scale, prm.window_left, prm.window_right)
     rows = {
         "kernel call (tvm-ffi), unsplit": lambda: kern(q, k, k, o, lse, *scalars, None, None, None, None, None, None, 1, 1, 0, 1,
-                                                       *aux_args()),
+                                                       *aux_args(), *sparse_args()),
         "kernel call, split": lambda: split_kern(q, k, k, o_part, lse_part, *scalars, None, None, None, None, None, None,
-                                                 1, splits, 0, 1, *aux_args()),
+                                                 1, splits, 0, 1, *aux_args(), *sparse_args()),
         "combine call": lambda: comb(o_part, lse_part, o, lse, None, None, None, 1),
         "validate_fwd": lambda: validate_fwd(q, k, k, None, False),
         "torch.empty x2": lambda: (torch.empty_like(o), torch.empty_like(lse)),

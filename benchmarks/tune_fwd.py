@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
-from flash_attn_4_sm120.compiler import aux_args, get_fwd_kernel  # noqa: E402
+from flash_attn_4_sm120.compiler import aux_args, sparse_args, get_fwd_kernel  # noqa: E402
 from flash_attn_4_sm120.config import TABLE_PATH, FwdConfig, candidate_fwd_configs, occupancy_launch_smem, tile_band  # noqa: E402
 from flash_attn_4_sm120.interface import device_smem, dispatch_model  # noqa: E402
 from flash_attn_4_sm120.problem import FwdSpec  # noqa: E402
@@ -94,7 +94,7 @@ def dense_launch(fn, b: int, s: int, hq: int, hkv: int, d: int, num_sms: int, dv
     scale_log2 = d ** -0.5 / math.log(2.0)
     band = tile_band(torch.cuda.get_device_properties(0).L2_cache_size, s, d, dv, hq // hkv)  # as the API (causal)
     return (lambda: fn(q, k, v, o, lse, scale_log2, 1.0, 0, 0, None, None, None, None, None, None, s, 1, num_sms, band,
-                       *aux_args())), (q, k, v, o)
+                       *aux_args(), *sparse_args())), (q, k, v, o)
 
 
 def tuned_key(d: int, dv: int, causal: bool) -> str:

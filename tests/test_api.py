@@ -78,8 +78,6 @@ def test_any_head_dim_in_the_envelope_passes_validation(head_dim, head_dim_v):
     "kwargs",
     [
         pytest.param({"dropout_p": 0.1}, id="dropout"),
-        pytest.param({"block_sparse_tensors": object()}, id="block-sparsity"),
-        pytest.param({"block_sparse_tensors": torch.zeros(2, 3)}, id="block-sparsity-tensor"),
     ],
 )
 def test_planned_features_are_refused_not_ignored(kwargs):

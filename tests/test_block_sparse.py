@@ -75,29 +75,108 @@ def _ok(**kw):
     return fwd._replace(**kw)
 
 
-def test_check_accepts_and_returns_the_tile_factor():
-    assert check_block_sparse(_ok(), 2, 8, 256, 256, tile_m=64, tile_n=64) == 2
+def test_check_accepts_and_returns_the_block_size():
+    assert check_block_sparse(_ok(), 2, 8, 256, 256) == (128, 64)
     _, bwd = block_sparse_from_mask_fn(causal, 1, 1, 256, 256, (128, 64))
-    assert check_block_sparse(bwd, 2, 8, 256, 256, tile_m=64, tile_n=64, backward=True) == 2
+    assert check_block_sparse(bwd, 2, 8, 256, 256, backward=True) == (128, 64)
+    fwd, _ = block_sparse_from_mask_fn(causal, 2, 8, 300, 1000, (256, 128))  # whole multiples, odd lengths
+    assert check_block_sparse(fwd, 2, 8, 300, 1000) == (256, 128)
 
 
 @pytest.mark.parametrize("kw, sizes, match", [
-    (dict(), dict(tile_n=128), "key block 64 must equal the kernel's tile_n=128"),
-    (dict(), dict(tile_m=96), "multiple of the kernel's tile_m=96"),
+    (dict(block_size=(128, 96)), dict(), r"key block of 64 \(e.g. \(128, 128\)"),
+    (dict(block_size=(64, 64)), dict(), "query block must be a multiple of 128"),
     (dict(block_size=None), dict(), "block_size is required"),
     (dict(cu_total_m_blocks=torch.zeros(2, dtype=torch.int32)), dict(), "not supported"),
     (dict(full_block_idx=None), dict(), "together"),
     (dict(mask_block_cnt=torch.zeros(1, 1, 3, dtype=torch.int32)), dict(), "mask_block_cnt has shape"),
     (dict(mask_block_cnt=torch.zeros(1, 1, 2, dtype=torch.int64)), dict(), "int32"),
     (dict(mask_block_idx=torch.zeros(1, 1, 2, 9, dtype=torch.int32)), dict(), "mask_block_idx has shape"),
-], ids=["tile_n", "tile_m", "no-size", "varlen", "half-full", "rows", "dtype", "width"])
+    (dict(mask_block_idx=torch.zeros(1, 1, 4, 2, dtype=torch.int32).transpose(2, 3)), dict(), "contiguous"),
+    (dict(), dict(heads=3, batch=1), None),
+], ids=["key-block", "query-block", "no-size", "varlen", "half-full", "rows", "dtype", "width", "stride", "heads-1"])
 def test_check_refusals(kw, sizes, match):
-    args = dict(batch=2, heads=8, seqlen_q=256, seqlen_k=256, tile_m=64, tile_n=64) | sizes
+    args = dict(batch=2, heads=8, seqlen_q=256, seqlen_k=256) | sizes
+    if match is None:  # batch / heads of 1 broadcast over any call's
+        assert check_block_sparse(_ok(**kw), **args) == (128, 64)
+        return
     with pytest.raises(ValueError, match=match):
         check_block_sparse(_ok(**kw), **args)
+
+
+def test_check_refuses_other_objects():
+    with pytest.raises(ValueError, match="must be a BlockSparseTensorsTorch"):
+        check_block_sparse(torch.zeros(2, 3), 1, 1, 10, 10)
 
 
 def test_named_tuple_matches_upstream_field_order():
     assert BlockSparseTensorsTorch._fields[:4] == ("mask_block_cnt", "mask_block_idx", "full_block_cnt",
                                                    "full_block_idx")
     assert "block_size" in BlockSparseTensorsTorch._fields
+
+
+# -- the call's spec and the refusals (interface._with_block_sparse), on the CPU
+
+
+def _shape(batch=2, heads=8, seqlen_q=256, seqlen_k=256):
+    from flash_attn_4_sm120.problem import FwdShape
+
+    return FwdShape(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=heads, num_heads_kv=2)
+
+
+def _sparse_call(spec=None, needs_grad=False, num_splits=None, pack_gqa=None, tensors=None):
+    from flash_attn_4_sm120 import interface
+    from flash_attn_4_sm120.problem import FwdParams, FwdSpec
+
+    spec = spec or FwdSpec("bf16", 128, 128, causal=False)
+    params = FwdParams(softmax_scale=0.125, scale_log2=0.18, softcap_scale=0.0, window_left=0, window_right=0,
+                       sink=None)
+    return interface._with_block_sparse(spec, _shape(), params, tensors or _ok(), needs_grad, num_splits, pack_gqa,
+                                        None)
+
+
+def test_the_spec_records_the_block_size_and_the_full_lists():
+    spec, params = _sparse_call()
+    assert spec.block_sparse == (128, 64, True) and len(params.sparse) == 4
+    spec, params = _sparse_call(tensors=_ok(full_block_cnt=None, full_block_idx=None))
+    assert spec.block_sparse == (128, 64, False) and params.sparse[2] is None
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(needs_grad=True), "block sparsity with a backward"),
+    (dict(num_splits=4), "num_splits=None or 1"),
+    (dict(pack_gqa=True), "pack_gqa=None or False"),
+], ids=["backward", "split", "pack-gqa"])
+def test_refused_combinations(kw, match):
+    with pytest.raises(NotImplementedError, match=match):
+        _sparse_call(**kw)
+
+
+@pytest.mark.parametrize("spec_kw, match", [
+    (dict(varlen_q=True, varlen_k=True), "use a dense batch"),
+    (dict(page_size=16), "use dense K/V"),
+], ids=["varlen", "paged"])
+def test_refused_layouts(spec_kw, match):
+    from flash_attn_4_sm120.problem import FwdSpec
+
+    with pytest.raises(NotImplementedError, match=match):
+        _sparse_call(spec=FwdSpec("bf16", 128, 128, causal=False, **spec_kw))
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("block", [(128, 128), (128, 64), (256, 192)])
+def test_every_head_dim_has_a_tile_that_divides_the_blocks(d, block):
+    """The predicate routes block-sparse specs to cp.async tiles dividing the block, with and without a
+    mask_mod, causal or not: a block size check_block_sparse accepts always finds a config."""
+    from flash_attn_4_sm120 import flex, flex_examples
+    from flash_attn_4_sm120.config import block_sparse_problems, fwd_candidates
+    from flash_attn_4_sm120.execution_model import SM120
+    from flash_attn_4_sm120.problem import FwdSpec
+
+    key = flex.ModKey.of(mask_mod=flex_examples.chunked_local(256).mask_mod)
+    for mods, causal in ((None, False), (None, True), (key, False)):
+        spec = FwdSpec("bf16", d, d, causal, block_sparse=(*block, True), mods=mods)
+        for cfg, _ in fwd_candidates(spec, SM120):
+            assert not block_sparse_problems(spec, cfg)
+            assert cfg.mainloop == "cp_async" and not cfg.overlap
+            assert block[0] % cfg.tile_m == 0 and block[1] % cfg.tile_n == 0

@@ -348,12 +348,3 @@ def test_aux_tensor_mods_decode_and_new_values():
         out, lse = fa.flash_attn_func(q, k, k, return_lse=True, score_mod=ex.score_mod,
                                       aux_tensors=list(ex.aux_tensors))
         check(out, lse, q, k, k, ex)
-
-
-def test_aux_tensors_are_refused_until_enabled():
-    import flash_attn_4_sm120 as fa
-
-    ex = _aux_examples(64)[0]
-    q = torch.randn(1, 64, 8, 64, dtype=torch.bfloat16, device="cuda")
-    with pytest.raises(NotImplementedError, match="aux_tensors"):
-        fa.flash_attn_func(q, q[:, :, :2], q[:, :, :2], score_mod=ex.score_mod, aux_tensors=list(ex.aux_tensors))

@@ -155,25 +155,38 @@ def bwd_table(result: dict, source: str) -> str:
 def flex_table(result: dict, source: str) -> str:
     """Milliseconds of the mods cases (forward; forward + backward in parentheses) per occupancy, ours against
     torch FlexAttention (compiled) where it runs there."""
-    lines = [f"Score / mask mods, bf16, {result['device']}, {result['date']} (`{source}`). Milliseconds, forward "
-             "(forward + backward); ratio = FlexAttention's time / ours, same run. FlexAttention's Triton tiles "
-             "(128-131 KB of shared memory forward, 161 KB backward) cannot run at an SM120's occupancy: n/a there."]
+    flexes = [i for i in ("flex_attention", "flex_attention_sm120")
+              if any(i in row.get(f, {}) for row in result["rows"] for f in OCCUPANCIES)]
+    names = {"flex_attention": "FlexAttention, its tiles", "flex_attention_sm120": "FlexAttention, SM120 tiles"}
+    lines = [f"Score / mask mods and block sparsity, bf16, {result['device']}, {result['date']} (`{source}`). "
+             "Milliseconds, forward (forward + backward; - where a case has no backward yet); ratios = "
+             "FlexAttention's time / ours, same run. FlexAttention (compiled) runs with its own tiles for the "
+             "device (128-161 KB of shared memory: n/a at an SM120's occupancy) and with torch's sm_120 tiles "
+             "(`bench_flex.SM120_FLEX_OPTIONS`, within 99 KB)."]
     for field in [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]:
         lines += ["", f"**{OCCUPANCIES[field]}**", "", "| case | shape (b, s, hq, hkv, d) | this bundle | "
-                  "FlexAttention (compiled) | Flex / ours |", "|---|---|---|---|---|"]
+                  + " | ".join(names[i] for i in flexes) + " | " + " | ".join(f"{names[i]} / ours" for i in flexes)
+                  + " |", "|---" * (3 + 2 * len(flexes)) + "|"]
         for row in result["rows"]:
             res = row.get(field, {})
 
             def ms(impl, part):
                 return res.get(impl, {}).get(part, {}).get("ms")
 
-            cells = [f"{ms(i, 'fwd'):.2f} ({ms(i, 'fwd_bwd'):.2f})" if ms(i, "fwd") and ms(i, "fwd_bwd") else "n/a"
-                     for i in ("ours", "flex_attention")]
-            ratio = (f"{ms('flex_attention', 'fwd') / ms('ours', 'fwd'):.2f}× "
-                     f"({ms('flex_attention', 'fwd_bwd') / ms('ours', 'fwd_bwd'):.2f}×)"
-                     if cells[1] != "n/a" and cells[0] != "n/a" else "n/a")
+            def pair(impl):  # "fwd (fwd_bwd)"; a case without a backward shows "-" there
+                if not ms(impl, "fwd"):
+                    return "n/a"
+                return f"{ms(impl, 'fwd'):.2f} ({ms(impl, 'fwd_bwd'):.2f})" if ms(impl, "fwd_bwd") else \
+                    f"{ms(impl, 'fwd'):.2f} (-)"
+
+            def ratio(impl, part):
+                mine, theirs = ms("ours", part), ms(impl, part)
+                return f"{theirs / mine:.2f}×" if mine and theirs else "-"
+
+            cells = [pair(i) for i in ("ours", *flexes)]
+            cells += [f"{ratio(i, 'fwd')} ({ratio(i, 'fwd_bwd')})" if ms(i, "fwd") else "n/a" for i in flexes]
             shape = ", ".join(str(x) for x in row["shape"])
-            lines.append(f"| {row['case']} | {shape} | " + " | ".join(cells + [ratio]) + " |")
+            lines.append(f"| {row['case']} | {shape} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

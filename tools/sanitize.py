@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
-                 "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "flex")
+                 "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "flex", "sparse")
 
 
 def _i32(xs, device="cuda"):
@@ -351,6 +351,35 @@ def _flex_runs():
     torch.cuda.synchronize()
 
 
+def _sparse_runs():
+    """Block-sparse forward (issue 20): lists from a mask_mod at odd lengths (the partial last key block in a
+    full list), with the causal flag, at d64 / d128 / d256 one-stage and two-stage tiles; then corrupt lists
+    (counts past the lists' width or negative, indices past the key blocks or negative), which the kernel must
+    clamp: out-of-bounds reads of K / V would show here."""
+    import torch
+
+    import flash_attn_4_sm120 as fa
+    from flash_attn_4_sm120 import block_sparse as bs
+    from flash_attn_4_sm120 import flex_examples as fx
+
+    ex = fx.chunked_local(256)
+    for d, sq, sk in ((128, 333, 517), (64, 700, 300), (256, 300, 701)):
+        q = torch.randn(2, sq, 4, d, dtype=torch.bfloat16, device="cuda")
+        k = torch.randn(2, sk, 2, d, dtype=torch.bfloat16, device="cuda")
+        fwd, _ = bs.block_sparse_from_example(ex, 1, 1, sq, sk, (128, 128), "cuda")
+        fa.flash_attn_func(q, k, k, mask_mod=ex.mask_mod, block_sparse_tensors=fwd)
+        fa.flash_attn_func(q, k, k, causal=True, block_sparse_tensors=fwd)
+        bad = fwd._replace(mask_block_cnt=fwd.mask_block_cnt.clone().fill_(1 << 20),
+                           mask_block_idx=fwd.mask_block_idx.clone().fill_(-(1 << 30)),
+                           full_block_cnt=fwd.full_block_cnt.clone().fill_(-3),
+                           full_block_idx=fwd.full_block_idx.clone().fill_(1 << 30))
+        fa.flash_attn_func(q, k, k, block_sparse_tensors=bad)
+        bad = bad._replace(mask_block_idx=fwd.mask_block_idx.clone().fill_(1 << 30),
+                           full_block_cnt=fwd.full_block_cnt.clone().fill_(1 << 20))
+        fa.flash_attn_func(q, k, k, mask_mod=ex.mask_mod, block_sparse_tensors=bad)
+    torch.cuda.synchronize()
+
+
 FAMILIES = {
     **{kind: (lambda kind=kind: _dense_config_run(kind))
        for kind in ("cp_async", "single_stage", "single_stage_w8", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "persistent")},
@@ -366,6 +395,7 @@ FAMILIES = {
     "bwd_rolesplit": lambda: _bwd_runs(deterministic=True, role_split=True),
     "bwd_split": _bwd_split_runs,
     "flex": _flex_runs,
+    "sparse": _sparse_runs,
 }
 
 

@@ -194,6 +194,8 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         # the d128 256x32 ping-pong tile with a relative bias read from an aux tensor 180 B
         out.append("score_mod / mask_mod index vectors beside 32 query rows per warp (Q in registers, a 64-key "
                    "S tile, or aux tensor addresses) spill; a 64-row tile (16 rows per warp) serves mods")
+    if spec.block_sparse is not None:
+        out += block_sparse_problems(spec, cfg)
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if cfg.tile_m % rows_per_pass:
@@ -268,6 +270,40 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         out.append(f"q_in_regs with {'packed GQA' if spec.pack_gqa else 'varlen Q'}: {acc_regs} accumulator + "
                    f"{q_regs} Q registers per thread beside the row gather leave too few for operands")
     return tuple(out)
+
+
+#: Block sizes a block-sparse call may use (issue 20): multiples of these, so that every forward tile the table
+#: serves block-sparse specs with (64 or 128 query rows, 32 or 64 keys) divides them; (128, 128) is
+#: FlexAttention's default block.
+SPARSE_BLOCK_Q, SPARSE_BLOCK_K = 128, 64
+
+
+def block_sparse_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
+    """Why ``cfg`` cannot run ``spec``'s block-sparse walk (``_kernels/block_walk``): the cp.async multistage or
+    one-stage mainloop (the walk's next tile comes from the lists, which the overlapped, ping-pong, TMA and
+    warp-specialized schedules do not read), dense unpacked rows, and tiles that divide the blocks."""
+    out = []
+    q_block, k_block, _ = spec.block_sparse
+    if cfg.mainloop != "cp_async" or cfg.overlap:
+        out.append(f"block sparsity walks listed key blocks in the cp.async mainloop without overlap (got "
+                   f"mainloop={cfg.mainloop}, overlap={cfg.overlap})")
+    if spec.split_kv or spec.pack_gqa or spec.page_size or spec.varlen_q or spec.varlen_k:
+        out.append("block sparsity with split-KV, packed GQA, paged K/V or varlen: the lists are per dense "
+                   "(batch, query head, query block) and walked whole by one CTA")
+    if q_block % cfg.tile_m or k_block % cfg.tile_n:
+        out.append(f"block-sparse blocks ({q_block}, {k_block}) are not multiples of the tile "
+                   f"({cfg.tile_m}, {cfg.tile_n})")
+    acc_regs = cfg.tile_m * (padded_head_dim(spec.head_dim_v, cfg) + cfg.tile_n) // cfg.num_threads
+    if spec.mods is not None and acc_regs > SPARSE_MODS_MAX_ACC_REGS:
+        # sm_120a gate, 2026-11-26: d256 64x64 on 4 warps (160 accumulator registers) with a document mask_mod and
+        # the walk spilled 4 B; the class's paged tile (64x32: 144) serves it
+        out.append(f"block sparsity with mods beside {acc_regs} accumulator registers per thread (more than "
+                   f"{SPARSE_MODS_MAX_ACC_REGS}: the walk's and the mask_mod's indices spill)")
+    return out
+
+
+#: accumulator registers per thread (O + S) beside which the block-sparse walk and mods still fit (sm_120a gate)
+SPARSE_MODS_MAX_ACC_REGS = 144
 
 
 #: Automatic GQA packing: when seqlen_q is below this (the largest tile_m), an unpacked M tile is
@@ -427,7 +463,7 @@ def table_keys(spec: FwdSpec) -> list[str]:
     (``exact_key``), a dtype entry (ptxas allocates registers differently for fp16 and bf16), a
     local-window entry (the two-sided mask adds registers), the class entry, then the class's
     cp.async entry (for specs or models the class entry's mainloop cannot serve: varlen / seqused K,
-    parts without TMA); specs with mods try the class's 64-row alternate before that."""
+    parts without TMA); specs with mods or block sparsity try the class's 64-row alternate before that."""
     key = table_key(spec)
     keys = [f"d{head_dim_class(spec)}_packgqa"] if spec.pack_gqa else []
     if spec.page_size:
@@ -436,7 +472,14 @@ def table_keys(spec: FwdSpec) -> list[str]:
     if spec.local:
         keys.append(f"{key}_local")
     # mods (issue 20) add registers; where the class entry has none to spare, its 64-row alternate serves them
-    return keys + [key] + ([f"{key}_m64"] if spec.mods is not None else []) + [f"{key}_cp_async"]
+    # block sparsity walks its lists in the cp.async tiles: at d128, where the class entry is a ping-pong tile,
+    # the 64-row one-stage alternate ran the random 25% map 1.42x and documents 1.45x faster than the two-stage
+    # cp.async entry (H100 at SM120 occupancy, 2026-11-26, benchmarks/results/sparse_tiles_h100_2026-11-26.json)
+    m64 = spec.mods is not None or spec.block_sparse is not None
+    # ... and, last, the class's paged tile (a cp.async tile tuned for a walk of looked-up blocks: d256's 64x32
+    # keeps the walk and mods within the registers where the class entry's 64x64 spills)
+    paged = [f"d{head_dim_class(spec)}_paged"] if spec.block_sparse is not None else []
+    return keys + [key] + ([f"{key}_m64"] if m64 else []) + [f"{key}_cp_async"] + paged
 
 
 @lru_cache(maxsize=None)

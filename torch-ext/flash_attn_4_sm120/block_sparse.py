@@ -14,9 +14,10 @@ same two classes. Tensors (int32, on the inputs' device; batch and head may be 1
 The builders here are torch code (CPU or GPU) from a dense boolean mask or a FlexAttention-style mask function
 ``fn(b, h, q_idx, kv_idx) -> bool tensor`` evaluated on broadcast index tensors (the traced ``mask_mod`` of
 the kernels has the upstream signature; a torch twin of it describes the same mask). ``check_block_sparse``
-holds a call's tensors against its shapes and the kernel's tile, with upstream's rule: the key block equals
-the tile's ``tile_n`` and the query block is a multiple of ``tile_m``. It reads shapes and dtypes only (the
-contents stay on the device; a kernel clamps counts and indices, so corrupt contents never read past K/V).
+holds a call's tensors against its shapes: blocks are multiples of the kernels' tiles (upstream asks for the
+key block to equal its tile_n; here a key block may span several tiles, so FlexAttention's (128, 128) works
+at every head dim). It reads shapes and dtypes only (the contents stay on the device; a kernel clamps counts
+and indices, so corrupt contents never read past K/V).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from __future__ import annotations
 from typing import Callable, NamedTuple, Optional
 
 import torch
+
+from .config import SPARSE_BLOCK_K, SPARSE_BLOCK_Q
 
 EMPTY, PARTIAL, FULL = 0, 1, 2
 
@@ -110,24 +113,40 @@ def block_sparse_from_mask_fn(fn: Callable, batch: int, heads: int, seqlen_q: in
     return block_sparse_from_classes(torch.cat(parts, dim=2), block_size)
 
 
-def check_block_sparse(t: BlockSparseTensorsTorch, batch: int, heads: int, seqlen_q: int, seqlen_k: int,
-                       tile_m: int, tile_n: int, backward: bool = False) -> int:
-    """Raise ``ValueError`` naming the problem unless ``t`` fits a call of these sizes run with (tile_m, tile_n)
-    tiles; returns how many kernel M tiles one query block spans. ``backward``: the transposed tensors."""
+def block_sparse_from_example(ex, batch: int, heads: int, seqlen_q: int, seqlen_k: int, block_size=(128, 128),
+                              device=None) -> tuple:
+    """(forward, backward) block-sparse tensors of a ``flex_examples.Example``'s mask (its ``torch_mask`` twin,
+    which also takes the sequence lengths), for the call sizes given; pass the forward ones with the example's
+    mask_mod: ``flash_attn_func(q, k, v, mask_mod=ex.mask_mod, block_sparse_tensors=fwd)``."""
+    if ex.torch_mask is None:
+        raise ValueError(f"example {ex.name!r} has no mask to build block-sparse tensors from")
+    return block_sparse_from_mask_fn(lambda b, h, q, k: ex.torch_mask(b, h, q, k, seqlen_q, seqlen_k), batch, heads,
+                                     seqlen_q, seqlen_k, block_size, device)
+
+
+def check_block_sparse(t, batch: int, heads: int, seqlen_q: int, seqlen_k: int, device=None,
+                       backward: bool = False) -> tuple:
+    """Raise ``ValueError`` naming the problem unless ``t`` (``BlockSparseTensorsTorch`` or upstream's tuple of
+    the same fields) fits a call of these sizes; returns the block size ``(query rows, keys)``. The kernels
+    walk a query block in whole M tiles and a key block in whole key tiles, so the block must be a multiple
+    of (SPARSE_BLOCK_Q, SPARSE_BLOCK_K): (128, 128), FlexAttention's default, and (128, 64) qualify.
+    ``backward``: the transposed tensors. Reads shapes and dtypes only: the kernels clamp counts and indices,
+    so corrupt contents never address memory outside K / V (they give wrong output, not a fault)."""
     kind = "block_sparse_tensors_bwd" if backward else "block_sparse_tensors"
+    if not isinstance(t, tuple) or not hasattr(t, "mask_block_cnt"):
+        raise ValueError(f"{kind} must be a BlockSparseTensorsTorch (flash_attn_4_sm120.block_sparse; upstream's "
+                         f"named tuple of the same fields works too), got {type(t).__name__}")
     for name in ("cu_total_m_blocks", "cu_block_idx_offsets", "dq_write_order", "dq_write_order_full"):
-        if getattr(t, name) is not None:
+        if getattr(t, name, None) is not None:
             raise ValueError(f"{kind}.{name}: not supported by this bundle (varlen block sparsity and a custom dQ "
                              f"write order); use dense-batch tensors (the deterministic backward keeps its own order)")
-    if t.block_size is None:
-        raise ValueError(f"{kind}.block_size is required: (query rows, keys) per block, e.g. ({tile_m}, {tile_n})")
+    if getattr(t, "block_size", None) is None:
+        raise ValueError(f"{kind}.block_size is required: (query rows, keys) per block, e.g. (128, 128)")
     bq, bk = (int(x) for x in t.block_size)
-    if bk != tile_n:
-        raise ValueError(f"{kind}: key block {bk} must equal the kernel's tile_n={tile_n} for this head dim; rebuild "
-                         f"the tensors with block_size=({bq}, {tile_n})")
-    if bq % tile_m:
-        raise ValueError(f"{kind}: query block {bq} must be a multiple of the kernel's tile_m={tile_m}; rebuild the "
-                         f"tensors with block_size=({tile_m * max(1, bq // tile_m)}, {bk})")
+    if bq <= 0 or bk <= 0 or bq % SPARSE_BLOCK_Q or bk % SPARSE_BLOCK_K:
+        raise ValueError(f"{kind}: block_size ({bq}, {bk}) does not match the kernels' tiles: the query block must "
+                         f"be a multiple of {SPARSE_BLOCK_Q} and the key block of {SPARSE_BLOCK_K} (e.g. (128, 128), "
+                         f"FlexAttention's default); rebuild the tensors with such a block_size")
     m, n = -(-seqlen_q // bq), -(-seqlen_k // bk)
     rows, cols = (n, m) if backward else (m, n)
     pairs = [("mask_block", t.mask_block_cnt, t.mask_block_idx)]
@@ -139,9 +158,13 @@ def check_block_sparse(t: BlockSparseTensorsTorch, batch: int, heads: int, seqle
         for label, x, dims in ((f"{name}_cnt", cnt, 3), (f"{name}_idx", idx, 4)):
             if not isinstance(x, torch.Tensor) or x.dtype != torch.int32 or x.dim() != dims:
                 raise ValueError(f"{kind}.{label} must be an int32 tensor of {dims} dims")
+            if device is not None and x.device != device:
+                raise ValueError(f"{kind}.{label} is on {x.device}; the call's tensors are on {device}")
+            if x.stride(-1) != 1:
+                raise ValueError(f"{kind}.{label} must be contiguous in its last dimension")
         if cnt.shape[0] not in (1, batch) or cnt.shape[1] not in (1, heads) or cnt.shape[2] != rows:
             raise ValueError(f"{kind}.{name}_cnt has shape {tuple(cnt.shape)}; expected (batch or 1, heads or 1, "
                              f"{rows}) for {'key' if backward else 'query'} blocks of {bk if backward else bq}")
         if idx.shape[:3] != cnt.shape or not 1 <= idx.shape[3] <= cols:
             raise ValueError(f"{kind}.{name}_idx has shape {tuple(idx.shape)}; expected {tuple(cnt.shape)} + (1..{cols},)")
-    return bq // tile_m
+    return bq, bk

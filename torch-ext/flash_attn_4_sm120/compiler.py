@@ -15,7 +15,8 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from .config import FwdConfig, candidate_fwd_configs, dispatchable_fwd, fwd_smem_bytes, select_fwd_config
+from .config import (FwdConfig, candidate_fwd_configs, dispatch_candidates, dispatchable_fwd, fwd_smem_bytes,
+                     select_fwd_config)
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
 from .bwd_config import (BwdConfig, bwd_padded_head_dim, bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd,
                          select_bwd_config)
@@ -53,6 +54,35 @@ AUX_DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint8", "int8
 def aux_args(aux: tuple = ()) -> tuple:
     """A call's aux tensors padded to the kernels' ``MAX_AUX_TENSORS`` trailing slots."""
     return (*aux, *(None,) * (MAX_AUX_TENSORS - len(aux)))
+
+
+#: The block-sparse tensors a forward kernel takes (issue 20): four trailing optional tensor parameters
+#: ``mBlockCnt, mBlockIdx, mFullCnt, mFullIdx`` after the aux slots; every forward launch passes
+#: ``sparse_args(...)``.
+SPARSE_SLOTS = 4
+
+
+def sparse_args(sparse: tuple = ()) -> tuple:
+    """A call's block-sparse tensors (``FwdParams.sparse``) in the forward kernels' sparse slots."""
+    return tuple(sparse) if sparse else (None,) * SPARSE_SLOTS
+
+
+def _fake_sparse(block_sparse) -> tuple:
+    """The sparse slots' fakes: int32 (batch or 1, heads or 1, blocks) counts and (..., entries) indices, the
+    last dimension contiguous (a broadcast dimension has stride 0); the full pair only when the spec has it."""
+    import cutlass
+    import cutlass.cute as cute
+
+    if block_sparse is None:
+        return sparse_args()
+
+    def fake(ndim):
+        shape = tuple(cute.sym_int() for _ in range(ndim))
+        stride = tuple(cute.sym_int64() for _ in range(ndim - 1)) + (1,)
+        return cute.runtime.make_fake_tensor(cutlass.Int32, shape, stride=stride, assumed_align=4)
+
+    full = (fake(3), fake(4)) if block_sparse[2] else (None, None)
+    return (fake(3), fake(4), *full)
 
 
 def _fake_aux(mods) -> tuple:
@@ -120,7 +150,7 @@ def _fake_fwd_args(spec: FwdSpec):
     # num_splits, max_ctas and tile_band.
     scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0))
     return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, page_table, cutlass.Int32(0), cutlass.Int32(1),
-            cutlass.Int32(0), cutlass.Int32(1), *_fake_aux(spec.mods),
+            cutlass.Int32(0), cutlass.Int32(1), *_fake_aux(spec.mods), *_fake_sparse(spec.block_sparse),
             cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
@@ -439,6 +469,8 @@ class Case:
             mask += "_splitkv"
         if s.page_size:
             mask += f"_paged{s.page_size}"
+        if s.block_sparse is not None:
+            mask += "_sparse{}x{}{}".format(*s.block_sparse[:2], "" if s.block_sparse[2] else "_nofull")
         qr = "_qreg" if c.q_in_regs else ""
         ml = "_" + c.mainloop if c.uses_tma else ""
         ml += "" if c.frag_prefetch else "_nopf"
@@ -592,6 +624,7 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
         ci = spec.dtype == "bf16" and spec.head_dim == 256 and spec.rotary_dim == 256 and spec.page_size > 0
         cases.append(AppendCase(spec, model.name, subset_ci=ci))
     cases += flex_cases(model)
+    cases += sparse_cases(model)
     side = {}
     for spec, cfg in dispatchable_bwd(model):
         ci = (spec.dtype == "bf16" and spec.head_dim == spec.head_dim_v and spec.head_dim in (128, 256) and spec.causal
@@ -652,6 +685,36 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
             cases.append(Case(spec, select_fwd_config(spec, model), model.name, label=ex.name))
         bspec = BwdSpec("bf16", 128, 128, causal=False, mods=bwd_key)
         cases.append(BwdCase(bspec, select_bwd_config(bspec, model), model.name, label=ex.name))
+    return cases
+
+
+def sparse_cases(model: ExecutionModel = SM120) -> list[Case]:
+    """The block-sparse forward (issue 20): every config the dispatcher may pick (``dispatch_candidates``) for
+    (128, 128) lists at each head-dim class, without mods, with the causal flag and with a document mask_mod;
+    at d128 also (128, 64) lists without full lists, fp16, a sink, ALiBi beside the mask and the document mask
+    read from an aux tensor. The CI subset takes the d128 document mask."""
+    from . import flex_examples
+
+    docs = _example_keys(flex_examples.chunked_local(512))[0]
+    alibi_docs = _example_keys(flex_examples.combined(flex_examples.alibi(8), flex_examples.chunked_local(512)))[0]
+    aux_docs = _example_keys(flex_examples.aux_gate_examples()[1])[0]
+    full = (128, 128, True)
+    specs = []
+    for d, dv in ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)):
+        specs += [(FwdSpec("bf16", d, dv, causal=False, block_sparse=full), ""),
+                  (FwdSpec("bf16", d, dv, causal=True, block_sparse=full), ""),
+                  (FwdSpec("bf16", d, dv, causal=False, block_sparse=full, mods=docs), "chunked_local")]
+    specs += [(FwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 64, False), mods=docs), "chunked_local"),
+              (FwdSpec("fp16", 128, 128, causal=False, block_sparse=full, mods=docs), "chunked_local"),
+              (FwdSpec("bf16", 128, 128, causal=False, has_sink=True, block_sparse=full, mods=docs), "chunked_local"),
+              (FwdSpec("bf16", 128, 128, causal=False, block_sparse=full, mods=alibi_docs), "alibi+chunked_local"),
+              (FwdSpec("bf16", 128, 128, causal=False, block_sparse=full, mods=aux_docs), "documents")]
+    cases = []
+    for spec, label in specs:
+        ci = spec.dtype == "bf16" and spec.head_dim == 128 and label == "chunked_local" and not spec.has_sink \
+            and spec.block_sparse == full
+        for i, cfg in enumerate(dispatch_candidates(spec, model)):
+            cases.append(Case(spec, cfg, model.name, subset_ci=ci and i == 0, label=label))
     return cases
 
 

@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from . import backward, compiler, flex, manifest
+from . import backward, block_sparse, compiler, flex, manifest
 from .metadata import check_requested, check_varlen_metadata
 from ._ops import add_op_namespace_prefix
 from .config import (
@@ -187,7 +187,8 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
     caps a persistent config's grid (default: one CTA per SM; tests pass fewer so that every CTA
     walks several tiles)."""
     return _plan_for(q, v, spec, shape, params, config, num_splits, max_ctas).run(q, k, v, params.sink, varlen,
-                                                                                    out, lse, params.aux)
+                                                                                    out, lse, params.aux,
+                                                                                    params.sparse)
 
 
 def _plan_for(q, v, spec, shape, params, config, num_splits, max_ctas) -> "_LaunchPlan":
@@ -221,7 +222,7 @@ class _LaunchPlan:
     max_ctas: int = 0
     band: int = 1
 
-    def run(self, q, k, v, sink, varlen, out=None, lse=None, aux=()):
+    def run(self, q, k, v, sink, varlen, out=None, lse=None, aux=(), sparse=()):
         device = q.device
         if out is None:
             out = (torch.zeros if self.zero_fill else torch.empty)(self.out_shape, dtype=self.dtype, device=device)
@@ -243,14 +244,15 @@ class _LaunchPlan:
         if self.splits == 1:
             kernel, = self.launches
             calls = ((kernel, (q, k, v, out, lse, *self.scalars, sink, cu_q, cu_k, used_q, used_k, pages, self.seqlen_q, 1,
-                               self.max_ctas, self.band, *compiler.aux_args(aux))),)
+                               self.max_ctas, self.band, *compiler.aux_args(aux), *compiler.sparse_args(sparse))),)
         else:
             # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
             o_part = torch.empty((self.splits, *self.out_shape), dtype=torch.float32, device=device)
             lse_part = torch.empty((self.splits, *self.lse_shape), dtype=torch.float32, device=device)
             split_kernel, combine_kernel = self.launches
             calls = ((split_kernel, (q, k, v, o_part, lse_part, *self.scalars, None, cu_q, cu_k, used_q, used_k, pages,
-                                     self.seqlen_q, self.splits, 0, self.band, *compiler.aux_args(aux))),
+                                     self.seqlen_q, self.splits, 0, self.band, *compiler.aux_args(aux),
+                                     *compiler.sparse_args(sparse))),
                      (combine_kernel, (o_part, lse_part, out, lse, sink, cu_q, used_q, self.seqlen_q)))
         launch_on(device, calls)
         return out, lse
@@ -286,8 +288,10 @@ def _plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, con
     cfg = config or choose_fwd_config(spec, model, rows, shape.seqlen_q, shape.seqlen_k, shared_kv)
     # The split-KV forward is its own spec with its own table entry (an exact-dims entry can differ)
     split_spec, combine_spec = _split_specs(spec, params.sink is not None)
-    split_cfg = config or select_fwd_config(split_spec, model)
-    splits = _splits(num_splits, spec, shape, cfg, split_spec, split_cfg, model, device)
+    splits = 1
+    if num_splits != 1:  # (block-sparse calls always pass 1: their specs have no split entry)
+        split_cfg = config or select_fwd_config(split_spec, model)
+        splits = _splits(num_splits, spec, shape, cfg, split_spec, split_cfg, model, device)
     band = 1  # masked tiles run longest first in bands of (batch, head) pairs sized to the L2
     if spec.causal or spec.local:
         band = tile_band(_l2_bytes(device.index), shape.seqlen_k, spec.head_dim, spec.head_dim_v,
@@ -508,7 +512,7 @@ def _window_entries(window_size) -> tuple:
 def _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, extra) -> None:
     """Check the options, then raise the manifest's message for each requested feature this version
     does not implement."""
-    planned = {"dropout_p": "dropout", "block_sparse_tensors": "block_sparsity"}  # issue 20's next features
+    planned = {"dropout_p": "dropout"}  # issue 20's next feature
     values = {fid: extra.pop(name, None) for name, fid in planned.items()}
     asked = [fid for fid, v in values.items() if v is not None and not (isinstance(v, (int, float)) and v == 0)]
     if extra:
@@ -591,7 +595,8 @@ def _aux_tensors(tensors, scalars, device) -> tuple:
 def _mods_of(score_mod, mask_mod, kwargs: dict) -> dict:
     """The call's mods (upstream's keyword arguments), taken out of ``kwargs``."""
     return dict(score_mod=score_mod, mask_mod=mask_mod, score_mod_bwd=kwargs.pop("score_mod_bwd", None),
-                aux_tensors=kwargs.pop("aux_tensors", None), aux_scalars=kwargs.pop("aux_scalars", None))
+                aux_tensors=kwargs.pop("aux_tensors", None), aux_scalars=kwargs.pop("aux_scalars", None),
+                block_sparse_tensors=kwargs.pop("block_sparse_tensors", None))
 
 
 def _has_mods(mods: dict) -> bool:
@@ -614,7 +619,7 @@ def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None,
         out, lse = _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, num_splits, deterministic)
     else:
         plan = remember(key, _plan_for(q, v, spec, shape, params, None, num_splits, None))
-        out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux)
+        out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux, sparse=params.sparse)
     return out, (lse if (return_lse or needs_grad) else None)
 
 
@@ -837,6 +842,8 @@ def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causa
     eager even under torch.compile (the callables are traced into the kernel, which a graph's custom op cannot
     carry: Dynamo breaks the graph here), never remembered as a launch plan (the mods are part of the spec)."""
     q, k, v = (kernel_layout(t) for t in (q, k, v))
+    mods = dict(mods)
+    sparse = mods.pop("block_sparse_tensors", None)
     if varlen is None:
         spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
         tensors = None
@@ -845,9 +852,31 @@ def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causa
             q, k, v, varlen["cu_seqlens_q"], varlen["cu_seqlens_k"], varlen["max_seqlen_q"], varlen["max_seqlen_k"],
             varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
             varlen["check_metadata"], varlen["page_table"])
-    spec, params = _with_mods(spec, params, mods, _needs_grad(q, k, v, learnable_sink), q.device)
+    needs_grad = _needs_grad(q, k, v, learnable_sink)
+    spec, params = _with_mods(spec, params, mods, needs_grad, q.device)
+    if sparse is not None:
+        spec, params = _with_block_sparse(spec, shape, params, sparse, needs_grad, num_splits, pack_gqa, q.device)
+        pack_gqa, num_splits = False, 1  # the lists are per query head and walked whole (config.block_sparse_problems)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
                 learnable_sink, bool(deterministic))
+
+
+def _with_block_sparse(spec, shape, params, sparse, needs_grad: bool, num_splits, pack_gqa, device):
+    """(spec, params) of a call with ``block_sparse_tensors`` (issue 20): the block size in the spec, the tensors
+    in the kernels' sparse slots. Raises the manifest's message for the combinations it refuses and
+    ``ValueError`` for tensors that do not fit the call (``block_sparse.check_block_sparse``)."""
+    flags = (("backward", needs_grad), ("varlen", spec.varlen_q or spec.varlen_k or spec.seqused_q or spec.seqused_k),
+             ("paged_kv", bool(spec.page_size)), ("split_kv", num_splits not in (None, 0, 1)),
+             ("pack_gqa", pack_gqa is True))
+    refusal = _refusal(("block_sparsity", *(name for name, on in flags if on)))
+    if refusal is not None:
+        raise NotImplementedError(refusal)
+    bq, bk = block_sparse.check_block_sparse(sparse, shape.batch, shape.num_heads, shape.seqlen_q, shape.seqlen_k,
+                                             device)
+    full = sparse.full_block_cnt is not None
+    spec = dataclasses.replace(spec, block_sparse=(bq, bk, full))
+    tensors = (sparse.mask_block_cnt, sparse.mask_block_idx, sparse.full_block_cnt, sparse.full_block_idx)
+    return spec, dataclasses.replace(params, sparse=tensors)
 
 
 def _validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,

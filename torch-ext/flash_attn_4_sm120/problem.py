@@ -51,6 +51,9 @@ class FwdSpec:
     #: issue 20: the identity of the call's score_mod / mask_mod (``flex.ModKey``; the callables are traced into
     #: the kernel, compiled from ``flex.callables``), None without mods
     mods: Optional[ModKey] = None
+    #: issue 20: block sparsity, ``(query block, key block, full lists given)`` of the call's block-sparse
+    #: tensors (compile-time: the kernel divides by the block sizes); None without
+    block_sparse: Optional[tuple] = None
 
     @property
     def mask(self) -> str:
@@ -205,6 +208,9 @@ class FwdParams:
     sink: Optional[torch.Tensor]
     #: the mods' aux tensors (issue 20), in the kernels' trailing aux slots (``compiler.MAX_AUX_TENSORS``)
     aux: tuple = ()
+    #: block sparsity (issue 20): (mask_block_cnt, mask_block_idx, full_block_cnt, full_block_idx), the last two
+    #: None without full lists; () without block sparsity
+    sparse: tuple = ()
 
 
 #: log2(e): natural-log quantities times this are exp2 / log2 quantities (host and kernels)

@@ -3,7 +3,7 @@
 In place on the fp32 accumulator of one (tile_m, tile_n) block, in this order:
   0. user mods (``mods``, issue 20; ``flex_mods``): score_mod on S * softcap_scale (the host passes the
      softmax scale there and scale_log2 = log2(e): softcap and score_mod never meet), then mask_mod, on every
-     block;
+     block (a block-sparse full block skips the mask_mod);
   1. softcap (``softcap``): S = tanh(S * softcap_scale). The host passes softcap_scale = scale / c and
      the softmax scale_log2 = c * log2(e), so the logits become c * tanh(scale * S / c).
   2. element mask (blocks whose ``masked`` class says they need one): entries past seqlen_k, above the
@@ -60,13 +60,14 @@ class ScoreStep:
     aux_tensors: Any = None
 
     @cute.jit
-    def apply(self, acc_S: cute.Tensor, n_block: Int32, masked: cutlass.Constexpr[bool]):
+    def apply(self, acc_S: cute.Tensor, n_block: Int32, masked: cutlass.Constexpr[bool],
+              mask_mod: cutlass.Constexpr[bool] = True):
         """S of key block ``n_block`` (the (MMA, MMA_M, MMA_N) accumulator), softcapped, and
-        element-masked when ``masked``."""
+        element-masked when ``masked``. ``mask_mod`` off: the score_mod only (a block-sparse full block)."""
         if const_expr(self.mods is not None):
             apply_mods(acc_rows_cols(acc_S), self.tScS_rc, self.mods, self.softcap_scale, self.batch, self.head,
                        self.m_block, n_block, self.tile_m, self.tile_n, self.group, self.seqlen_info,
-                       self.aux_tensors)
+                       self.aux_tensors, mask_mod)
         if const_expr(self.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * self.softcap_scale, fastmath=True))
         if const_expr(masked):

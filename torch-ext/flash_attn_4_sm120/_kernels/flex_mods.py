@@ -111,10 +111,12 @@ def apply_mods(
     group: Int32,
     seqlen_info: SeqlenInfo,
     aux_tensors=None,
+    with_mask: cutlass.Constexpr[bool] = True,
 ):
     """In place on this thread's (rows, cols) view of a score block: ``score_mod`` (scores scaled by
-    ``score_scale`` first), then ``mask_mod``. ``group``: packed GQA's query heads per KV head (``head`` is
-    then the KV head), None when unpacked (``head`` is the query head)."""
+    ``score_scale`` first), then ``mask_mod`` (unless ``with_mask`` is off: a block-sparse full block).
+    ``group``: packed GQA's query heads per KV head (``head`` is then the KV head), None when unpacked (``head``
+    is the query head)."""
     for r in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[0])):
         row = m_block * tile_m + tScS_rc[r, 0][0]
         q_idx, h_idx = row, head
@@ -124,7 +126,7 @@ def apply_mods(
         if const_expr(mods.score_mod is not None):
             _modify_row(acc_S_rc, r, mods.score_vec, (acc_S_rc,), score_scale, mods.score_mod, batch, h_idx, q_idx,
                         n_block, tile_n, tScS_rc, seqlen_info, aux_tensors)
-        if const_expr(mods.mask_mod is not None):
+        if const_expr(mods.mask_mod is not None and with_mask):
             q_in = _in_range(q_idx, seqlen_info.seqlen_q, aux_tensors)
             for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
                 col = _in_range(n_block * tile_n + tScS_rc[r, c][1], seqlen_info.seqlen_k, aux_tensors)

@@ -61,6 +61,7 @@ from ..problem import LOG2_E, FwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .grid_dependency import enter_grid
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
+from .block_walk import sparse_walk
 from .flex_mods import FlexMods, SeqlenInfo, aux_list
 from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
@@ -316,6 +317,10 @@ class FlashFwdMultistage:
         mAux1: Optional[cute.Tensor],
         mAux2: Optional[cute.Tensor],
         mAux3: Optional[cute.Tensor],
+        mBlockCnt: Optional[cute.Tensor],
+        mBlockIdx: Optional[cute.Tensor],
+        mFullCnt: Optional[cute.Tensor],
+        mFullIdx: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
         out_dtype = Float32 if const_expr(self.spec.split_kv) else self.dtype
@@ -348,6 +353,7 @@ class FlashFwdMultistage:
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
             tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks, cutlass.max(tile_band, 1), mAux0, mAux1, mAux2, mAux3,
+            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx,
         ).launch(
             grid=grid,
             block=[self.launch_threads, 1, 1],
@@ -403,6 +409,10 @@ class FlashFwdMultistage:
         mAux1: Optional[cute.Tensor],
         mAux2: Optional[cute.Tensor],
         mAux3: Optional[cute.Tensor],
+        mBlockCnt: Optional[cute.Tensor],
+        mBlockIdx: Optional[cute.Tensor],
+        mFullCnt: Optional[cute.Tensor],
+        mFullIdx: Optional[cute.Tensor],
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
@@ -450,6 +460,11 @@ class FlashFwdMultistage:
                 if const_expr(self.spec.split_kv):
                     ranges = block_info.split_range(ranges, split, num_splits)
                 n_start, n_unmasked_start, n_unmasked_end, n_end = ranges
+                walk = None  # block sparsity (issue 20): the listed key blocks instead of [n_start, n_end)
+                if const_expr(self.spec.block_sparse is not None):
+                    q_block, k_block, _ = self.spec.block_sparse
+                    walk = sparse_walk(mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, batch, head, m_block,
+                                       q_block // self.tile_m, k_block // self.tile_n, seqlen_k, self.tile_n)
 
                 # (tile_m, d) (unpacked; packed rows are gathered one by one); K/V's key blocks
                 gQ = cute.local_tile(mQ_h[None, 0 if const_expr(pack) else head, None], (self.tile_m, self.head_dim),
@@ -470,7 +485,7 @@ class FlashFwdMultistage:
                     m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start, n_end=n_end,
                     group=group if const_expr(pack) else None, tile_rows=tile_rows, head_kv=head_kv, mQ_h=mQ_h,
                     thr_qk=thr_qk, n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end,
-                    tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, kv=kv, slot_base=0,
+                    tQgQ=tQgQ, tQsQ=tQsQ, tQcQ=tQcQ, t0QcQ=t0QcQ, kv=kv, slot_base=0, walk=walk,
                 )
                 ctx.score = self.score_step(ctx, softcap_scale, window_left, window_right, batch, head,
                                             mCuSeqlensQ, mCuSeqlensK)
@@ -499,9 +514,9 @@ class FlashFwdMultistage:
         if const_expr(self.config.overlap):
             self.overlap_prologue(ctx)
         elif const_expr(self.single_stage):
-            self.single_stage_prologue(ctx)
+            self.single_stage_prologue(ctx, ctx.walk)
         else:
-            self.prologue(ctx)
+            self.prologue(ctx, ctx.walk)
         if const_expr(self.config.q_in_regs):
             cute.copy(ctx.s2r_q, ctx.tSsQ, ctx.tSrQ_v)
         # Mainloop, last block first: right-edge blocks (masked), full blocks, left-edge blocks of a window
@@ -510,6 +525,8 @@ class FlashFwdMultistage:
         num_full = ctx.n_unmasked_end - ctx.n_unmasked_start
         if const_expr(self.config.overlap):
             self.overlap_mainloop(ctx, num_right, num_full)
+        elif const_expr(ctx.walk is not None):
+            self.sparse_mainloop(ctx, ctx.walk)
         else:
             # block n_end - 1 - it in stage it % stages
             for i in cutlass.range(num_right, unroll=1):
@@ -521,6 +538,20 @@ class FlashFwdMultistage:
                     self.mainloop_step(ctx, num_right + num_full + i, ctx.n_unmasked_start - 1 - i, masked=True)
 
         self.finish(ctx, mSink, head, sO, out)
+
+    @cute.jit
+    def sparse_mainloop(self, ctx: SimpleNamespace, walk):
+        """The block-sparse walk (``block_walk``): mask-list tiles with the element mask and the mask_mod; full-list
+        tiles without the mask_mod, element-masked only where the dense range says a tile needs it (the sequence
+        end, the causal diagonal, a window edge)."""
+        for i in cutlass.range(walk.n_mask, unroll=1):
+            self.mainloop_step(ctx, i, walk.block(i), masked=True, walk=walk)
+        for i in cutlass.range(walk.n_mask, walk.count, unroll=1):
+            n_block = walk.block(i)
+            if n_block >= ctx.n_unmasked_start and n_block < ctx.n_unmasked_end:
+                self.mainloop_step(ctx, i, n_block, masked=False, walk=walk)
+            else:
+                self.mainloop_step(ctx, i, n_block, masked=True, walk=walk, mask_mod=False)
 
     @cute.jit
     def finish(self, ctx: SimpleNamespace, mSink, head, sO, out: SimpleNamespace):
@@ -542,19 +573,26 @@ class FlashFwdMultistage:
             self.epilogue(ctx, lse, sO, out)
 
     @cute.jit
-    def prologue(self, ctx: SimpleNamespace):
-        """cp.async Q and the first stages - 1 K/V tiles (tile 0 = block n_end - 1 may be partial);
-        wait for Q and tile 0."""
+    def prologue(self, ctx: SimpleNamespace, walk=None):
+        """cp.async Q and the first stages - 1 K/V tiles (tile 0 = block n_end - 1 may be partial; with a
+        block-sparse ``walk``, its first steps' tiles); wait for Q and tile 0."""
         stages, kv = self.config.num_stages, ctx.kv
         self.load_q(ctx)
         for j in cutlass.range_constexpr(stages - 1):
-            n_block = ctx.n_end - 1 - j
-            if n_block >= ctx.n_start:
-                kv.load_k(n_block, j, bounded=True)
-                kv.load_v(n_block, j, bounded=True)
+            if const_expr(walk is None):
+                n_block = ctx.n_end - 1 - j
+                if n_block >= ctx.n_start:
+                    kv.load_k(n_block, j, bounded=True)
+                    kv.load_v(n_block, j, bounded=True)
+            else:
+                if j < walk.count:
+                    n_block = walk.block(j)
+                    kv.load_k(n_block, j, bounded=True)
+                    kv.load_v(n_block, j, bounded=True)
             cute.arch.cp_async_commit_group()
-        if ctx.n_end - stages >= ctx.n_start:  # the first refill's pages (paged K/V), read while we wait
-            kv.lookahead(ctx.n_end - stages)
+        if const_expr(walk is None):
+            if ctx.n_end - stages >= ctx.n_start:  # the first refill's pages (paged K/V), read while we wait
+                kv.lookahead(ctx.n_end - stages)
         cute.arch.cp_async_wait_group(stages - 2)
         cute.arch.sync_threads()
 
@@ -592,28 +630,38 @@ class FlashFwdMultistage:
                       False, col_pred)
 
     @cute.jit
-    def mainloop_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
+    def mainloop_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool],
+                      walk=None, mask_mod: cutlass.Constexpr[bool] = True):
         """Step ``it``: key block ``n_block``, whose K/V tile sits complete in stage it % stages (one
-        stage: K complete, V in flight)."""
+        stage: K complete, V in flight). ``walk``: the block-sparse walk the next tiles come from (None: the
+        dense range); ``mask_mod``: a masked step also applies the mask_mod (not on a full-list tile)."""
         if const_expr(self.single_stage):
-            self.single_stage_step(ctx, n_block, masked)
+            self.single_stage_step(ctx, n_block, masked, walk, it, mask_mod)
         else:
-            self.multistage_step(ctx, it, n_block, masked)
+            self.multistage_step(ctx, it, n_block, masked, walk, mask_mod)
 
     @cute.jit
-    def multistage_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
+    def multistage_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool],
+                        walk=None, mask_mod: cutlass.Constexpr[bool] = True):
         stages, kv = self.config.num_stages, ctx.kv
         stage = it % stages
         # a. Refill the stage consumed last step (every warp passed the barrier after it).
-        n_ahead = n_block - (stages - 1)
-        if n_ahead >= ctx.n_start:
-            stage_ahead = (stage + stages - 1) % stages
-            kv.load_k(n_ahead, stage_ahead, bounded=False, looked_up=True)
-            kv.load_v(n_ahead, stage_ahead, bounded=False, looked_up=True)
-            if n_ahead - 1 >= ctx.n_start:  # the next refill's pages (paged K/V) load under this block's math
-                kv.lookahead(n_ahead - 1)
+        if const_expr(walk is None):
+            n_ahead = n_block - (stages - 1)
+            if n_ahead >= ctx.n_start:
+                stage_ahead = (stage + stages - 1) % stages
+                kv.load_k(n_ahead, stage_ahead, bounded=False, looked_up=True)
+                kv.load_v(n_ahead, stage_ahead, bounded=False, looked_up=True)
+                if n_ahead - 1 >= ctx.n_start:  # the next refill's pages (paged K/V) load under this block's math
+                    kv.lookahead(n_ahead - 1)
+        else:
+            if it + stages - 1 < walk.count:  # a listed tile may be the sequence's last: loads stay bounded
+                n_ahead = walk.block(it + stages - 1)
+                stage_ahead = (stage + stages - 1) % stages
+                kv.load_k(n_ahead, stage_ahead, bounded=True)
+                kv.load_v(n_ahead, stage_ahead, bounded=True)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
-        self.compute_block(ctx, n_block, stage, masked)
+        self.compute_block(ctx, n_block, stage, masked, mask_mod)
         # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
         cute.arch.cp_async_wait_group(stages - 2)
         cute.arch.sync_threads()
@@ -630,53 +678,65 @@ class FlashFwdMultistage:
         return self.config.num_stages == 1
 
     @cute.jit
-    def single_stage_prologue(self, ctx: SimpleNamespace):
-        """Q and K of the first block (block n_end - 1, possibly partial) landed and visible; its V in
-        flight (the second commit group)."""
+    def single_stage_prologue(self, ctx: SimpleNamespace, walk=None):
+        """Q and K of the first block (block n_end - 1, possibly partial; the block-sparse ``walk``'s first
+        tile) landed and visible; its V in flight (the second commit group)."""
         kv = ctx.kv
         self.load_q(ctx)
-        has_block = ctx.n_end - 1 >= ctx.n_start
+        first = ctx.n_end - 1
+        has_block = first >= ctx.n_start
+        if const_expr(walk is not None):
+            has_block = walk.count > 0
+            first = walk.block(0)
         if has_block:
-            kv.load_k(ctx.n_end - 1, 0, bounded=True)
+            kv.load_k(first, 0, bounded=True)
         cute.arch.cp_async_commit_group()
         if has_block:
-            kv.load_v(ctx.n_end - 1, 0, bounded=True)
+            kv.load_v(first, 0, bounded=True)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(1)
         cute.arch.sync_threads()
 
     @cute.jit
-    def single_stage_step(self, ctx: SimpleNamespace, n_block: Int32, masked: cutlass.Constexpr[bool]):
-        """Key block ``n_block``: K complete in the buffer, V in flight (one commit group)."""
+    def single_stage_step(self, ctx: SimpleNamespace, n_block: Int32, masked: cutlass.Constexpr[bool], walk=None,
+                          it: Int32 = None, mask_mod: cutlass.Constexpr[bool] = True):
+        """Key block ``n_block``: K complete in the buffer, V in flight (one commit group). The next block is
+        n_block - 1, or step it + 1 of a block-sparse ``walk`` (loaded bounded: it may be the sequence's last)."""
         kv = ctx.kv
-        acc_S = self.scores(ctx, n_block, 0, masked)
+        acc_S = self.scores(ctx, n_block, 0, masked, mask_mod)
         has_next = n_block - 1 >= ctx.n_start
+        n_next = n_block - 1
+        if const_expr(walk is not None):
+            has_next = it + 1 < walk.count
+            n_next = walk.block(cutlass.min(it + 1, walk.count - 1))
         cute.arch.cp_async_wait_group(0)  # this block's V
         cute.arch.sync_threads()  # every warp is done with K; V is visible
         if has_next:
-            kv.load_k(n_block - 1, 0, bounded=False)
+            kv.load_k(n_next, 0, bounded=walk is not None)
         cute.arch.cp_async_commit_group()
         ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
         self.pv(ctx, convert(acc_S, self.dtype), 0)
         cute.arch.cp_async_wait_group(0)  # the next block's K
         cute.arch.sync_threads()  # every warp is done with V; K is visible
         if has_next:
-            kv.load_v(n_block - 1, 0, bounded=False)
+            kv.load_v(n_next, 0, bounded=walk is not None)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def compute_block(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool]):
+    def compute_block(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool],
+                      mask_mod: cutlass.Constexpr[bool] = True):
         """S = Q K^T, mask, online softmax, O += P V for one key block in smem ``stage``."""
-        acc_S = self.scores(ctx, n_block, stage, masked)
+        acc_S = self.scores(ctx, n_block, stage, masked, mask_mod)
         ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
         # e. O += P V, P reinterpreted as the A operand in 16-bit
         self.pv(ctx, convert(acc_S, self.dtype), stage)
 
     @cute.jit
-    def scores(self, ctx: SimpleNamespace, n_block: Int32, k_stage: Int32, masked: cutlass.Constexpr[bool]):
+    def scores(self, ctx: SimpleNamespace, n_block: Int32, k_stage: Int32, masked: cutlass.Constexpr[bool],
+               mask_mod: cutlass.Constexpr[bool] = True):
         """b./c. S = Q K^T for key block ``n_block`` (K in smem stage ``k_stage``), through the tile's
-        score step (softcap, element mask where the block needs it): the (MMA, MMA_M, MMA_N) fp32
-        accumulator."""
+        score step (softcap, element mask where the block needs it; the mask_mod unless ``mask_mod`` is off):
+        the (MMA, MMA_M, MMA_N) fp32 accumulator."""
         acc_S = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), Float32)
         acc_S.fill(0.0)
         tSsK = ctx.tSsK[None, None, None, k_stage]
@@ -684,7 +744,7 @@ class FlashFwdMultistage:
             self.gemm_rA_smemB(acc_S, ctx.tSrQ, ctx.tSrK, tSsK, ctx.tSrK_v, ctx.s2r_k)
         else:
             self.gemm_smem(acc_S, ctx.tSrQ, ctx.tSrK, ctx.tSsQ, ctx.tSrQ_v, tSsK, ctx.tSrK_v, ctx.s2r_q, ctx.s2r_k)
-        ctx.score.apply(acc_S, n_block, masked)
+        ctx.score.apply(acc_S, n_block, masked, mask_mod)
         return acc_S
 
     @cute.jit

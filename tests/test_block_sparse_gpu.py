@@ -1,0 +1,230 @@
+"""Block-sparse forward (issue 20) on a GPU against an fp32 reference with the mask the lists and the mods
+describe: the example masks built into lists (causal, prefix-LM, documents) against the same mask_mod dense,
+random block maps with and without full lists, the causal flag and windows on top of lists, a score_mod and a
+sink beside them, odd lengths (a full list holding the sequence's partial last block), rows with no listed
+block, broadcast batch / head dimensions, every head-dim class, fp16, and corrupt lists (clamped, never a
+fault)."""
+
+import math
+
+import pytest
+import torch
+
+import flash_attn_4_sm120 as fa
+from flash_attn_4_sm120 import block_sparse as bs
+from flash_attn_4_sm120 import flex_examples as fx
+
+pytestmark = pytest.mark.gpu
+
+
+def ref_attn(q, k, v, keep, upcast=True, score_fn=None, sink=None):
+    """(out, lse) of attention with the element mask ``keep`` (B or 1, H or 1, sq, sk; None = all), optional
+    ``score_fn(scores, bi, hi, qi, ki)`` on the scaled scores and a sink logit; fp32 or the input dtype."""
+    dtype = q.dtype
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    k, v = k.repeat_interleave(hq // hkv, dim=2), v.repeat_interleave(hq // hkv, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q * (1.0 / math.sqrt(d)), k).float()
+    dev = q.device
+    if score_fn is not None:
+        idx = (torch.arange(b, device=dev).view(-1, 1, 1, 1), torch.arange(hq, device=dev).view(1, -1, 1, 1),
+               torch.arange(sq, device=dev).view(1, 1, -1, 1), torch.arange(sk, device=dev).view(1, 1, 1, -1))
+        scores = score_fn(scores, *idx)
+    if keep is not None:
+        scores = scores.masked_fill(~keep.expand_as(scores), float("-inf"))
+    if sink is not None:
+        scores = torch.cat([scores, sink.float().view(1, -1, 1, 1).expand(b, hq, sq, 1)], dim=-1)
+    empty = torch.isneginf(scores).all(dim=-1)
+    lse = torch.logsumexp(scores.masked_fill(empty[..., None], 0.0), dim=-1)
+    p = torch.exp(scores - lse[..., None])[..., :sk]
+    out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
+    return out.to(dtype), lse.masked_fill(empty, float("-inf"))
+
+
+def listed(t, sq, sk):
+    """(mask-listed, full-listed) element maps (B', H', sq, sk) of forward block-sparse tensors ``t``."""
+    bq, bk = t.block_size
+
+    def expand(cnt, idx):
+        b, h, m = cnt.shape
+        n = -(-sk // bk)
+        valid = torch.arange(idx.shape[-1], device=cnt.device) < cnt[..., None]
+        # the kernel clamps indices to the key blocks; invalid slots go to a dummy column n
+        cols = torch.where(valid, idx.long().clamp(0, n - 1), n)
+        blocks = torch.zeros(b, h, m, n + 1, dtype=torch.bool, device=cnt.device).scatter_(-1, cols, True)[..., :n]
+        el = blocks.repeat_interleave(bq, dim=2).repeat_interleave(bk, dim=3)
+        return el[:, :, :sq, :sk]
+
+    full = expand(t.full_block_cnt, t.full_block_idx) if t.full_block_cnt is not None else None
+    return expand(t.mask_block_cnt, t.mask_block_idx), full
+
+
+def effective_keep(t, sq, sk, mask_keep=None):
+    """What the kernel keeps: mask-listed elements the mask (mask_mod) keeps, and every full-listed element."""
+    in_mask, in_full = listed(t, sq, sk)
+    keep = in_mask if mask_keep is None else in_mask & mask_keep
+    return keep if in_full is None else keep | in_full
+
+
+def check(out, lse, q, k, v, keep, **kw):
+    ref, lse_ref = ref_attn(q, k, v, keep, **kw)
+    pt, _ = ref_attn(q, k, v, keep, upcast=False, **kw)
+    assert not out.isnan().any() and not lse.isnan().any()
+    err = (out.float() - ref.float()).abs().max().item()
+    pt_err = (pt.float() - ref.float()).abs().max().item()
+    assert err <= 2 * pt_err + 1e-5, f"max|out-ref|={err:.3e} > 2*{pt_err:.3e}"
+    neg = torch.isneginf(lse_ref)
+    assert torch.equal(torch.isneginf(lse), neg), "rows without keys must have lse = -inf"
+    assert (lse[~neg] - lse_ref[~neg]).abs().max().item() < 1e-3
+    assert out[neg.transpose(1, 2)].abs().max().item() == 0 if neg.any() else True
+
+
+def _qkv(b, sq, sk, hq, hkv, d, dv=None, dtype=torch.bfloat16, seed=0):
+    torch.manual_seed(seed)
+    q = torch.randn(b, sq, hq, d, dtype=dtype, device="cuda")
+    k = torch.randn(b, sk, hkv, d, dtype=dtype, device="cuda")
+    v = torch.randn(b, sk, hkv, dv or d, dtype=dtype, device="cuda")
+    return q, k, v
+
+
+def _mask_of(ex, sq, sk):
+    dev = "cuda"
+    return ex.torch_mask(torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev),
+                         torch.zeros(1, 1, 1, 1, dtype=torch.long, device=dev),
+                         torch.arange(sq, device=dev).view(1, 1, -1, 1), torch.arange(sk, device=dev).view(1, 1, 1, -1),
+                         sq, sk)
+
+
+EXAMPLES = {"causal": fx.causal(), "prefix-lm": fx.prefix_lm(200), "documents": fx.chunked_local(256)}
+
+
+@pytest.mark.parametrize("block", [(128, 128), (128, 64), (256, 128)], ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_example_masks_as_lists_match_the_dense_mask(name, head_dim, block):
+    """The lists built from an example's mask plus its mask_mod give the dense masked attention (full blocks
+    skip the mask_mod: they are fully kept), at odd lengths where the last key block is partial."""
+    ex = EXAMPLES[name]
+    b, sq, sk, hq, hkv = 2, 777, 777, 8, 2
+    q, k, v = _qkv(b, sq, sk, hq, hkv, head_dim)
+    fwd, _ = bs.block_sparse_from_example(ex, 1, 1, sq, sk, block, "cuda")
+    out, lse = fa.flash_attn_func(q, k, v, mask_mod=ex.mask_mod, block_sparse_tensors=fwd, return_lse=True)
+    check(out, lse, q, k, v, _mask_of(ex, sq, sk))
+
+
+@pytest.mark.parametrize("d, dv, dtype", [(96, 96, torch.bfloat16), (192, 128, torch.bfloat16),
+                                          (256, 256, torch.bfloat16), (128, 128, torch.float16),
+                                          (64, 64, torch.float16)], ids=["d96", "d192-128", "d256", "fp16", "fp16-d64"])
+def test_head_dim_classes_and_fp16(d, dv, dtype):
+    ex = EXAMPLES["documents"]
+    q, k, v = _qkv(2, 600, 900, 4, 4, d, dv, dtype)
+    fwd, _ = bs.block_sparse_from_example(ex, 1, 1, 600, 900, (128, 128), "cuda")
+    out, lse = fa.flash_attn_func(q, k, v, mask_mod=ex.mask_mod, block_sparse_tensors=fwd, return_lse=True)
+    check(out, lse, q, k, v, _mask_of(ex, 600, 900))
+
+
+def random_lists(b, h, sq, sk, block, density, full_share, seed, device="cuda"):
+    """Forward tensors of a random block map: each block listed with probability ``density``, a listed block
+    full with probability ``full_share``; per (batch, head)."""
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    m, n = -(-sq // block[0]), -(-sk // block[1])
+    listed_ = torch.rand(b, h, m, n, generator=g) < density
+    full = listed_ & (torch.rand(b, h, m, n, generator=g) < full_share)
+    cls = torch.where(full, bs.FULL, torch.where(listed_, bs.PARTIAL, bs.EMPTY)).to(torch.int8)
+    fwd, _ = bs.block_sparse_from_classes(cls.to(device), block)
+    return fwd
+
+
+@pytest.mark.parametrize("full_share", [0.0, 0.5, 1.0])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_random_block_maps(head_dim, full_share):
+    """Without a mask_mod, every element of a listed block is kept (bounds aside): the output is attention over
+    the union of the listed blocks; some rows list no block (out 0, lse -inf); distinct lists per batch and head."""
+    b, sq, sk, hq, hkv = 2, 700, 1000, 4, 2
+    q, k, v = _qkv(b, sq, sk, hq, hkv, head_dim, seed=1)
+    fwd = random_lists(b, hq, sq, sk, (128, 128), 0.25, full_share, seed=head_dim)
+    out, lse = fa.flash_attn_func(q, k, v, block_sparse_tensors=fwd, return_lse=True)
+    check(out, lse, q, k, v, effective_keep(fwd, sq, sk))
+
+
+def test_without_full_lists_and_broadcast_dimensions():
+    b, sq, sk, hq, hkv = 3, 512, 640, 8, 1
+    q, k, v = _qkv(b, sq, sk, hq, hkv, 128, seed=2)
+    fwd = random_lists(1, hq, sq, sk, (128, 64), 0.3, 0.0, seed=5)
+    fwd = fwd._replace(full_block_cnt=None, full_block_idx=None)
+    out, lse = fa.flash_attn_func(q, k, v, block_sparse_tensors=fwd, return_lse=True)
+    check(out, lse, q, k, v, effective_keep(fwd, sq, sk))
+
+
+@pytest.mark.parametrize("window", [None, (300, 0), (200, 100)], ids=["causal", "causal-window", "window"])
+def test_causal_flag_and_windows_on_top_of_lists(window):
+    """Full blocks the diagonal or a window edge crosses are masked element-wise: the flags' mask always holds."""
+    b, sq, sk, hq, hkv = 2, 800, 900, 4, 2
+    q, k, v = _qkv(b, sq, sk, hq, hkv, 128, seed=3)
+    fwd = random_lists(b, hq, sq, sk, (128, 128), 0.6, 0.7, seed=7)
+    causal = window is None or window[1] == 0
+    kw = dict(causal=causal) if window is None else dict(causal=causal, window_size=window)
+    out, lse = fa.flash_attn_func(q, k, v, block_sparse_tensors=fwd, return_lse=True, **kw)
+    qi = torch.arange(sq, device="cuda").view(-1, 1) + (sk - sq)
+    ki = torch.arange(sk, device="cuda").view(1, -1)
+    left, right = window if window is not None else (None, 0)
+    flag = ki <= qi + right
+    if left is not None:
+        flag &= ki >= qi - left
+    check(out, lse, q, k, v, effective_keep(fwd, sq, sk) & flag)
+
+
+def test_score_mod_and_sink_beside_lists():
+    ex = fx.combined(fx.alibi(8), fx.chunked_local(256))
+    b, sq, sk = 2, 640, 640
+    q, k, v = _qkv(b, sq, sk, 8, 2, 128, seed=4)
+    sink = torch.randn(8, device="cuda")
+    fwd, _ = bs.block_sparse_from_example(ex, 1, 1, sq, sk, (128, 128), "cuda")
+    out, lse = fa.flash_attn_func(q, k, v, score_mod=ex.score_mod, mask_mod=ex.mask_mod, learnable_sink=sink,
+                                  block_sparse_tensors=fwd, return_lse=True)
+
+    def score_fn(scores, bi, hi, qi, ki):
+        return ex.torch_score(scores, bi, hi, qi, ki, sq, sk)
+
+    check(out, lse, q, k, v, _mask_of(ex, sq, sk), score_fn=score_fn, sink=sink)
+
+
+def test_documents_from_an_aux_tensor_with_lists():
+    doc_ids = (torch.arange(1024, device="cuda", dtype=torch.int32) // 300).to(torch.int32)
+    ex = fx.documents(doc_ids)
+    q, k, v = _qkv(2, 1024, 1024, 8, 2, 128, seed=6)
+    fwd, _ = bs.block_sparse_from_example(ex, 1, 1, 1024, 1024, (128, 128), "cuda")
+    out, lse = fa.flash_attn_func(q, k, v, mask_mod=ex.mask_mod, aux_tensors=list(ex.aux_tensors),
+                                  block_sparse_tensors=fwd, return_lse=True)
+    check(out, lse, q, k, v, _mask_of(ex, 1024, 1024))
+
+
+def test_corrupt_lists_are_clamped_not_faults():
+    """Counts past the lists' width or negative and indices past the key blocks or negative: the kernel clamps
+    them (wrong attention, by the caller's fault, but no fault and no NaN)."""
+    b, sq, sk = 2, 500, 300
+    q, k, v = _qkv(b, sq, sk, 4, 4, 128, seed=8)
+    fwd = random_lists(b, 4, sq, sk, (128, 128), 0.5, 0.5, seed=9)
+    cnt = fwd.mask_block_cnt.clone()
+    cnt[0, 0, 0], cnt[1, 1, 1] = 1000, -5
+    idx = fwd.mask_block_idx.clone()
+    idx[0, :, :, 0], idx[1, :, :, -1] = 1 << 30, -(1 << 30)
+    full_idx = fwd.full_block_idx.clone().fill_(77)
+    bad = fwd._replace(mask_block_cnt=cnt, mask_block_idx=idx, full_block_idx=full_idx,
+                       full_block_cnt=fwd.full_block_cnt.clone().fill_(1 << 20))
+    out, lse = fa.flash_attn_func(q, k, v, block_sparse_tensors=bad, return_lse=True)
+    torch.cuda.synchronize()
+    assert not out.isnan().any()
+
+
+def test_gradients_and_layouts_are_refused():
+    q, k, v = _qkv(1, 256, 256, 4, 4, 64)
+    fwd, _ = bs.block_sparse_from_example(fx.causal(), 1, 1, 256, 256, (128, 128), "cuda")
+    with pytest.raises(NotImplementedError, match="block sparsity with a backward"):
+        fa.flash_attn_func(q.requires_grad_(), k, v, block_sparse_tensors=fwd)
+    with pytest.raises(NotImplementedError, match="num_splits=None or 1"):
+        fa.flash_attn_func(q.detach(), k, v, block_sparse_tensors=fwd, num_splits=3)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        fa.flash_attn_func(q.detach(), k, v, block_sparse_tensors=fwd._replace(block_size=(64, 128)))
