@@ -7,11 +7,11 @@ block visited) and with block-sparse lists built from the same mask (``block_spa
 (128, 128) blocks, outside the timing); ALiBi as a score_mod with the causal flag; documents of fixed length,
 causal inside (``flex_examples.chunked_local``), as a mask_mod with and without lists, against the same batch as
 varlen (``cu_seqlens``, the dense equivalent); a prefix-LM mask with and without lists; a random block map at 25%
-density as lists (every listed block full) against the dense attention of the same shape (the issue's ">= 3x").
+density as lists (every listed block full) against the dense attention of the same shape (the issue's ">= 3x",
+forward and backward).
 FlexAttention builds its block mask once per case (``create_block_mask``, outside the timing); it runs twice:
 with its own tiles for the device (the H100's need more than an SM120's 99 KB of shared memory, so they run at
-the H100's occupancy only) and with ``SM120_FLEX_OPTIONS`` (torch's sm_120 tiles), which run at both. Block-sparse
-calls have no backward yet: their forward + backward column stays empty.
+the H100's occupancy only) and with ``SM120_FLEX_OPTIONS`` (torch's sm_120 tiles), which run at both.
 
 Timing: ``timing.median_ms``; ``--occupancy`` as ``bench_fwd`` (sm120: ours padded by the package, FlexAttention's
 Triton kernels through the context's cache preference where that reaches an SM120's CTAs per SM, else skipped).

@@ -124,7 +124,7 @@ def _shape(batch=2, heads=8, seqlen_q=256, seqlen_k=256):
     return FwdShape(batch=batch, seqlen_q=seqlen_q, seqlen_k=seqlen_k, num_heads=heads, num_heads_kv=2)
 
 
-def _sparse_call(spec=None, needs_grad=False, num_splits=None, pack_gqa=None, tensors=None):
+def _sparse_call(spec=None, needs_grad=False, num_splits=None, pack_gqa=None, tensors=None, deterministic=False):
     from flash_attn_4_sm120 import interface
     from flash_attn_4_sm120.problem import FwdParams, FwdSpec
 
@@ -132,7 +132,7 @@ def _sparse_call(spec=None, needs_grad=False, num_splits=None, pack_gqa=None, te
     params = FwdParams(softmax_scale=0.125, scale_log2=0.18, softcap_scale=0.0, window_left=0, window_right=0,
                        sink=None)
     return interface._with_block_sparse(spec, _shape(), params, tensors or _ok(), needs_grad, num_splits, pack_gqa,
-                                        None)
+                                        None, deterministic)
 
 
 def test_the_spec_records_the_block_size_and_the_full_lists():
@@ -143,10 +143,10 @@ def test_the_spec_records_the_block_size_and_the_full_lists():
 
 
 @pytest.mark.parametrize("kw, match", [
-    (dict(needs_grad=True), "block sparsity with a backward"),
+    (dict(needs_grad=True, deterministic=True), "deterministic=False with block_sparse_tensors"),
     (dict(num_splits=4), "num_splits=None or 1"),
     (dict(pack_gqa=True), "pack_gqa=None or False"),
-], ids=["backward", "split", "pack-gqa"])
+], ids=["deterministic-backward", "split", "pack-gqa"])
 def test_refused_combinations(kw, match):
     with pytest.raises(NotImplementedError, match=match):
         _sparse_call(**kw)
@@ -180,3 +180,38 @@ def test_every_head_dim_has_a_tile_that_divides_the_blocks(d, block):
             assert not block_sparse_problems(spec, cfg)
             assert cfg.mainloop == "cp_async" and not cfg.overlap
             assert block[0] % cfg.tile_m == 0 and block[1] % cfg.tile_n == 0
+
+
+def test_a_gradient_is_supported():
+    spec, _ = _sparse_call(needs_grad=True)
+    assert spec.block_sparse == (128, 64, True)
+
+
+def test_backward_lists_on_the_cpu():
+    """Per KV head and key tile, entries g * query_tiles + m: the causal map at 64-row / 64-key tiles, GQA 4/2."""
+    from flash_attn_4_sm120.block_sparse import backward_lists
+
+    fwd, _ = block_sparse_from_mask_fn(causal, 1, 1, 256, 256, (128, 128))
+    mc, mi, fc, fi = backward_lists(fwd, (128, 128), 4, 2, 256, 256, 64, 64)
+    assert mc.shape == (1, 2, 4) and mi.shape == (1, 2, 4, 8)
+    # key tile 0 (keys 0-63): the diagonal block's query tiles 0, 1 (mask) and the full block's 2, 3, per head
+    assert mi[0, 0, 0, :mc[0, 0, 0]].tolist() == [0, 1, 4, 5]
+    assert fi[0, 0, 0, :fc[0, 0, 0]].tolist() == [2, 3, 6, 7]
+    # key tile 3 (keys 192-255): only the second diagonal block, query tiles 2, 3
+    assert mi[0, 1, 3, :mc[0, 1, 3]].tolist() == [2, 3, 6, 7] and fc[0, 1, 3] == 0
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("block", [(128, 128), (128, 64)])
+def test_every_backward_class_has_a_tile_for_the_blocks(d, block):
+    from flash_attn_4_sm120 import flex, flex_examples
+    from flash_attn_4_sm120.bwd_config import bwd_config_problems, select_bwd_config
+    from flash_attn_4_sm120.execution_model import SM120
+    from flash_attn_4_sm120.problem import BwdSpec
+
+    key = flex.ModKey.of(mask_mod=flex_examples.chunked_local(256).mask_mod)
+    for mods, causal in ((None, False), (None, True), (key, False)):
+        spec = BwdSpec("bf16", d, d, causal, block_sparse=block, mods=mods)
+        cfg = select_bwd_config(spec, SM120)
+        assert not bwd_config_problems(spec, cfg, SM120) and not cfg.role_split
+        assert block[0] % cfg.tile_m == 0 and block[1] % cfg.tile_n == 0

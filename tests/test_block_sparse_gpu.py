@@ -1,9 +1,9 @@
-"""Block-sparse forward (issue 20) on a GPU against an fp32 reference with the mask the lists and the mods
-describe: the example masks built into lists (causal, prefix-LM, documents) against the same mask_mod dense,
-random block maps with and without full lists, the causal flag and windows on top of lists, a score_mod and a
-sink beside them, odd lengths (a full list holding the sequence's partial last block), rows with no listed
-block, broadcast batch / head dimensions, every head-dim class, fp16, and corrupt lists (clamped, never a
-fault)."""
+"""Block sparsity (issue 20) on a GPU against an fp32 reference with the mask the lists and the mods describe,
+forward and backward: the example masks built into lists (causal, prefix-LM, documents) against the same
+mask_mod dense, random block maps with and without full lists, the causal flag and windows on top of lists, a
+score_mod and a sink beside them, odd lengths (a full list holding the sequence's partial last block), rows with
+no listed block, broadcast batch / head dimensions, every head-dim class, fp16, corrupt lists (clamped, never a
+fault); gradients with the 2x rule and the backward's derived lists against the builder's transpose."""
 
 import math
 
@@ -219,12 +219,105 @@ def test_corrupt_lists_are_clamped_not_faults():
     assert not out.isnan().any()
 
 
-def test_gradients_and_layouts_are_refused():
+def test_layouts_and_deterministic_backward_are_refused():
     q, k, v = _qkv(1, 256, 256, 4, 4, 64)
     fwd, _ = bs.block_sparse_from_example(fx.causal(), 1, 1, 256, 256, (128, 128), "cuda")
-    with pytest.raises(NotImplementedError, match="block sparsity with a backward"):
-        fa.flash_attn_func(q.requires_grad_(), k, v, block_sparse_tensors=fwd)
+    with pytest.raises(NotImplementedError, match="deterministic=False with block_sparse_tensors"):
+        fa.flash_attn_func(q.clone().requires_grad_(), k, v, block_sparse_tensors=fwd, deterministic=True)
     with pytest.raises(NotImplementedError, match="num_splits=None or 1"):
-        fa.flash_attn_func(q.detach(), k, v, block_sparse_tensors=fwd, num_splits=3)
+        fa.flash_attn_func(q, k, v, block_sparse_tensors=fwd, num_splits=3)
     with pytest.raises(ValueError, match="multiple of 128"):
-        fa.flash_attn_func(q.detach(), k, v, block_sparse_tensors=fwd._replace(block_size=(64, 128)))
+        fa.flash_attn_func(q, k, v, block_sparse_tensors=fwd._replace(block_size=(64, 128)))
+
+
+# -- the backward (lists derived from the forward's: block_sparse.backward_lists)
+
+
+def _grads(q, k, v, dout, fn):
+    leaves = [t.detach().clone().requires_grad_(True) for t in (q, k, v)]
+    out = fn(*leaves)
+    return torch.autograd.grad(out.float(), leaves, dout.float())
+
+
+def check_grads(q, k, v, keep, call, atol=1e-4, **ref_kw):
+    """dQ / dK / dV of ``call(q, k, v)`` against autograd of the fp32 reference with mask ``keep`` (2x rule)."""
+    dout = torch.randn(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device="cuda")
+    got = _grads(q, k, v, dout, call)
+    ref = _grads(q, k, v, dout, lambda *t: ref_attn(*t, keep, **ref_kw)[0].float())
+    pt = _grads(q, k, v, dout, lambda *t: ref_attn(*t, keep, upcast=False, **ref_kw)[0])
+    for n, g, r, p in zip("qkv", got, ref, pt):
+        assert not g.isnan().any(), f"d{n} has NaN"
+        err, pt_err = (g.float() - r.float()).abs().max().item(), (p.float() - r.float()).abs().max().item()
+        assert err <= 2 * pt_err + atol, f"d{n}: max|g-ref|={err:.3e} > 2*{pt_err:.3e}"
+
+
+@pytest.mark.parametrize("block", [(128, 128), (128, 64)], ids=lambda b: f"{b[0]}x{b[1]}")
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_backward_of_example_masks(name, head_dim, block):
+    ex = EXAMPLES[name]
+    sq = sk = 555
+    q, k, v = _qkv(2, sq, sk, 8, 2, head_dim, seed=11)
+    fwd, _ = bs.block_sparse_from_example(ex, 1, 1, sq, sk, block, "cuda")
+    check_grads(q, k, v, _mask_of(ex, sq, sk),
+                lambda *t: fa.flash_attn_func(*t, mask_mod=ex.mask_mod, block_sparse_tensors=fwd)[0])
+
+
+@pytest.mark.parametrize("full_share", [0.0, 0.6])
+@pytest.mark.parametrize("head_dim", [64, 128, 256])
+def test_backward_of_random_block_maps(head_dim, full_share):
+    """Per-(batch, head) lists, GQA 4/2: the backward's per-KV-head lists walk each query head's own blocks."""
+    b, sq, sk = 2, 400, 700
+    q, k, v = _qkv(b, sq, sk, 4, 2, head_dim, seed=12)
+    fwd = random_lists(b, 4, sq, sk, (128, 128), 0.3, full_share, seed=13 + head_dim)
+    check_grads(q, k, v, effective_keep(fwd, sq, sk), lambda *t: fa.flash_attn_func(*t, block_sparse_tensors=fwd)[0])
+
+
+@pytest.mark.parametrize("d, dv, dtype", [(96, 96, torch.bfloat16), (192, 128, torch.bfloat16),
+                                          (256, 256, torch.bfloat16), (128, 128, torch.float16)],
+                         ids=["d96", "d192-128", "d256", "fp16"])
+def test_backward_head_dim_classes_with_a_mask_mod(d, dv, dtype):
+    ex = EXAMPLES["documents"]
+    q, k, v = _qkv(2, 300, 520, 4, 2, d, dv, dtype, seed=14)
+    fwd, _ = bs.block_sparse_from_example(ex, 1, 1, 300, 520, (128, 128), "cuda")
+    check_grads(q, k, v, _mask_of(ex, 300, 520),
+                lambda *t: fa.flash_attn_func(*t, mask_mod=ex.mask_mod, block_sparse_tensors=fwd)[0])
+
+
+def test_backward_with_the_causal_flag_score_mod_and_sink():
+    """The causal flag on top of random lists; then ALiBi (score_mod_bwd) beside document lists with a sink."""
+    b, sq, sk = 2, 384, 512
+    q, k, v = _qkv(b, sq, sk, 8, 2, 128, seed=15)
+    fwd = random_lists(b, 8, sq, sk, (128, 128), 0.6, 0.7, seed=16)
+    qi = torch.arange(sq, device="cuda").view(-1, 1) + (sk - sq)
+    flag = torch.arange(sk, device="cuda").view(1, -1) <= qi
+    check_grads(q, k, v, effective_keep(fwd, sq, sk) & flag,
+                lambda *t: fa.flash_attn_func(*t, causal=True, block_sparse_tensors=fwd)[0])
+    ex = fx.combined(fx.alibi(8), fx.chunked_local(256))
+    sink = torch.randn(8, device="cuda")
+    docs, _ = bs.block_sparse_from_example(ex, 1, 1, sq, sk, (128, 128), "cuda")
+
+    def score_fn(scores, bi, hi, qi, ki):
+        return ex.torch_score(scores, bi, hi, qi, ki, sq, sk)
+
+    check_grads(q, k, v, _mask_of(ex, sq, sk),
+                lambda *t: fa.flash_attn_func(*t, score_mod=ex.score_mod, score_mod_bwd=ex.score_mod_bwd,
+                                              mask_mod=ex.mask_mod, learnable_sink=sink,
+                                              block_sparse_tensors=docs)[0],
+                score_fn=score_fn, sink=sink)
+
+
+def test_backward_lists_match_a_dense_transpose():
+    """The device-side derivation against the builder's own transposed tensors, expanded to 64-row tiles."""
+    ex = EXAMPLES["prefix-lm"]
+    fwd, bwd = bs.block_sparse_from_example(ex, 1, 1, 512, 512, (128, 128), "cuda")
+    mc, mi, fc, fi = bs.backward_lists(fwd, (128, 128), 2, 1, 512, 512, 64, 64)
+    # key tile 2j and 2j + 1 of key block j list the query tiles 2m, 2m + 1 of each listed query block m, per head
+    for j in range(4):
+        want_mask = sorted(g * 8 + 2 * m + r for g in range(2) for m in bwd.mask_block_idx[0, 0, j,
+                           :bwd.mask_block_cnt[0, 0, j]].tolist() for r in range(2))
+        want_full = sorted(g * 8 + 2 * m + r for g in range(2) for m in bwd.full_block_idx[0, 0, j,
+                           :bwd.full_block_cnt[0, 0, j]].tolist() for r in range(2))
+        for tile in (2 * j, 2 * j + 1):
+            assert sorted(mi[0, 0, tile, :mc[0, 0, tile]].tolist()) == want_mask
+            assert sorted(fi[0, 0, tile, :fc[0, 0, tile]].tolist()) == want_full

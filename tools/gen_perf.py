@@ -159,7 +159,7 @@ def flex_table(result: dict, source: str) -> str:
               if any(i in row.get(f, {}) for row in result["rows"] for f in OCCUPANCIES)]
     names = {"flex_attention": "FlexAttention, its tiles", "flex_attention_sm120": "FlexAttention, SM120 tiles"}
     lines = [f"Score / mask mods and block sparsity, bf16, {result['device']}, {result['date']} (`{source}`). "
-             "Milliseconds, forward (forward + backward; - where a case has no backward yet); ratios = "
+             "Milliseconds, forward (forward + backward; - where a part did not run); ratios = "
              "FlexAttention's time / ours, same run. FlexAttention (compiled) runs with its own tiles for the "
              "device (128-161 KB of shared memory: n/a at an SM120's occupancy) and with torch's sm_120 tiles "
              "(`bench_flex.SM120_FLEX_OPTIONS`, within 99 KB)."]
@@ -173,18 +173,19 @@ def flex_table(result: dict, source: str) -> str:
             def ms(impl, part):
                 return res.get(impl, {}).get(part, {}).get("ms")
 
-            def pair(impl):  # "fwd (fwd_bwd)"; a case without a backward shows "-" there
-                if not ms(impl, "fwd"):
+            def pair(impl):  # "fwd (fwd_bwd)", "-" for a part that did not run
+                if not ms(impl, "fwd") and not ms(impl, "fwd_bwd"):
                     return "n/a"
-                return f"{ms(impl, 'fwd'):.2f} ({ms(impl, 'fwd_bwd'):.2f})" if ms(impl, "fwd_bwd") else \
-                    f"{ms(impl, 'fwd'):.2f} (-)"
+                return " ".join(f"{ms(impl, p):.2f}" if ms(impl, p) else "-" for p in ("fwd", "fwd_bwd")).replace(
+                    " ", " (", 1) + ")"
 
             def ratio(impl, part):
                 mine, theirs = ms("ours", part), ms(impl, part)
                 return f"{theirs / mine:.2f}×" if mine and theirs else "-"
 
             cells = [pair(i) for i in ("ours", *flexes)]
-            cells += [f"{ratio(i, 'fwd')} ({ratio(i, 'fwd_bwd')})" if ms(i, "fwd") else "n/a" for i in flexes]
+            cells += [f"{ratio(i, 'fwd')} ({ratio(i, 'fwd_bwd')})" if ms(i, "fwd") or ms(i, "fwd_bwd") else "n/a"
+                      for i in flexes]
             shape = ", ".join(str(x) for x in row["shape"])
             lines.append(f"| {row['case']} | {shape} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -352,10 +352,10 @@ def _flex_runs():
 
 
 def _sparse_runs():
-    """Block-sparse forward (issue 20): lists from a mask_mod at odd lengths (the partial last key block in a
-    full list), with the causal flag, at d64 / d128 / d256 one-stage and two-stage tiles; then corrupt lists
-    (counts past the lists' width or negative, indices past the key blocks or negative), which the kernel must
-    clamp: out-of-bounds reads of K / V would show here."""
+    """Block sparsity (issue 20): lists from a mask_mod at odd lengths (the partial last key block in a full
+    list), with the causal flag, at d64 / d128 / d256 one-stage and two-stage tiles; then corrupt lists (counts
+    past the lists' width or negative, indices past the key blocks or negative), which the kernel must clamp:
+    out-of-bounds reads of K / V would show here; and the backward of good and corrupt lists."""
     import torch
 
     import flash_attn_4_sm120 as fa
@@ -377,6 +377,11 @@ def _sparse_runs():
         bad = bad._replace(mask_block_idx=fwd.mask_block_idx.clone().fill_(1 << 30),
                            full_block_cnt=fwd.full_block_cnt.clone().fill_(1 << 20))
         fa.flash_attn_func(q, k, k, mask_mod=ex.mask_mod, block_sparse_tensors=bad)
+        # the backward: its lists derived from good and from corrupt forward lists (clamped on the host side too)
+        for lists in (fwd, bad):
+            qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+            out, _ = fa.flash_attn_func(qg, kg, kg, mask_mod=ex.mask_mod, block_sparse_tensors=lists)
+            torch.autograd.grad(out, (qg, kg), torch.ones_like(out))
     torch.cuda.synchronize()
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 24's block-sparsity device calls (issue 20), one part per call:
 #   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session24b.sh 1", carry=[".kit_bench"])
-# 1: block-sparse GPU tests + the flex tests (the mods' mask_mod flag) + the forward multistage tests, ~5 min
+# 1: block-sparse GPU tests (forward + backward) + the flex and backward tests (both kernels changed), ~6 min
 # 2: compute-sanitizer on the sparse family (memcheck, racecheck) and the flex family (memcheck), ~4 min
 # 3: bench_flex.py (sparse cases against the dense / flag kernels and torch FlexAttention), ~6 min
 set -u
@@ -14,7 +14,7 @@ shards() {  # shards <timeout> <tests...>
   grep -h -B2 -A30 "^FAILED\|^E  " /tmp/sh/*.log 2>/dev/null | head -400 > "$OUT/failures_$part.txt"
 }
 case "$part" in
-  1) shards 560 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py ;;
+  1) shards 560 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py tests/test_bwd_gpu.py ;;
   2) timeout 560 python3 tools/sanitize.py --families sparse flex --tools memcheck racecheck --jobs 3 \
        --json "$OUT/sanitizer.json" --log-dir /tmp/sanlog > "$OUT/sanitizer.txt" 2>&1
      tail -c 3000 "$OUT/sanitizer.txt"

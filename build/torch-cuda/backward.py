@@ -23,7 +23,7 @@ from typing import Optional
 
 import torch
 
-from . import compiler
+from . import block_sparse, compiler
 from .bwd_config import (ROW_PAD, bwd_config_problems, bwd_group_split, bwd_padded_head_dim, bwd_smem_bytes,
                           select_bwd_config)
 from .config import STATIC_SMEM_BYTES
@@ -130,17 +130,22 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
     # A small grid splits each KV head's query-head group over `split` CTAs (the main kernel's spec), each
     # writing a partial dK / dV head (KV head h's are heads h * split .. h * split + split - 1), summed below
     # in fp32 in a fixed order (deterministic mode holds).
-    split = _group_split(bspec, cfg, shape, model, num_sms) if num_sms else 1
+    # (block sparsity walks per-KV-head lists: never split)
+    split = _group_split(bspec, cfg, shape, model, num_sms) if num_sms and bspec.block_sparse is None else 1
     dk_part, dv_part = dk, dv
     if split > 1:
         main = _main_kernel(_split_spec(bspec, split), model, target, device_smem)
         alloc = torch.zeros if spec.seqused_k else torch.empty  # rows past a used length are not written
         dk_part, dv_part = (alloc((*t.shape[:-2], t.shape[-2] * split, t.shape[-1]), dtype=t.dtype, device=dev)
                             for t in (dk, dv))
+    lists = ()
+    if bspec.block_sparse is not None:  # the forward's lists, transposed into (query head, query tile) steps
+        lists = block_sparse.backward_lists(params.sparse, bspec.block_sparse, shape.num_heads, shape.num_heads_kv,
+                                            shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n)
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
     main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk_part, dv_part, params.softmax_scale, params.scale_log2,
          params.softcap_scale, params.window_left, params.window_right, cu_q, cu_k, used_q, used_k, shape.seqlen_k,
-         *compiler.aux_args(params.aux))
+         *compiler.aux_args(params.aux), *compiler.sparse_args(lists))
     post(dq_acc, dq, params.softmax_scale, cu_q, used_q, max_q)
     if split > 1:
         for part, full in ((dk_part, dk), (dv_part, dv)):  # one reduction kernel each, fp32 accumulation

@@ -110,6 +110,21 @@ def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num
 def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) -> tuple[str, ...]:
     """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
     out = []
+    if spec.block_sparse is not None:
+        q_block, k_block = spec.block_sparse
+        if q_block % cfg.tile_m or k_block % cfg.tile_n:
+            out.append(f"block-sparse blocks ({q_block}, {k_block}) are not multiples of the tile ({cfg.tile_m}, "
+                       f"{cfg.tile_n}): the backward's lists are in whole tiles")
+        if cfg.role_split or spec.deterministic or spec.group_split > 1 or spec.varlen_q or spec.varlen_k:
+            out.append("block sparsity walks host lists in the plain main kernel: no role split, no deterministic "
+                       "order (its counters expect every key block of a query block), no group split, dense rows")
+        # sm_120a gate, 2026-11-26: beside the walk, d64's 64x128 8-warp and 64x64 4-warp tiles (32 S registers
+        # per thread) spilled 16 B; d256's class tile with a mask_mod kept one local word (its fallback, dQ on
+        # two warps along the rows, none)
+        if cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
+            out.append("block sparsity beside S fragments of 32 or more registers per thread spills")
+        if spec.mods is not None and max(spec.head_dim, spec.head_dim_v) > 192 and cfg == BWD_TABLE[256]:
+            out.append("block sparsity with mods at head dims over 192 spills in the class tile")
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if ROW_PAD % cfg.tile_m or cfg.tile_m % 16:
@@ -205,15 +220,20 @@ BWD_TABLE_HEAVY = {
 
 #: Specs the class's entries cannot run (the predicate says why): at d128 the role split takes neither softcap
 #: nor head_dim != head_dim_v nor mods; the 8-warp tile it replaced serves them. At d64 a score_mod (its pre-mod
-#: scores kept beside S) needs smaller S fragments than either d64 entry has: the d96 heavy tile's shape.
+#: scores kept beside S) needs smaller S fragments than either d64 entry has: the d96 heavy tile's shape. At d256
+#: block sparsity with mods keeps a local word in the class tile; dQ split over two warps along the rows does not.
 BWD_TABLE_FALLBACK = {
     64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+    # block sparsity with mods (the predicate says why): the class tile with dQ in quarters
+    256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, dq_chunks=2, dkv_chunks=2),
 }
 
 
 def _is_heavy(spec: BwdSpec) -> bool:
-    return spec.softcap or spec.varlen_q or spec.varlen_k or spec.mods is not None
+    # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spilled 16-168 B (sm_120a gate,
+    # 2026-11-26)
+    return spec.softcap or spec.varlen_q or spec.varlen_k or spec.mods is not None or spec.block_sparse is not None
 
 
 def bwd_head_dim_class(spec: BwdSpec) -> int:

@@ -345,7 +345,8 @@ def _fake_bwd_args(spec: BwdSpec, config: BwdConfig):
     used_k = _fake_vector(cutlass.Int32, cute.sym_int()) if spec.seqused_k else None
     return (q, k, v, do, lse2, dsum, dq_acc, sem, dk, dv, cutlass.Float32(1.0), cutlass.Float32(1.0),
             cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0), cu_q, cu_k, used_q, used_k, cutlass.Int32(0),
-            *_fake_aux(spec.mods), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+            *_fake_aux(spec.mods), *_fake_sparse((*spec.block_sparse, True) if spec.block_sparse else None),
+            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def compile_bwd(spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target: str, extra_options: str = "",
@@ -543,6 +544,7 @@ class BwdCase:
         mask += _layout_flags(s)
         mask += "_det" if s.deterministic else ""
         mask += f"_gs{s.group_split}" if s.group_split > 1 else ""
+        mask += "_sparse{}x{}".format(*s.block_sparse) if s.block_sparse is not None else ""
         return (f"bwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}"
                 f"q{c.stages_q}o{c.stages_do}_{c.sdp_warps_m}{c.dkv_warps_n}{c.dq_warps_m}"
                 + (f"c{c.dq_chunks}" if c.dq_chunks > 1 else "") + (f"k{c.dkv_chunks}" if c.dkv_chunks > 1 else "")
@@ -695,8 +697,9 @@ def sparse_cases(model: ExecutionModel = SM120) -> list[Case]:
     read from an aux tensor. The CI subset takes the d128 document mask."""
     from . import flex_examples
 
-    docs = _example_keys(flex_examples.chunked_local(512))[0]
-    alibi_docs = _example_keys(flex_examples.combined(flex_examples.alibi(8), flex_examples.chunked_local(512)))[0]
+    docs, docs_bwd = _example_keys(flex_examples.chunked_local(512))
+    alibi_docs, alibi_docs_bwd = _example_keys(flex_examples.combined(flex_examples.alibi(8),
+                                                                      flex_examples.chunked_local(512)))
     aux_docs = _example_keys(flex_examples.aux_gate_examples()[1])[0]
     full = (128, 128, True)
     specs = []
@@ -715,6 +718,19 @@ def sparse_cases(model: ExecutionModel = SM120) -> list[Case]:
             and spec.block_sparse == full
         for i, cfg in enumerate(dispatch_candidates(spec, model)):
             cases.append(Case(spec, cfg, model.name, subset_ci=ci and i == 0, label=label))
+    # the backward's walk of the host's lists: each class plain, causal and with the document mask, (128, 64)
+    # blocks at d128 and d64, ALiBi beside the mask at d128
+    bwd = []
+    for d, dv in ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)):
+        bwd += [(BwdSpec("bf16", d, dv, causal=False, block_sparse=(128, 128)), ""),
+                (BwdSpec("bf16", d, dv, causal=True, block_sparse=(128, 128)), ""),
+                (BwdSpec("bf16", d, dv, causal=False, block_sparse=(128, 128), mods=docs_bwd), "chunked_local")]
+    bwd += [(BwdSpec("bf16", d, d, causal=False, block_sparse=(128, 64), mods=docs_bwd), "chunked_local")
+            for d in (64, 128)]
+    bwd.append((BwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 128), mods=alibi_docs_bwd),
+                "alibi+chunked_local"))
+    for spec, label in bwd:
+        cases.append(BwdCase(spec, select_bwd_config(spec, model), model.name, label=label))
     return cases
 
 

@@ -855,17 +855,19 @@ def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causa
     needs_grad = _needs_grad(q, k, v, learnable_sink)
     spec, params = _with_mods(spec, params, mods, needs_grad, q.device)
     if sparse is not None:
-        spec, params = _with_block_sparse(spec, shape, params, sparse, needs_grad, num_splits, pack_gqa, q.device)
+        spec, params = _with_block_sparse(spec, shape, params, sparse, needs_grad, num_splits, pack_gqa, q.device,
+                                          bool(deterministic))
         pack_gqa, num_splits = False, 1  # the lists are per query head and walked whole (config.block_sparse_problems)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
                 learnable_sink, bool(deterministic))
 
 
-def _with_block_sparse(spec, shape, params, sparse, needs_grad: bool, num_splits, pack_gqa, device):
+def _with_block_sparse(spec, shape, params, sparse, needs_grad: bool, num_splits, pack_gqa, device,
+                       deterministic: bool = False):
     """(spec, params) of a call with ``block_sparse_tensors`` (issue 20): the block size in the spec, the tensors
     in the kernels' sparse slots. Raises the manifest's message for the combinations it refuses and
     ``ValueError`` for tensors that do not fit the call (``block_sparse.check_block_sparse``)."""
-    flags = (("backward", needs_grad), ("varlen", spec.varlen_q or spec.varlen_k or spec.seqused_q or spec.seqused_k),
+    flags = (("backward", needs_grad), ("deterministic_backward", needs_grad and deterministic), ("varlen", spec.varlen_q or spec.varlen_k or spec.seqused_q or spec.seqused_k),
              ("paged_kv", bool(spec.page_size)), ("split_kv", num_splits not in (None, 0, 1)),
              ("pack_gqa", pack_gqa is True))
     refusal = _refusal(("block_sparsity", *(name for name, on in flags if on)))

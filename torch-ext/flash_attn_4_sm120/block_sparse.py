@@ -113,6 +113,42 @@ def block_sparse_from_mask_fn(fn: Callable, batch: int, heads: int, seqlen_q: in
     return block_sparse_from_classes(torch.cat(parts, dim=2), block_size)
 
 
+def forward_classes(t, key_block: int, seqlen_k: int) -> torch.Tensor:
+    """(B', H', M, N) int8 block classes of forward lists ``t`` ((mask_cnt, mask_idx, full_cnt, full_idx), the
+    first four fields of ``BlockSparseTensorsTorch``) as the forward kernel reads them: counts clamped to the
+    lists' width, indices to the key blocks of ``key_block`` keys (a block in both lists counts as full)."""
+    mask_cnt, mask_idx, full_cnt, full_idx = t[:4]
+    n = -(-seqlen_k // key_block)
+    cls = torch.zeros(*mask_cnt.shape, n + 1, dtype=torch.int32, device=mask_cnt.device)
+    pairs = [(mask_cnt, mask_idx, PARTIAL)]
+    if full_cnt is not None:
+        pairs.append((full_cnt, full_idx, FULL))
+    for c, idx, value in pairs:
+        valid = torch.arange(idx.shape[-1], device=idx.device) < c.clamp(min=0)[..., None]
+        cols = torch.where(valid, idx.long().clamp(0, n - 1), n)  # invalid slots land in a dummy column
+        cls.scatter_reduce_(-1, cols, torch.full_like(cols, value, dtype=torch.int32), "amax")
+    return cls[..., :n].to(torch.int8)
+
+
+def backward_lists(t, block_size: tuple, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, tile_m: int,
+                   tile_n: int) -> tuple:
+    """The backward main kernel's lists of forward lists ``t`` (``forward_classes``) of ``block_size`` blocks
+    (``BwdSpec.block_sparse``): per (batch or 1, KV
+    head, key tile), the entries ``g * query_tiles + m`` (query head ``kv_head * group + g``, query tile ``m``) of
+    the tiles to visit, in two classes like the forward's; ``(mask_cnt, mask_idx, full_cnt, full_idx)``, int32.
+    The blocks are whole multiples of the tiles (the backward predicate's rule); tiles past the sequences are not
+    listed."""
+    bq, bk = block_size
+    cls = forward_classes(t, bk, seqlen_k)  # (B', H', M, N)
+    mt, nt = -(-seqlen_q // tile_m), -(-seqlen_k // tile_n)
+    tiles = cls.repeat_interleave(bq // tile_m, dim=2)[:, :, :mt].repeat_interleave(bk // tile_n, dim=3)[..., :nt]
+    group = heads // heads_kv
+    tiles = tiles.expand(tiles.shape[0], heads, mt, nt)
+    steps = tiles.reshape(tiles.shape[0], heads_kv, group, mt, nt).permute(0, 1, 4, 2, 3)
+    steps = steps.reshape(tiles.shape[0], heads_kv, nt, group * mt)
+    return _lists(steps, PARTIAL) + _lists(steps, FULL)
+
+
 def block_sparse_from_example(ex, batch: int, heads: int, seqlen_q: int, seqlen_k: int, block_size=(128, 128),
                               device=None) -> tuple:
     """(forward, backward) block-sparse tensors of a ``flex_examples.Example``'s mask (its ``torch_mask`` twin,

@@ -108,6 +108,10 @@ class BwdSpec:
     #: ``group_split`` times, each walking ``group / group_split`` query heads into its own partial dK / dV head
     #: (the host sums them); a compile-time divisor, so 1 is exactly the unsplit kernel
     group_split: int = 1
+    #: issue 20: block sparsity, the forward's (query block, key block); the main kernel walks per (batch, KV
+    #: head, key tile) lists of (query head, query tile) steps the host derives from the forward's lists
+    #: (``block_sparse.backward_lists``), which needs tiles dividing the blocks. None without
+    block_sparse: Optional[tuple] = None
 
     @staticmethod
     def of(spec: "FwdSpec", has_dlse: bool = False, deterministic: bool = False) -> "BwdSpec":
@@ -117,7 +121,8 @@ class BwdSpec:
         return BwdSpec(dtype=spec.dtype, head_dim=spec.head_dim, head_dim_v=spec.head_dim_v, causal=spec.causal,
                        local=spec.local, softcap=spec.softcap, varlen_q=spec.varlen_q,
                        varlen_k=spec.varlen_k, seqused_q=spec.seqused_q, seqused_k=spec.seqused_k,
-                       has_dlse=has_dlse, deterministic=deterministic, mods=spec.mods)
+                       has_dlse=has_dlse, deterministic=deterministic, mods=spec.mods,
+                       block_sparse=spec.block_sparse[:2] if spec.block_sparse is not None else None)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The key blocks a forward tile visits from block-sparse lists (issue 20, arch-free).
+"""The key blocks a forward tile visits, and the query tiles a backward key tile visits, from block-sparse
+lists (issue 20, arch-free).
 
 The dense mainloops walk a range ``[n_start, n_end)`` from ``block_info``. A block-sparse call instead lists,
 per (batch, head, query block), the key blocks to visit in two classes (``block_sparse.py``): **mask** blocks
@@ -9,7 +10,11 @@ into a step sequence: the mask list, then the full list, each read last to first
 Safety against corrupt lists (the host checks shapes, not contents): counts are clamped to the lists' lengths
 and block indices to the key blocks the sequence has, so a step never addresses K / V past the tensors;
 the mainloop loads every sparse tile bounded by seqlen_k. A full block still gets the element mask where the
-dense range says a block needs one (the sequence end, the causal diagonal, a window edge): ``needs_mask``.
+dense range says a block needs one (the sequence end, the causal diagonal, a window edge).
+
+The backward's key-major walk (``tile_walk``) reads lists the host derives from the forward's
+(``block_sparse.backward_lists``): per (batch, KV head, key tile), entries ``g * query_tiles + m`` naming the
+group's query head g and query tile m, already in the kernel's tiles (``per`` = 1).
 """
 
 from dataclasses import dataclass
@@ -77,3 +82,16 @@ def sparse_walk(mCnt: cute.Tensor, mIdx: cute.Tensor, mFullCnt, mFullIdx, batch:
         n_full = cutlass.min(cutlass.max(Int32(mFullCnt[fb, fh, fq]), 0), mFullIdx.shape[3]) * per
         full_row = mFullIdx[fb, fh, fq, None]
     return SparseWalk(mask_idx=mask_row, full_idx=full_row, n_mask=n_mask, n_full=n_full, per=per, last=last)
+
+
+@cute.jit
+def tile_walk(mCnt: cute.Tensor, mIdx: cute.Tensor, mFullCnt: cute.Tensor, mFullIdx: cute.Tensor, batch: Int32,
+              row: Int32, tile: Int32, num_entries: Int32) -> SparseWalk:
+    """The backward's walk of key tile ``tile`` of CTA row ``row`` (a KV head): the host's lists
+    (``block_sparse.backward_lists``) are already in kernel tiles, entries ``g * query_tiles + m`` below
+    ``num_entries`` (clamped there)."""
+    b, h, n = _row(mCnt, batch, row, tile)
+    n_mask = cutlass.min(cutlass.max(Int32(mCnt[b, h, n]), 0), mIdx.shape[3])
+    n_full = cutlass.min(cutlass.max(Int32(mFullCnt[b, h, n]), 0), mFullIdx.shape[3])
+    return SparseWalk(mask_idx=mIdx[b, h, n, None], full_idx=mFullIdx[b, h, n, None], n_mask=n_mask, n_full=n_full,
+                      per=1, last=cutlass.max(num_entries - 1, 0))

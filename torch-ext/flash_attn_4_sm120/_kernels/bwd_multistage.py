@@ -59,6 +59,7 @@ from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .dq_accum import (add_fragment, dq_tiled_mma, pass_turn, read_turn, semaphore_ptr, slice_offset, wait_turn,
                        warp_tiled_mma)
+from .block_walk import tile_walk
 from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd, aux_list
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
@@ -162,6 +163,10 @@ class FlashBwdMultistage:
         mAux1: Optional[cute.Tensor],
         mAux2: Optional[cute.Tensor],
         mAux3: Optional[cute.Tensor],
+        mBlockCnt: Optional[cute.Tensor],
+        mBlockIdx: Optional[cute.Tensor],
+        mFullCnt: Optional[cute.Tensor],
+        mFullIdx: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
         if const_expr(not (mQ.element_type == mK.element_type == mV.element_type == mdO.element_type
@@ -178,6 +183,7 @@ class FlashBwdMultistage:
             window_left, window_right, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sP_layout,
             self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq, mAux0, mAux1, mAux2, mAux3,
+            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -226,6 +232,10 @@ class FlashBwdMultistage:
         mAux1: Optional[cute.Tensor],
         mAux2: Optional[cute.Tensor],
         mAux3: Optional[cute.Tensor],
+        mBlockCnt: Optional[cute.Tensor],
+        mBlockIdx: Optional[cute.Tensor],
+        mFullCnt: Optional[cute.Tensor],
+        mFullIdx: Optional[cute.Tensor],
     ):
         self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq = g2s_qk, g2s_v, mma_sdp, mma_dkv, mma_dq
         self.aux_tensors = aux_list(mAux0, mAux1, mAux2, mAux3)  # the mods' aux tensors (None without)
@@ -259,8 +269,15 @@ class FlashBwdMultistage:
                 seqlen_info=(SeqlenInfo.of(batch, mCuSeqlensQ, mCuSeqlensK, seqlen_q, seqlen_k)
                              if const_expr(self.spec.mods is not None) else None),
             )
-            self.load_kv(ctx, sm, mK_s, mV_s, head_kv // split if const_expr(split > 1) else head_kv)
+            ctx.walk = None
             num_steps = group * ctx.num_m
+            if const_expr(self.spec.block_sparse is not None):
+                # the host's (query head, query tile) lists of this key tile (``block_sparse.backward_lists``)
+                ctx.num_m = (seqlen_q + self.tile_m - 1) // self.tile_m
+                ctx.walk = tile_walk(mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, batch, head_kv, n_block,
+                                     group * ctx.num_m)
+                num_steps = ctx.walk.count
+            self.load_kv(ctx, sm, mK_s, mV_s, head_kv // split if const_expr(split > 1) else head_kv)
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)
             cute.arch.cp_async_commit_group()
@@ -401,6 +418,9 @@ class FlashBwdMultistage:
     def step_coords(self, ctx: SimpleNamespace, it):
         """(query head, query block) of step ``it``: the group's query heads outer, the key block's query blocks
         inner."""
+        if const_expr(self.spec.block_sparse is not None):
+            t = ctx.walk.block(it)
+            return ctx.head_kv * ctx.group + t // ctx.num_m, t % ctx.num_m
         return ctx.head_kv * ctx.group + it // ctx.num_m, ctx.m_start + it % ctx.num_m
 
     @cute.jit
@@ -459,7 +479,16 @@ class FlashBwdMultistage:
         acc_dP = cute.make_rmem_tensor(shape_S, Float32)
         acc_dP.fill(0.0)
         self.gemm(acc_dP, ctx.dP, sdo, None)
-        if ctx.n_block < ranges[1] or ctx.n_block >= ranges[2]:
+        edge = ctx.n_block < ranges[1] or ctx.n_block >= ranges[2]  # the forward's element mask is needed
+        if const_expr(self.spec.block_sparse is not None):
+            # a mask-list tile: the element mask and the mask_mod; a full-list tile: the mask where edge
+            if it < ctx.walk.n_mask:
+                self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, True, head)
+            elif edge:
+                self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, True, head, with_mask=False)
+            else:
+                self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, False, head, with_mask=False)
+        elif edge:
             self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, True, head)
         else:
             self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, False, head)
@@ -521,11 +550,12 @@ class FlashBwdMultistage:
 
     @cute.jit
     def gradient_of_scores(self, ctx: SimpleNamespace, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool],
-                           head=None):
+                           head=None, with_mask: cutlass.Constexpr[bool] = True):
         """In place: acc_S becomes P = exp2(S * scale_log2 - LSE2) (mods or softcap first, then the element mask
         where ``masked``), acc_dP becomes dS = P (dP - D') (softcap: times 1 - tanh^2, the tanh taken
         before the mask so that a masked entry's factor stays finite; score_mod: through score_mod_bwd at the
-        kept pre-mod scores). ``head``: the query head (read by the mods)."""
+        kept pre-mod scores). ``head``: the query head (read by the mods); ``with_mask`` off: a block-sparse
+        full tile, the score_mod only (no mask_mod)."""
         t = None
         pre = None
         if const_expr(self.spec.mods is not None):
@@ -535,7 +565,7 @@ class FlashBwdMultistage:
                 pre.store(acc_S.load() * ctx.softcap_scale)
             apply_mods(acc_rows_cols(acc_S), ctx.tScS_rc, FlexMods(score_mod, mask_mod, self.spec.mods.score_vec),
                        ctx.softcap_scale, ctx.batch, head, m, ctx.n_block, self.tile_m, self.tile_n, None,
-                       ctx.seqlen_info, self.aux_tensors)
+                       ctx.seqlen_info, self.aux_tensors, with_mask)
         if const_expr(self.spec.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * ctx.softcap_scale, fastmath=True))
             t = cute.make_rmem_tensor_like(acc_S, Float32)
