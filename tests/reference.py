@@ -52,6 +52,33 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, upcast=True, window
     return out.to(dtype_out), lse
 
 
+def masked_attention_ref(q, k, v, keep=None, upcast=True, score_fn=None, sink=None):
+    """(out, lse) of attention with an element mask ``keep`` (broadcast to (b, hq, sq, sk); None = all), an
+    optional ``score_fn(scores, bi, hi, qi, ki)`` on the scaled scores (index tensors broadcast like them) and a
+    sink logit per head; fp32 (``upcast``) or the input dtype. The mods' and block sparsity's reference."""
+    dtype = q.dtype
+    if upcast:
+        q, k, v = q.float(), k.float(), v.float()
+    b, sq, hq, d = q.shape
+    sk, hkv = k.shape[1], k.shape[2]
+    k, v = k.repeat_interleave(hq // hkv, dim=2), v.repeat_interleave(hq // hkv, dim=2)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q * (1.0 / math.sqrt(d)), k).float()
+    dev = q.device
+    if score_fn is not None:
+        idx = (torch.arange(b, device=dev).view(-1, 1, 1, 1), torch.arange(hq, device=dev).view(1, -1, 1, 1),
+               torch.arange(sq, device=dev).view(1, 1, -1, 1), torch.arange(sk, device=dev).view(1, 1, 1, -1))
+        scores = score_fn(scores, *idx)
+    if keep is not None:
+        scores = scores.masked_fill(~keep.expand_as(scores), float("-inf"))
+    if sink is not None:  # one more logit per row with no value row
+        scores = torch.cat([scores, sink.float().view(1, -1, 1, 1).expand(b, hq, sq, 1)], dim=-1)
+    empty = torch.isneginf(scores).all(dim=-1)
+    lse = torch.logsumexp(scores.masked_fill(empty[..., None], 0.0), dim=-1)
+    p = torch.exp(scores - lse[..., None])[..., :sk]
+    out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
+    return out.to(dtype), lse.masked_fill(empty, float("-inf"))
+
+
 def visible(sq, sk, causal, window_size, device=None):
     """(sq, sk) bool: which keys each query sees (the convention in the module docstring)."""
     left, right = window_size if window_size is not None else (None, None)

@@ -5,42 +5,21 @@ score_mod and a sink beside them, odd lengths (a full list holding the sequence'
 no listed block, broadcast batch / head dimensions, every head-dim class, fp16, corrupt lists (clamped, never a
 fault); gradients with the 2x rule and the backward's derived lists against the builder's transpose."""
 
-import math
-
 import pytest
 import torch
 
 import flash_attn_4_sm120 as fa
 from flash_attn_4_sm120 import block_sparse as bs
 from flash_attn_4_sm120 import flex_examples as fx
+from reference import masked_attention_ref
 
 pytestmark = pytest.mark.gpu
 
 
 def ref_attn(q, k, v, keep, upcast=True, score_fn=None, sink=None):
-    """(out, lse) of attention with the element mask ``keep`` (B or 1, H or 1, sq, sk; None = all), optional
+    """``reference.masked_attention_ref``: the mask ``keep`` (B or 1, H or 1, sq, sk; None = all), an optional
     ``score_fn(scores, bi, hi, qi, ki)`` on the scaled scores and a sink logit; fp32 or the input dtype."""
-    dtype = q.dtype
-    if upcast:
-        q, k, v = q.float(), k.float(), v.float()
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    k, v = k.repeat_interleave(hq // hkv, dim=2), v.repeat_interleave(hq // hkv, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q * (1.0 / math.sqrt(d)), k).float()
-    dev = q.device
-    if score_fn is not None:
-        idx = (torch.arange(b, device=dev).view(-1, 1, 1, 1), torch.arange(hq, device=dev).view(1, -1, 1, 1),
-               torch.arange(sq, device=dev).view(1, 1, -1, 1), torch.arange(sk, device=dev).view(1, 1, 1, -1))
-        scores = score_fn(scores, *idx)
-    if keep is not None:
-        scores = scores.masked_fill(~keep.expand_as(scores), float("-inf"))
-    if sink is not None:
-        scores = torch.cat([scores, sink.float().view(1, -1, 1, 1).expand(b, hq, sq, 1)], dim=-1)
-    empty = torch.isneginf(scores).all(dim=-1)
-    lse = torch.logsumexp(scores.masked_fill(empty[..., None], 0.0), dim=-1)
-    p = torch.exp(scores - lse[..., None])[..., :sk]
-    out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
-    return out.to(dtype), lse.masked_fill(empty, float("-inf"))
+    return masked_attention_ref(q, k, v, keep, upcast, score_fn, sink)
 
 
 def listed(t, sq, sk):

@@ -3,12 +3,11 @@
 decode-length queries (packed GQA), varlen sequence by sequence. Runs the mods path (``interface._flex_call``,
 what flash_attn_func calls once the manifest lists score_mod as implemented)."""
 
-import math
-
 import pytest
 import torch
 
 from flash_attn_4_sm120 import flex_examples, interface
+from reference import masked_attention_ref
 
 pytestmark = pytest.mark.gpu
 
@@ -18,30 +17,17 @@ EXAMPLES = {ex.name: ex for ex in flex_examples.gate_examples()}
 def flex_ref(q, k, v, ex, upcast=True, causal=False, sink=None):
     """(out (b, sq, hq, dv), lse (b, hq, sq)) of q/k/v with example ``ex`` (plus the causal flag's mask and a
     learnable sink's logit in the denominator); fp32 or the input dtype."""
-    dtype = q.dtype
-    if upcast:
-        q, k, v = q.float(), k.float(), v.float()
-    b, sq, hq, d = q.shape
-    sk, hkv = k.shape[1], k.shape[2]
-    k, v = k.repeat_interleave(hq // hkv, dim=2), v.repeat_interleave(hq // hkv, dim=2)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q * (1.0 / math.sqrt(d)), k).float()
-    dev = q.device
+    (b, sq, hq, _), sk, dev = q.shape, k.shape[1], q.device
     bi, hi = torch.arange(b, device=dev).view(-1, 1, 1, 1), torch.arange(hq, device=dev).view(1, -1, 1, 1)
     qi, ki = torch.arange(sq, device=dev).view(1, 1, -1, 1), torch.arange(sk, device=dev).view(1, 1, 1, -1)
-    if ex.torch_score is not None:
-        scores = ex.torch_score(scores, bi, hi, qi, ki, sq, sk)
-    if ex.torch_mask is not None:
-        scores = scores.masked_fill(~ex.torch_mask(bi, hi, qi, ki, sq, sk).expand_as(scores), float("-inf"))
+    keep = ex.torch_mask(bi, hi, qi, ki, sq, sk) if ex.torch_mask is not None else None
     if causal:
-        scores = scores.masked_fill((ki > qi + (sk - sq)).expand_as(scores), float("-inf"))
-    if sink is not None:  # one more logit per row with no value row
-        sink_col = sink.float().view(1, -1, 1, 1).expand(b, hq, sq, 1)
-        scores = torch.cat([scores, sink_col], dim=-1)
-    empty = torch.isneginf(scores).all(dim=-1)
-    lse = torch.logsumexp(scores.masked_fill(empty[..., None], 0.0), dim=-1)
-    p = torch.exp(scores - lse[..., None])[..., :sk]
-    out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
-    return out.to(dtype), lse.masked_fill(empty, float("-inf"))
+        keep = (ki <= qi + (sk - sq)) & (keep if keep is not None else True)
+
+    def score_fn(scores, bi, hi, qi, ki):
+        return ex.torch_score(scores, bi, hi, qi, ki, sq, sk)
+
+    return masked_attention_ref(q, k, v, keep, upcast, score_fn if ex.torch_score is not None else None, sink)
 
 
 def run_mods(q, k, v, ex, varlen=None):

@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Session 24's device calls (issue 20's aux slots and group split checked on a GPU), one part per call; each part
+# Session 24's device calls (issue 20: the aux slots and group split checked on a GPU, block sparsity), one part
+# per call; each part
 # stays under the 10-minute call limit and leaves at most a few files under $OUT (logs in one tarball):
 #   run(command="source .kit_bench/device-setup.sh && bash benchmarks/explore/session24.sh 1", carry=[".kit_bench"])
 # 1: GPU tests across the launch paths the aux slots touch (flex incl. the aux tests, backward incl. the forced
 #    group splits, varlen, KV cache, serving loop, tile order), ~6 min
 # 2: the forward API and split-KV GPU tests, ~8 min
 # 3: compute-sanitizer on bwd, bwd_split and flex (memcheck, racecheck), ~7 min
-# 4: bench_flex.py (mods vs the flags, varlen and torch FlexAttention), ~5 min
+# 4: bench_flex.py (mods and block sparsity vs the flags, dense, varlen and torch FlexAttention), ~6 min
+# 5: block-sparse GPU tests (forward + backward) + the flex and backward tests, ~6 min
+# 6: compute-sanitizer on the sparse family (memcheck, racecheck), ~2 min
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
@@ -24,6 +27,10 @@ case "$part" in
        --json "$OUT/sanitizer.json" --log-dir /tmp/sanlog > "$OUT/sanitizer.txt" 2>&1
      tail -c 3000 "$OUT/sanitizer.txt"
      tar czf "$OUT/sanlog.tgz" -C /tmp sanlog 2>/dev/null ;;
-  4) (cd benchmarks && timeout 560 python3 bench_flex.py --out "$OUT/flex.json" 2>&1 | grep -v -i warn | tail -30) ;;
-  *) echo "part 1-4" ;;
+  4) (cd benchmarks && timeout 580 python3 bench_flex.py --out "$OUT/flex.json" 2>&1 | grep -v -i warn | tail -30) ;;
+  5) shards 560 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py tests/test_bwd_gpu.py ;;
+  6) timeout 400 python3 tools/sanitize.py --families sparse --tools memcheck racecheck --jobs 2 \
+       --json "$OUT/sanitizer.json" --log-dir /tmp/sanlog > "$OUT/sanitizer.txt" 2>&1
+     tail -c 1500 "$OUT/sanitizer.txt" ;;
+  *) echo "part 1-6" ;;
 esac

@@ -269,6 +269,7 @@ class FlashBwdMultistage:
                 seqlen_info=(SeqlenInfo.of(batch, mCuSeqlensQ, mCuSeqlensK, seqlen_q, seqlen_k)
                              if const_expr(self.spec.mods is not None) else None),
             )
+            self.load_kv(ctx, sm, mK_s, mV_s, head_kv // split if const_expr(split > 1) else head_kv)
             ctx.walk = None
             num_steps = group * ctx.num_m
             if const_expr(self.spec.block_sparse is not None):
@@ -277,7 +278,6 @@ class FlashBwdMultistage:
                 ctx.walk = tile_walk(mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, batch, head_kv, n_block,
                                      group * ctx.num_m)
                 num_steps = ctx.walk.count
-            self.load_kv(ctx, sm, mK_s, mV_s, head_kv // split if const_expr(split > 1) else head_kv)
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)
             cute.arch.cp_async_commit_group()
@@ -479,16 +479,16 @@ class FlashBwdMultistage:
         acc_dP = cute.make_rmem_tensor(shape_S, Float32)
         acc_dP.fill(0.0)
         self.gemm(acc_dP, ctx.dP, sdo, None)
-        edge = ctx.n_block < ranges[1] or ctx.n_block >= ranges[2]  # the forward's element mask is needed
         if const_expr(self.spec.block_sparse is not None):
-            # a mask-list tile: the element mask and the mask_mod; a full-list tile: the mask where edge
+            # a mask-list tile: the element mask and the mask_mod; a full-list tile: the element mask where the
+            # forward's range needs it
             if it < ctx.walk.n_mask:
                 self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, True, head)
-            elif edge:
+            elif ctx.n_block < ranges[1] or ctx.n_block >= ranges[2]:
                 self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, True, head, with_mask=False)
             else:
                 self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, False, head, with_mask=False)
-        elif edge:
+        elif ctx.n_block < ranges[1] or ctx.n_block >= ranges[2]:
             self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, True, head)
         else:
             self.gradient_of_scores(ctx, acc_S, acc_dP, m, lse2, dsum, False, head)
