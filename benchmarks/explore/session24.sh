@@ -10,6 +10,8 @@
 # 4: bench_flex.py (mods and block sparsity vs the flags, dense, varlen and torch FlexAttention), ~6 min
 # 5: block-sparse GPU tests (forward + backward) + the flex and backward tests, ~6 min
 # 6: compute-sanitizer on the sparse family (memcheck, racecheck), ~2 min
+# 7: the role-split backward walking block-sparse lists: block-sparse GPU tests, then bench_flex's random-map,
+#    dense and causal cases at SM120 occupancy, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
@@ -32,5 +34,8 @@ case "$part" in
   6) timeout 400 python3 tools/sanitize.py --families sparse --tools memcheck racecheck --jobs 2 \
        --json "$OUT/sanitizer.json" --log-dir /tmp/sanlog > "$OUT/sanitizer.txt" 2>&1
      tail -c 1500 "$OUT/sanitizer.txt" ;;
-  *) echo "part 1-6" ;;
+  7) shards 200 tests/test_block_sparse_gpu.py
+     (cd benchmarks && timeout 300 python3 bench_flex.py --occupancy sm120 --cases random dense "causal" \
+        --out "$OUT/flex_rs.json" 2>&1 | grep -v -i warn | tail -12) ;;
+  *) echo "part 1-7" ;;
 esac

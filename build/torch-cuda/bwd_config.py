@@ -110,14 +110,14 @@ def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num
 def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) -> tuple[str, ...]:
     """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
     out = []
-    if spec.block_sparse is not None:
+    if spec.block_sparse is not None:  # (the role split walks lists too; it refuses mods below)
         q_block, k_block = spec.block_sparse
         if q_block % cfg.tile_m or k_block % cfg.tile_n:
             out.append(f"block-sparse blocks ({q_block}, {k_block}) are not multiples of the tile ({cfg.tile_m}, "
                        f"{cfg.tile_n}): the backward's lists are in whole tiles")
-        if cfg.role_split or spec.deterministic or spec.group_split > 1 or spec.varlen_q or spec.varlen_k:
-            out.append("block sparsity walks host lists in the plain main kernel: no role split, no deterministic "
-                       "order (its counters expect every key block of a query block), no group split, dense rows")
+        if spec.deterministic or spec.group_split > 1 or spec.varlen_q or spec.varlen_k:
+            out.append("block sparsity walks host lists: no deterministic order (its counters expect every key "
+                       "block of a query block), no group split, dense rows")
         # sm_120a gate, 2026-11-26: beside the walk, d64's 64x128 8-warp and 64x64 4-warp tiles (32 S registers
         # per thread) spilled 16 B; d256's class tile with a mask_mod kept one local word (its fallback, dQ on
         # two warps along the rows, none)

@@ -119,7 +119,10 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         n_block, seqlen_q, seqlen_k = ctx.n_block, ctx.seqlen_q, ctx.seqlen_k
         window_left, window_right, scale_log2 = ctx.window_left, ctx.window_right, ctx.scale_log2
         mdO_s, tidx = ctx.mdO_s, ctx.tidx
-        head_next, m_next = self.step_coords(ctx, it + 1)
+        if const_expr(self.spec.block_sparse is not None):  # the walk has no step past its last
+            head_next, m_next = self.step_coords(ctx, cutlass.min(it + 1, num_steps - 1))
+        else:
+            head_next, m_next = self.step_coords(ctx, it + 1)
         gLSE2 = workspace_row(mLSE2, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
         gD = workspace_row(mD, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
         num_rows = cute.size(tScS_rc, mode=[0])
@@ -135,7 +138,12 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                 lse2[r] = gLSE2[m * self.tile_m + tScS_rc[r, 0][0]]
             acc = self.gemm(acc, ops_s, sq, None)
             S_rc = acc_rows_cols(acc)
-            if n_block < ranges[1] or n_block >= ranges[2]:
+            if const_expr(self.spec.block_sparse is not None):
+                # block sparsity (no mods here): a mask-list tile or one the forward's range masks
+                if it < ctx.walk.n_mask or n_block < ranges[1] or n_block >= ranges[2]:
+                    mask_scores(S_rc, tScS_rc, t0ScS_rc, m, n_block, seqlen_q, seqlen_k, window_left,
+                                window_right, self.tile_m, self.tile_n, self.spec.causal, self.spec.local)
+            elif n_block < ranges[1] or n_block >= ranges[2]:
                 mask_scores(S_rc, tScS_rc, t0ScS_rc, m, n_block, seqlen_q, seqlen_k, window_left, window_right,
                             self.tile_m, self.tile_n, self.spec.causal, self.spec.local)
             for r in cutlass.range_constexpr(cute.size(S_rc, mode=[0])):

@@ -45,7 +45,7 @@ class SparseWalk:
 
     @cute.jit
     def block(self, it: Int32) -> Int32:
-        """The key tile of step ``it`` (< ``count``)."""
+        """The tile of step ``it`` (< ``count``: callers clamp a look-ahead step)."""
         n = Int32(0)
         if it < self.n_mask:
             e = self.n_mask - 1 - it
