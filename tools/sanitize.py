@@ -7,7 +7,8 @@ mbarrier release, TMA warp-specialized, overlapped, ping-pong, persistent ping-p
 packed-GQA decode, split-KV + combine, varlen (packed and dense with seqused), paged K/V (page
 sizes 1, 16, 48; decode, prefill and chunked prefill), flash_attn_with_kvcache (append and rotary into
 paged and dense caches), the public combine, and the backward (every head-dim class; deterministic; the
-role-split kernel; the group split), score_mod / mask_mod forward and backward, varlen metadata included. Every family first runs
+role-split kernel; the group split), score_mod / mask_mod forward and backward, block-sparse lists (good and
+corrupt, forward and backward), varlen metadata included. Every family first runs
 with good inputs, then (where it takes metadata) with corrupt metadata: cu_seqlens past the packed
 rows, negative or decreasing offsets, seqused past the tensor or negative, max_seqlen too small, page
 table entries past the pool or negative. Corrupt metadata may give wrong rows; it must never touch memory
