@@ -378,11 +378,13 @@ def _sparse_runs():
         bad = bad._replace(mask_block_idx=fwd.mask_block_idx.clone().fill_(1 << 30),
                            full_block_cnt=fwd.full_block_cnt.clone().fill_(1 << 20))
         fa.flash_attn_func(q, k, k, mask_mod=ex.mask_mod, block_sparse_tensors=bad)
-        # the backward: its lists derived from good and from corrupt forward lists (clamped on the host side too)
+        # the backward: its lists derived from good and from corrupt forward lists (clamped on the host side too),
+        # with the mask_mod (the plain main kernel) and with the causal flag alone (d128: the role-split kernel)
         for lists in (fwd, bad):
-            qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
-            out, _ = fa.flash_attn_func(qg, kg, kg, mask_mod=ex.mask_mod, block_sparse_tensors=lists)
-            torch.autograd.grad(out, (qg, kg), torch.ones_like(out))
+            for mods in (dict(mask_mod=ex.mask_mod), dict(causal=True)):
+                qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
+                out, _ = fa.flash_attn_func(qg, kg, kg, block_sparse_tensors=lists, **mods)
+                torch.autograd.grad(out, (qg, kg), torch.ones_like(out))
     torch.cuda.synchronize()
 
 
