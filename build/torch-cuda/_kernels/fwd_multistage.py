@@ -687,7 +687,8 @@ class FlashFwdMultistage:
         has_block = first >= ctx.n_start
         if const_expr(walk is not None):
             has_block = walk.count > 0
-            first = walk.block(0)
+            if has_block:  # an empty walk has no entry to read (its lists' first slot may lie before the tensor)
+                first = walk.block(0)
         if has_block:
             kv.load_k(first, 0, bounded=True)
         cute.arch.cp_async_commit_group()
