@@ -67,41 +67,37 @@ def sparse_args(sparse: tuple = ()) -> tuple:
     return tuple(sparse) if sparse else (None,) * SPARSE_SLOTS
 
 
+def _fake_any(elem, ndim: int):
+    """A fake tensor of ``ndim`` symbolic sizes and strides, the last dimension contiguous, aligned to its
+    element (the aux and sparse slots: any shape a caller passes)."""
+    import cutlass.cute as cute
+
+    stride = tuple(cute.sym_int64() for _ in range(ndim - 1)) + (1,)
+    return cute.runtime.make_fake_tensor(elem, tuple(cute.sym_int() for _ in range(ndim)), stride=stride,
+                                         assumed_align=elem.width // 8)
+
+
 def _fake_sparse(block_sparse) -> tuple:
     """The sparse slots' fakes: int32 (batch or 1, heads or 1, blocks) counts and (..., entries) indices, the
     last dimension contiguous (a broadcast dimension has stride 0); the full pair only when the spec has it."""
     import cutlass
-    import cutlass.cute as cute
 
     if block_sparse is None:
         return sparse_args()
-
-    def fake(ndim):
-        shape = tuple(cute.sym_int() for _ in range(ndim))
-        stride = tuple(cute.sym_int64() for _ in range(ndim - 1)) + (1,)
-        return cute.runtime.make_fake_tensor(cutlass.Int32, shape, stride=stride, assumed_align=4)
-
-    full = (fake(3), fake(4)) if block_sparse[2] else (None, None)
-    return (fake(3), fake(4), *full)
+    full = (_fake_any(cutlass.Int32, 3), _fake_any(cutlass.Int32, 4)) if block_sparse[2] else (None, None)
+    return (_fake_any(cutlass.Int32, 3), _fake_any(cutlass.Int32, 4), *full)
 
 
 def _fake_aux(mods) -> tuple:
     """The aux slots' fakes: a tensor of the recorded (dtype, ndim) per aux tensor of ``mods`` (symbolic sizes
     and strides, unit last stride), None for the rest."""
     import cutlass
-    import cutlass.cute as cute
 
     if mods is None or not mods.aux_tensors:
         return aux_args()
     types = dict(zip(AUX_DTYPES, (cutlass.Float32, cutlass.Float16, cutlass.BFloat16, cutlass.Int32, cutlass.Int64,
                                   cutlass.Uint8, cutlass.Int8)))
-    fakes = []
-    for dtype, ndim in mods.aux_tensors:
-        elem = types[dtype]
-        stride = tuple(cute.sym_int64() for _ in range(ndim - 1)) + (1,)
-        fakes.append(cute.runtime.make_fake_tensor(elem, tuple(cute.sym_int() for _ in range(ndim)), stride=stride,
-                                                   assumed_align=elem.width // 8))
-    return aux_args(tuple(fakes))
+    return aux_args(tuple(_fake_any(types[dtype], ndim) for dtype, ndim in mods.aux_tensors))
 
 
 def _fake_fwd_args(spec: FwdSpec):

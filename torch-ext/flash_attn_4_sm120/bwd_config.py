@@ -123,8 +123,9 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         # two warps along the rows, none)
         if cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
             out.append("block sparsity beside S fragments of 32 or more registers per thread spills")
-        if spec.mods is not None and max(spec.head_dim, spec.head_dim_v) > 192 and cfg == BWD_TABLE[256]:
-            out.append("block sparsity with mods at head dims over 192 spills in the class tile")
+        if spec.mods is not None and max(spec.head_dim, spec.head_dim_v) > 192 and cfg.dq_warps_m < 2:
+            out.append("block sparsity with mods at head dims over 192 needs dQ on two warps along the rows "
+                       "(dq_warps_m=2): the class tile's one spills")
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if ROW_PAD % cfg.tile_m or cfg.tile_m % 16:
@@ -225,7 +226,7 @@ BWD_TABLE_HEAVY = {
 BWD_TABLE_FALLBACK = {
     64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
-    # block sparsity with mods (the predicate says why): the class tile with dQ in quarters
+    # block sparsity with mods (the predicate says why): the class tile with dQ on two warps along the rows
     256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, dq_chunks=2, dkv_chunks=2),
 }
 
