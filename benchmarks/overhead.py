@@ -75,9 +75,9 @@ def main():
     scalars = (prm.scale_log2, prm.softcap_scale, prm.window_left, prm.window_right)
     rows = {
         "kernel call (tvm-ffi), unsplit": lambda: kern(q, k, k, o, lse, *scalars, None, None, None, None, None, None, 1, 1, 0, 1,
-                                                       *aux_args(), *sparse_args()),
+                                                       *aux_args(), *sparse_args(), None),
         "kernel call, split": lambda: split_kern(q, k, k, o_part, lse_part, *scalars, None, None, None, None, None, None,
-                                                 1, splits, 0, 1, *aux_args(), *sparse_args()),
+                                                 1, splits, 0, 1, *aux_args(), *sparse_args(), None),
         "combine call": lambda: comb(o_part, lse_part, o, lse, None, None, None, 1),
         "validate_fwd": lambda: validate_fwd(q, k, k, None, False),
         "torch.empty x2": lambda: (torch.empty_like(o), torch.empty_like(lse)),

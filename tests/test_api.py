@@ -75,14 +75,20 @@ def test_any_head_dim_in_the_envelope_passes_validation(head_dim, head_dim_v):
 
 
 @pytest.mark.parametrize(
-    "kwargs",
+    "kwargs, exc, match",
     [
-        pytest.param({"dropout_p": 0.1}, id="dropout"),
+        pytest.param({"dropout_p": 1.0}, ValueError, "dropout_p", id="p-one"),
+        pytest.param({"dropout_p": -0.1}, ValueError, "dropout_p", id="p-negative"),
+        pytest.param({"dropout_p": "0.1"}, TypeError, "dropout_p", id="p-string"),
+        pytest.param({"dropout_p": torch.tensor(0.1)}, TypeError, "dropout_p", id="p-tensor"),
+        pytest.param({"dropout_p": 0.1, "dropout_seed": -1}, TypeError, "dropout_seed", id="seed-negative"),
+        pytest.param({"dropout_p": 0.1, "dropout_seed": 1.5}, TypeError, "dropout_seed", id="seed-float"),
+        pytest.param({"dropout_p": 0.1, "dropout_seed": 7}, ValueError, "CUDA tensors", id="valid-until-device"),
     ],
 )
-def test_planned_features_are_refused_not_ignored(kwargs):
+def test_dropout_arguments_are_checked(kwargs, exc, match):
     q = _t(1, 8, 4, 64).requires_grad_()
-    with pytest.raises(NotImplementedError, match="not yet available"):
+    with pytest.raises(exc, match=match):
         fa.flash_attn_func(q, q, q, **kwargs)
 
 
@@ -283,9 +289,10 @@ def test_deterministic_is_accepted(grad):
         fa.flash_attn_func(q, q, q, deterministic=True)
 
 
-def test_torch_compile_still_refuses_planned_features():
+def test_torch_compile_runs_a_dropout_call_eagerly():
+    """A dropout call is a graph break (like mods): under torch.compile it runs the eager path, whose validation
+    then rejects the CPU tensors."""
     q = _t(1, 8, 4, 64).requires_grad_()
     torch._dynamo.reset()
-    with pytest.raises(Exception, match="not yet available"):
-        torch.compile(lambda q: fa.flash_attn_func(q, q, q, dropout_p=0.1), fullgraph=True,
-                      backend="eager")(q)
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        torch.compile(lambda q: fa.flash_attn_func(q, q, q, dropout_p=0.1), backend="eager")(q)

@@ -43,7 +43,7 @@ IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", 
                      "sliding_window", "softcap", "learnable_sink", "varlen",
                      "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward", "pack_gqa",
                      "split_kv", "combine", "paged_kv", "kvcache_api", "backward", "deterministic_backward",
-                     "score_mod", "block_sparsity"}
+                     "score_mod", "block_sparsity", "dropout"}
 
 
 def _involved(conflict: dict) -> list[str]:
@@ -204,11 +204,10 @@ def test_todays_forward_calls_pass():
 
 
 def test_specific_conflict_wins_over_generic_refusal():
-    # dropout + deterministic backward is refused with its own message, not dropout's generic one; head_dim_256
+    # fp8 + backward is refused with its own message, not fp8's generic one; head_dim_256
     # alone is routed (tile_m 64 fits the implicit 99 KB condition) and passes.
     by_id = {c["id"]: c for c in DATA["conflicts"]}
-    assert (_refusal(["forward", "deterministic_backward", "dropout"])
-            == by_id["dropout+deterministic_backward"]["message"])
+    assert _refusal(["forward", "backward", "fp8"]) == by_id["fp8+backward"]["message"]
     assert by_id["head_dim_256+smem_101376"]["resolution"] == "routed"
     manifest.check_combination(["forward", "head_dim_256"])
 
@@ -310,13 +309,13 @@ def _mutate_alternative_not_in_message(d):
 
 
 def _mutate_message_not_naming_features(d):
-    c = _first(d["conflicts"], lambda c: c["id"] == "dropout+deterministic_backward")
+    c = _first(d["conflicts"], lambda c: c["id"] == "fp8+backward")
     c["message"] = f"this is not yet available in {VERSION}; use torch SDPA."
     c["alternative"] = "use torch SDPA"
 
 
 def _mutate_supported_with_planned(d):
-    c = _first(d["conflicts"], lambda c: c["id"] == "dropout+deterministic_backward")
+    c = _first(d["conflicts"], lambda c: c["id"] == "fp8+backward")
     c["resolution"] = "supported"
     c["note"] = "works"
     del c["message"], c["alternative"]
@@ -369,7 +368,7 @@ MUTATIONS = {
     "conflict-names-unknown-feature": (_mutate_unknown_feature, "unknown feature 'warp_drive'"),
     "invalid-status": (_mutate_bad_status, "status must be one of"),
     "alternative-missing-from-message": (_mutate_alternative_not_in_message, "does not name the alternative"),
-    "message-does-not-name-combination": (_mutate_message_not_naming_features, "message does not name 'dropout'"),
+    "message-does-not-name-combination": (_mutate_message_not_naming_features, "message does not name 'FP8'"),
     "supported-while-feature-planned": (_mutate_supported_with_planned, "it can only be refused"),
     "planned-feature-without-message": (_mutate_planned_without_message, "needs message and alternative"),
     "implemented-feature-without-envelope": (_mutate_implemented_without_envelope, "envelope"),
@@ -400,9 +399,8 @@ LOG_MUTATIONS = {
                            "logged as supported"),
     "section-missing": (lambda t: t.replace("### `fp8+softcap`", "### fp8 and softcap"), "fp8+softcap is missing"),
     "stale-section": (lambda t: t + "\n### `old+thing`: gone\n\n- Resolution: **refused**\n", "old+thing is not"),
-    "message-edited": (lambda t: t.replace("use flash-attn 2 with dropout_p and deterministic=True.",
-                                           "use flash-attn 2."),
-                       "dropout+deterministic_backward message differs"),
+    "message-edited": (lambda t: t.replace("train in bfloat16 or float16.", "train in float32.", 1),
+                       "fp8+backward message differs"),
 }
 
 

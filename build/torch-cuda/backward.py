@@ -145,7 +145,7 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
     main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk_part, dv_part, params.softmax_scale, params.scale_log2,
          params.softcap_scale, params.window_left, params.window_right, cu_q, cu_k, used_q, used_k, shape.seqlen_k,
-         *compiler.aux_args(params.aux), *compiler.sparse_args(lists))
+         *compiler.aux_args(params.aux), *compiler.sparse_args(lists), params.rng)
     post(dq_acc, dq, params.softmax_scale, cu_q, used_q, max_q)
     if split > 1:
         for part, full in ((dk_part, dk), (dv_part, dv)):  # one reduction kernel each, fp32 accumulation

@@ -126,6 +126,15 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         if spec.mods is not None and max(spec.head_dim, spec.head_dim_v) > 192 and cfg.dq_warps_m < 2:
             out.append("block sparsity with mods at head dims over 192 needs dQ on two warps along the rows "
                        "(dq_warps_m=2): the class tile's one spills")
+    if spec.dropout:
+        # sm_120a gate, 2026-11-26: the keep flags beside d64's and d96's 64x64 4-warp tiles (32 S registers per
+        # thread) spilled 32-92 B; d256's class tile kept one local word (its fallback, dQ on two warps along the
+        # rows, none)
+        if cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
+            out.append("dropout beside S fragments of 32 or more registers per thread spills")
+        if max(spec.head_dim, spec.head_dim_v) > 192 and cfg.dq_warps_m < 2:
+            out.append("dropout at head dims over 192 needs dQ on two warps along the rows (dq_warps_m=2): the class "
+                       "tile's one spills")
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if ROW_PAD % cfg.tile_m or cfg.tile_m % 16:
@@ -157,6 +166,9 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
             out.append("role_split: softcap's tanh tile lives in the S warp group, dS is formed in the other")
         if spec.mods is not None:
             out.append("role_split: score_mod's pre-mod scores live in the S warp group, dS is formed in the other")
+        if spec.dropout:
+            out.append("role_split: dropout's dS needs P before and after the keep mask, and only the dropped P "
+                       "crosses from the S warp group to the dS group")
     if spec.mods is not None and spec.mods.score_mod is not None and cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
         # sm_120a gate, 2026-11-25: a softcap score_mod at d64 on the 64x128 8-warp tile spilled 256 B
         out.append("score_mod keeps the pre-mod scores beside S: S fragments of 32 or more registers per thread "
@@ -234,7 +246,8 @@ BWD_TABLE_FALLBACK = {
 def _is_heavy(spec: BwdSpec) -> bool:
     # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spilled 16-168 B (sm_120a gate,
     # 2026-11-26)
-    return spec.softcap or spec.varlen_q or spec.varlen_k or spec.mods is not None or spec.block_sparse is not None
+    return (spec.softcap or spec.varlen_q or spec.varlen_k or spec.mods is not None or spec.block_sparse is not None
+            or spec.dropout)
 
 
 def bwd_head_dim_class(spec: BwdSpec) -> int:

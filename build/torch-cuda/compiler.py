@@ -88,6 +88,14 @@ def _fake_sparse(block_sparse) -> tuple:
     return (_fake_any(cutlass.Int32, 3), _fake_any(cutlass.Int32, 4), *full)
 
 
+def _fake_rng(dropout: bool):
+    """The dropout slot's fake (issue 20): int32 (seed low, seed high, offset, threshold), or None without
+    dropout (the kernels' trailing ``mRng``; every launch passes the call's ``FwdParams.rng``)."""
+    import cutlass
+
+    return _fake_vector(cutlass.Int32, 4) if dropout else None
+
+
 def _fake_aux(mods) -> tuple:
     """The aux slots' fakes: a tensor of the recorded (dtype, ndim) per aux tensor of ``mods`` (symbolic sizes
     and strides, unit last stride), None for the rest."""
@@ -147,7 +155,7 @@ def _fake_fwd_args(spec: FwdSpec):
     scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0))
     return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, page_table, cutlass.Int32(0), cutlass.Int32(1),
             cutlass.Int32(0), cutlass.Int32(1), *_fake_aux(spec.mods), *_fake_sparse(spec.block_sparse),
-            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+            _fake_rng(spec.dropout), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def fwd_kernel_class(config: FwdConfig):
@@ -170,7 +178,7 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
     ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink, cu_seqlens_q,
     cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q, num_splits, max_ctas, tile_band, aux0, aux1,
-    aux2, aux3)`` taking torch tensors (TVM FFI, current stream; ``*aux_args(params.aux)`` fills the aux slots);
+    aux2, aux3, the four sparse slots, rng)`` taking torch tensors (TVM FFI, current stream; ``*aux_args(params.aux)`` fills the aux slots);
     the optional tensors are None unless the spec's matching flag is set
     (``page_table`` with ``spec.page_size``: k / v are then (num_pages, page_size, heads_kv, d) caches). With
     ``spec.split_kv`` out/lse are the fp32 (num_splits, ...) partial workspaces. ``max_ctas`` caps the
@@ -342,7 +350,7 @@ def _fake_bwd_args(spec: BwdSpec, config: BwdConfig):
     return (q, k, v, do, lse2, dsum, dq_acc, sem, dk, dv, cutlass.Float32(1.0), cutlass.Float32(1.0),
             cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0), cu_q, cu_k, used_q, used_k, cutlass.Int32(0),
             *_fake_aux(spec.mods), *_fake_sparse((*spec.block_sparse, True) if spec.block_sparse else None),
-            cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+            _fake_rng(spec.dropout), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def compile_bwd(spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target: str, extra_options: str = "",
@@ -468,6 +476,7 @@ class Case:
             mask += f"_paged{s.page_size}"
         if s.block_sparse is not None:
             mask += "_sparse{}x{}{}".format(*s.block_sparse[:2], "" if s.block_sparse[2] else "_nofull")
+        mask += "_dropout" if s.dropout else ""
         qr = "_qreg" if c.q_in_regs else ""
         ml = "_" + c.mainloop if c.uses_tma else ""
         ml += "" if c.frag_prefetch else "_nopf"
@@ -541,6 +550,7 @@ class BwdCase:
         mask += "_det" if s.deterministic else ""
         mask += f"_gs{s.group_split}" if s.group_split > 1 else ""
         mask += "_sparse{}x{}".format(*s.block_sparse) if s.block_sparse is not None else ""
+        mask += "_dropout" if s.dropout else ""
         return (f"bwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}"
                 f"q{c.stages_q}o{c.stages_do}_{c.sdp_warps_m}{c.dkv_warps_n}{c.dq_warps_m}"
                 + (f"c{c.dq_chunks}" if c.dq_chunks > 1 else "") + (f"k{c.dkv_chunks}" if c.dkv_chunks > 1 else "")
@@ -623,6 +633,7 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
         cases.append(AppendCase(spec, model.name, subset_ci=ci))
     cases += flex_cases(model)
     cases += sparse_cases(model)
+    cases += dropout_cases(model)
     side = {}
     for spec, cfg in dispatchable_bwd(model):
         ci = (spec.dtype == "bf16" and spec.head_dim == spec.head_dim_v and spec.head_dim in (128, 256) and spec.causal
@@ -727,6 +738,44 @@ def sparse_cases(model: ExecutionModel = SM120) -> list[Case]:
                 "alibi+chunked_local"))
     for spec, label in bwd:
         cases.append(BwdCase(spec, select_bwd_config(spec, model), model.name, label=label))
+    return cases
+
+
+def dropout_cases(model: ExecutionModel = SM120) -> list[Case]:
+    """Dropout (issue 20): every config the dispatcher may pick for a dropout spec at each head-dim class, full and
+    causal, forward and backward; at d128 also a window with softcap and sink, varlen, split-KV, fp16, a document
+    mask_mod, block-sparse lists and the deterministic backward. The CI subset takes d128 causal, forward and
+    backward."""
+    from . import flex_examples
+
+    docs, docs_bwd = _example_keys(flex_examples.chunked_local(512))
+    fwd, bwd = [], []
+    for d, dv in ((64, 64), (96, 96), (128, 128), (192, 128), (256, 256)):
+        for causal in (False, True):
+            fwd.append(FwdSpec("bf16", d, dv, causal=causal, dropout=True))
+            bwd.append(BwdSpec("bf16", d, dv, causal=causal, dropout=True))
+    fwd += [FwdSpec("bf16", 128, 128, causal=False, local=True, softcap=True, has_sink=True, dropout=True),
+            FwdSpec("bf16", 128, 128, causal=True, varlen_q=True, varlen_k=True, dropout=True),
+            FwdSpec("bf16", 128, 128, causal=False, split_kv=True, dropout=True),
+            FwdSpec("fp16", 128, 128, causal=True, dropout=True),
+            FwdSpec("bf16", 128, 128, causal=False, mods=docs, dropout=True),
+            FwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 128, True), dropout=True)]
+    bwd += [BwdSpec("bf16", 128, 128, causal=False, local=True, softcap=True, dropout=True),
+            BwdSpec("bf16", 128, 128, causal=True, varlen_q=True, varlen_k=True, dropout=True),
+            BwdSpec("bf16", 128, 128, causal=True, deterministic=True, dropout=True),
+            BwdSpec("fp16", 128, 128, causal=True, dropout=True),
+            BwdSpec("bf16", 128, 128, causal=False, mods=docs_bwd, dropout=True),
+            BwdSpec("bf16", 128, 128, causal=True, block_sparse=(128, 128), dropout=True)]
+    cases = []
+    for spec in fwd:
+        label = "chunked_local" if spec.mods is not None else ""
+        ci = spec == FwdSpec("bf16", 128, 128, causal=True, dropout=True)
+        for i, cfg in enumerate(dispatch_candidates(spec, model)):
+            cases.append(Case(spec, cfg, model.name, subset_ci=ci and i == 0, label=label))
+    for spec in bwd:
+        label = "chunked_local" if spec.mods is not None else ""
+        ci = spec == BwdSpec("bf16", 128, 128, causal=True, dropout=True)
+        cases.append(BwdCase(spec, select_bwd_config(spec, model), model.name, subset_ci=ci, label=label))
     return cases
 
 

@@ -1,32 +1,41 @@
 """Attention dropout's random numbers (issue 20): the definition, and a torch implementation of it.
 
 The keep mask of element (batch b, query head h, query row q, key column k) of a call is a function of the
-call's (seed, offset) and of those four coordinates only: not of the kernel's tile, warp layout, packed-GQA
-folding or forward/backward direction, so the backward regenerates exactly the forward's mask with its own
-tiles, and ``dropout_keep_mask`` below reproduces it on any device (tests, and users who want the mask).
+call's (seed, offset) and of those four coordinates only: not of the kernel's tile, warp layout or
+forward/backward direction, so the backward regenerates exactly the forward's mask with its own tiles, and
+``dropout_keep_mask`` below reproduces it on any device (tests, and users who want the mask).
 
-* One Philox4x32-10 call (Salmon et al., SC'11; the Random123 constants) per logical row and group of 8
-  key columns: counter ``(q, k // 8, b * heads + h, offset mod 2^32)``, key ``(seed mod 2^32, seed >> 32)``.
-* Its four 32-bit outputs are eight 16-bit values, the value of column ``8 g + j`` being half ``j % 2``
-  (low half first) of word ``j // 2``.
+* The scores split into 16 x 16 cells (query rows 16 i.., key columns 16 j..). Inside a cell, one
+  Philox4x32-7 call covers the 8 elements of rows (r, r + 8) and columns (2 c, 2 c + 1, 2 c + 8, 2 c + 9),
+  r in 0..7, c in 0..3: counter ``(32 i + 4 r + c, j, b * heads + h, offset mod 2^32)``, key
+  ``(seed mod 2^32, (seed >> 32) mod 2^32)``.
+* Its four 32-bit outputs are eight 16-bit values: word ``2 * (row // 8) + (column // 8)`` (row, column
+  within the cell) holds the two columns ``2 c, 2 c + 1`` of that row and column half, the even column in
+  its low half.
 * An element is kept iff its 16-bit value is >= ``threshold = round(p * 65536)`` (clamped to 65535), so the
   keep probability is ``1 - threshold / 65536``; kept values of P are scaled by its inverse (unbiased for the
   quantized p, which differs from p by at most 2^-17).
 
-``q`` and ``k`` are positions within the sequence (varlen: from each sequence's start), ``h`` the query head.
-In a kernel the four threads of an MMA quad hold rows (r, r + 8) and two columns of each 8-column atom: each
-computes one Philox call and the quad exchanges the halves (one call per 8 elements, as cheap as FA2's
-layout-tied scheme, without its tie to the layout).
+The grouping is the m16n8 MMA accumulator's: the thread of lane l holds rows (l // 4, l // 4 + 8) and columns
+2 (l % 4) + {0, 1} of two neighbouring n8 atoms, so each thread computes one Philox call per 8 of its score
+elements and uses all of it, with no exchange between lanes (every SM120 kernel computes S = Q K^T with
+query rows as the accumulator's rows, forward and backward). Seven rounds, as FlashAttention-2's dropout:
+Philox4x32 passes BigCrush from 7 (Salmon et al., SC'11); the round function is the Random123 one, checked
+against its 10-round known answers. ``q`` and ``k`` are positions within the sequence (varlen: from each
+sequence's start), ``h`` the query head.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 import torch
 
 PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
 PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
-ROUNDS = 10
-COLS_PER_CALL = 8
+#: rounds of the dropout mask's Philox calls (the kernels' and ``dropout_keep_mask``'s)
+ROUNDS = 7
+CELL = 16
 _U32 = 0xFFFFFFFF
 
 
@@ -36,18 +45,23 @@ def _mulhilo(a: int, x: torch.Tensor) -> tuple:
     return hi & _U32, lo
 
 
-def philox4x32_10(ctr: tuple, key: tuple) -> tuple:
-    """Philox4x32-10 of counters ``ctr`` (four int64 tensors or ints holding unsigned 32-bit values,
+def philox4x32(ctr: tuple, key: tuple, rounds: int = ROUNDS) -> tuple:
+    """Philox4x32-``rounds`` of counters ``ctr`` (four int64 tensors or ints holding unsigned 32-bit values,
     broadcast together) under ``key`` (two ints or tensors); returns four int64 tensors of 32-bit words."""
     c0, c1, c2, c3 = (torch.as_tensor(c, dtype=torch.int64) for c in ctr)
     k0, k1 = (torch.as_tensor(k, dtype=torch.int64) for k in key)
-    for r in range(ROUNDS):
+    for r in range(rounds):
         if r:
             k0, k1 = (k0 + PHILOX_W0) & _U32, (k1 + PHILOX_W1) & _U32
         hi0, lo0 = _mulhilo(PHILOX_M0, c0)
         hi1, lo1 = _mulhilo(PHILOX_M1, c2)
         c0, c1, c2, c3 = hi1 ^ c1 ^ k0, lo1, hi0 ^ c3 ^ k1, lo0
     return c0, c1, c2, c3
+
+
+def philox4x32_10(ctr: tuple, key: tuple) -> tuple:
+    """Philox4x32-10 (Random123's default; its known answers check the round function)."""
+    return philox4x32(ctr, key, 10)
 
 
 def keep_threshold(p: float) -> int:
@@ -62,20 +76,31 @@ def keep_scale(p: float) -> float:
     return 65536.0 / (65536 - keep_threshold(p))
 
 
+def rng_tensor(seed: int, offset: int, p: float, device=None) -> torch.Tensor:
+    """The kernels' dropout slot: int32 (seed low word, seed high word, offset, threshold) (two's complement
+    views of the unsigned words)."""
+    words = [seed & _U32, (seed >> 32) & _U32, offset & _U32, keep_threshold(p)]
+    return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32, device=device)
+
+
+def draw_seed(generator: Optional[torch.Generator] = None) -> int:
+    """A fresh 63-bit seed from torch's CPU generator (``torch.manual_seed`` makes a run reproducible)."""
+    return int(torch.randint(0, 2 ** 63 - 1, (1,), generator=generator, dtype=torch.int64).item())
+
+
 def dropout_keep_mask(seed: int, offset: int, batch: int, heads: int, seqlen_q: int, seqlen_k: int, p: float,
                       device=None) -> torch.Tensor:
     """The keep mask (bool, (batch, heads, seqlen_q, seqlen_k)) the kernels use for a call with this seed,
     offset and dropout probability (see the module docstring)."""
     threshold = keep_threshold(p)
-    groups = -(-seqlen_k // COLS_PER_CALL)
     q = torch.arange(seqlen_q, device=device, dtype=torch.int64).view(1, 1, -1, 1)
-    g = torch.arange(groups, device=device, dtype=torch.int64).view(1, 1, 1, -1)
+    k = torch.arange(seqlen_k, device=device, dtype=torch.int64).view(1, 1, 1, -1)
     bh = (torch.arange(batch, device=device, dtype=torch.int64).view(-1, 1, 1, 1) * heads
           + torch.arange(heads, device=device, dtype=torch.int64).view(1, -1, 1, 1))
-    words = philox4x32_10((q, g, bh, offset & _U32), (seed & _U32, (seed >> 32) & _U32))
-    halves = []
-    for w in words:
-        w = w.expand(batch, heads, seqlen_q, groups)
-        halves += [w & 0xFFFF, w >> 16]
-    values = torch.stack(halves, dim=-1).view(batch, heads, seqlen_q, groups * COLS_PER_CALL)[..., :seqlen_k]
-    return values >= threshold
+    ctr0 = (q // CELL) * 32 + (q % 8) * 4 + (k % 8) // 2
+    words = philox4x32((ctr0, k // CELL, bh, offset & _U32), (seed & _U32, (seed >> 32) & _U32))
+    which = ((q % CELL) // 8) * 2 + (k % CELL) // 8  # the word of each element
+    word = torch.where(which == 0, words[0], torch.where(which == 1, words[1],
+                                                         torch.where(which == 2, words[2], words[3])))
+    value = (word >> ((k % 2) * 16)) & 0xFFFF
+    return (value >= threshold).expand(batch, heads, seqlen_q, seqlen_k)

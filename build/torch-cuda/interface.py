@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from . import backward, block_sparse, compiler, flex, manifest
+from . import backward, block_sparse, compiler, dropout, flex, manifest
 from .metadata import check_requested, check_varlen_metadata
 from ._ops import add_op_namespace_prefix
 from .config import (
@@ -188,7 +188,7 @@ def _launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, c
     walks several tiles)."""
     return _plan_for(q, v, spec, shape, params, config, num_splits, max_ctas).run(q, k, v, params.sink, varlen,
                                                                                     out, lse, params.aux,
-                                                                                    params.sparse)
+                                                                                    params.sparse, params.rng)
 
 
 def _plan_for(q, v, spec, shape, params, config, num_splits, max_ctas) -> "_LaunchPlan":
@@ -222,7 +222,7 @@ class _LaunchPlan:
     max_ctas: int = 0
     band: int = 1
 
-    def run(self, q, k, v, sink, varlen, out=None, lse=None, aux=(), sparse=()):
+    def run(self, q, k, v, sink, varlen, out=None, lse=None, aux=(), sparse=(), rng=None):
         device = q.device
         if out is None:
             out = (torch.zeros if self.zero_fill else torch.empty)(self.out_shape, dtype=self.dtype, device=device)
@@ -244,7 +244,8 @@ class _LaunchPlan:
         if self.splits == 1:
             kernel, = self.launches
             calls = ((kernel, (q, k, v, out, lse, *self.scalars, sink, cu_q, cu_k, used_q, used_k, pages, self.seqlen_q, 1,
-                               self.max_ctas, self.band, *compiler.aux_args(aux), *compiler.sparse_args(sparse))),)
+                               self.max_ctas, self.band, *compiler.aux_args(aux), *compiler.sparse_args(sparse),
+                               rng)),)
         else:
             # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
             o_part = torch.empty((self.splits, *self.out_shape), dtype=torch.float32, device=device)
@@ -252,7 +253,7 @@ class _LaunchPlan:
             split_kernel, combine_kernel = self.launches
             calls = ((split_kernel, (q, k, v, o_part, lse_part, *self.scalars, None, cu_q, cu_k, used_q, used_k, pages,
                                      self.seqlen_q, self.splits, 0, self.band, *compiler.aux_args(aux),
-                                     *compiler.sparse_args(sparse))),
+                                     *compiler.sparse_args(sparse), rng)),
                      (combine_kernel, (o_part, lse_part, out, lse, sink, cu_q, used_q, self.seqlen_q)))
         launch_on(device, calls)
         return out, lse
@@ -512,9 +513,6 @@ def _window_entries(window_size) -> tuple:
 def _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, extra) -> None:
     """Check the options, then raise the manifest's message for each requested feature this version
     does not implement."""
-    planned = {"dropout_p": "dropout"}  # issue 20's next feature
-    values = {fid: extra.pop(name, None) for name, fid in planned.items()}
-    asked = [fid for fid, v in values.items() if v is not None and not (isinstance(v, (int, float)) and v == 0)]
     if extra:
         raise TypeError(f"flash_attn_func got unexpected arguments: {sorted(extra)}")
     _check_options(num_splits, pack_gqa)
@@ -523,7 +521,6 @@ def _refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, extra) -> N
         requested.append("split_kv")
     if score_mod is not None or mask_mod is not None:
         requested.append("score_mod")
-    requested += asked
     if requested:
         refusal = _refusal(tuple(requested))
         if refusal is not None:
@@ -593,10 +590,26 @@ def _aux_tensors(tensors, scalars, device) -> tuple:
 
 
 def _mods_of(score_mod, mask_mod, kwargs: dict) -> dict:
-    """The call's mods (upstream's keyword arguments), taken out of ``kwargs``."""
+    """The call's mods (upstream's keyword arguments), taken out of ``kwargs``; ``dropout``: (p, seed) when
+    ``dropout_p`` > 0 (``_dropout_of``), else None."""
     return dict(score_mod=score_mod, mask_mod=mask_mod, score_mod_bwd=kwargs.pop("score_mod_bwd", None),
                 aux_tensors=kwargs.pop("aux_tensors", None), aux_scalars=kwargs.pop("aux_scalars", None),
-                block_sparse_tensors=kwargs.pop("block_sparse_tensors", None))
+                block_sparse_tensors=kwargs.pop("block_sparse_tensors", None), dropout=_dropout_of(kwargs))
+
+
+def _dropout_of(kwargs: dict) -> Optional[tuple]:
+    """``(p, seed)`` of a call's ``dropout_p`` / ``dropout_seed`` (taken out of ``kwargs``), None when p is 0 (the
+    plain call: exactly the kernels without dropout). Without a seed, one is drawn from torch's CPU generator
+    (``torch.manual_seed`` reproduces a run); the mask is ``dropout.dropout_keep_mask`` of (seed, offset 0)."""
+    p, seed = kwargs.pop("dropout_p", 0.0), kwargs.pop("dropout_seed", None)
+    if isinstance(p, torch.Tensor) or not isinstance(p, (int, float)) or isinstance(p, bool):
+        raise TypeError(f"dropout_p must be a Python float, got {p!r}")
+    dropout.keep_threshold(p)  # raises ValueError outside [0, 1)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
+        raise TypeError(f"dropout_seed must be a non-negative int or None, got {seed!r}")
+    if p == 0:
+        return None
+    return float(p), dropout.draw_seed() if seed is None else seed % (1 << 64)
 
 
 def _has_mods(mods: dict) -> bool:
@@ -619,7 +632,7 @@ def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None,
         out, lse = _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, num_splits, deterministic)
     else:
         plan = remember(key, _plan_for(q, v, spec, shape, params, None, num_splits, None))
-        out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux, sparse=params.sparse)
+        out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux, sparse=params.sparse, rng=params.rng)
     return out, (lse if (return_lse or needs_grad) else None)
 
 
@@ -844,6 +857,7 @@ def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causa
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     mods = dict(mods)
     sparse = mods.pop("block_sparse_tensors", None)
+    drop = mods.pop("dropout", None)
     if varlen is None:
         spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
         tensors = None
@@ -858,8 +872,20 @@ def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causa
         spec, params = _with_block_sparse(spec, shape, params, sparse, needs_grad, num_splits, pack_gqa, q.device,
                                           bool(deterministic))
         pack_gqa, num_splits = False, 1  # the lists are per query head and walked whole (config.block_sparse_problems)
+    if drop is not None:
+        spec, params = _with_dropout(spec, params, drop, q.device)
+        pack_gqa = False  # the mask is drawn per query head of an unpacked tile (config.dropout_problems)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
                 learnable_sink, bool(deterministic))
+
+
+def _with_dropout(spec, params, drop: tuple, device):
+    """(spec, params) of a call with dropout (issue 20): the flag in the spec, (seed, offset 0, threshold) in the
+    kernels' dropout slot (the call then runs unpacked, even with ``pack_gqa=True``: the manifest's
+    dropout+pack_gqa)."""
+    p, seed = drop
+    return (dataclasses.replace(spec, dropout=True),
+            dataclasses.replace(params, rng=dropout.rng_tensor(seed, 0, p, device)))
 
 
 def _with_block_sparse(spec, shape, params, sparse, needs_grad: bool, num_splits, pack_gqa, device,

@@ -196,6 +196,8 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
                    "S tile, or aux tensor addresses) spill; a 64-row tile (16 rows per warp) serves mods")
     if spec.block_sparse is not None:
         out += block_sparse_problems(spec, cfg)
+    if spec.dropout:
+        out += dropout_problems(spec, cfg)
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if cfg.tile_m % rows_per_pass:
@@ -304,6 +306,28 @@ def block_sparse_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
 
 #: accumulator registers per thread (O + S) beside which the block-sparse walk and mods still fit (sm_120a gate)
 SPARSE_MODS_MAX_ACC_REGS = 144
+
+
+def dropout_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
+    """Why ``cfg`` cannot run ``spec``'s dropout (``_kernels/dropout_mask``): the mask is drawn per (query head,
+    query row) of an unpacked tile, and its keep flags need registers beside S and O."""
+    out = []
+    if cfg.persistent or spec.pack_gqa:
+        out.append("dropout draws its mask per (query head, query row) of an unpacked, non-persistent tile: packed "
+                   "GQA and persistent=True do not run it (dropout calls run unpacked, on the non-persistent entries)")
+    s_regs = cfg.tile_m * cfg.tile_n // cfg.num_threads
+    acc_regs = cfg.tile_m * padded_head_dim(spec.head_dim_v, cfg) // cfg.num_threads + s_regs
+    if s_regs > 32 or acc_regs > DROPOUT_MAX_ACC_REGS:
+        # sm_120a gate, 2026-11-26: 128x64 tiles on 4 warps (64 S registers per thread) spilled 8-104 B at d64 and
+        # d96; d256's 64x64 4-warp tile (160 accumulator registers) 56-108 B; 32 S and 96 accumulator registers
+        # fit at every class
+        out.append(f"dropout's keep flags beside {s_regs} S and {acc_regs} accumulator registers per thread spill "
+                   f"(at most 32 and {DROPOUT_MAX_ACC_REGS})")
+    return out
+
+
+#: accumulator registers per thread (O + S) beside which dropout's Philox state fits (sm_120a gate)
+DROPOUT_MAX_ACC_REGS = 144
 
 
 #: Automatic GQA packing: when seqlen_q is below this (the largest tile_m), an unpacked M tile is
@@ -475,10 +499,10 @@ def table_keys(spec: FwdSpec) -> list[str]:
     # block sparsity walks its lists in the cp.async tiles: at d128, where the class entry is a ping-pong tile,
     # the 64-row one-stage alternate ran the random 25% map 1.42x and documents 1.45x faster than the two-stage
     # cp.async entry (H100 at SM120 occupancy, 2026-11-26, benchmarks/results/sparse_tiles_h100_2026-11-26.json)
-    m64 = spec.mods is not None or spec.block_sparse is not None
+    m64 = spec.mods is not None or spec.block_sparse is not None or spec.dropout
     # ... and, last, the class's paged tile (a cp.async tile tuned for a walk of looked-up blocks: d256's 64x32
     # keeps the walk and mods within the registers where the class entry's 64x64 spills)
-    paged = [f"d{head_dim_class(spec)}_paged"] if spec.block_sparse is not None else []
+    paged = [f"d{head_dim_class(spec)}_paged"] if spec.block_sparse is not None or spec.dropout else []
     return keys + [key] + ([f"{key}_m64"] if m64 else []) + [f"{key}_cp_async"] + paged
 
 

@@ -54,6 +54,9 @@ class FwdSpec:
     #: issue 20: block sparsity, ``(query block, key block, full lists given)`` of the call's block-sparse
     #: tensors (compile-time: the kernel divides by the block sizes); None without
     block_sparse: Optional[tuple] = None
+    #: issue 20: attention dropout (``dropout.py``'s mask; the seed, offset and threshold are runtime values in the
+    #: kernels' dropout slot). False compiles exactly the kernel without dropout
+    dropout: bool = False
 
     @property
     def mask(self) -> str:
@@ -112,6 +115,8 @@ class BwdSpec:
     #: head, key tile) lists of (query head, query tile) steps the host derives from the forward's lists
     #: (``block_sparse.backward_lists``), which needs tiles dividing the blocks. None without
     block_sparse: Optional[tuple] = None
+    #: issue 20: the forward's dropout: the backward regenerates its keep mask (``_kernels/dropout_mask``)
+    dropout: bool = False
 
     @staticmethod
     def of(spec: "FwdSpec", has_dlse: bool = False, deterministic: bool = False) -> "BwdSpec":
@@ -122,7 +127,8 @@ class BwdSpec:
                        local=spec.local, softcap=spec.softcap, varlen_q=spec.varlen_q,
                        varlen_k=spec.varlen_k, seqused_q=spec.seqused_q, seqused_k=spec.seqused_k,
                        has_dlse=has_dlse, deterministic=deterministic, mods=spec.mods,
-                       block_sparse=spec.block_sparse[:2] if spec.block_sparse is not None else None)
+                       block_sparse=spec.block_sparse[:2] if spec.block_sparse is not None else None,
+                       dropout=spec.dropout)
 
 
 @dataclass(frozen=True)
@@ -216,6 +222,9 @@ class FwdParams:
     #: block sparsity (issue 20): (mask_block_cnt, mask_block_idx, full_block_cnt, full_block_idx), the last two
     #: None without full lists; () without block sparsity
     sparse: tuple = ()
+    #: dropout (issue 20): the kernels' int32 (seed low, seed high, offset, threshold) slot
+    #: (``dropout.rng_tensor``); None without dropout
+    rng: Optional[torch.Tensor] = None
 
 
 #: log2(e): natural-log quantities times this are exp2 / log2 quantities (host and kernels)

@@ -60,6 +60,7 @@ from . import CUTLASS_DTYPES, block_info
 from .dq_accum import (add_fragment, dq_tiled_mma, pass_turn, read_turn, semaphore_ptr, slice_offset, wait_turn,
                        warp_tiled_mma)
 from .block_walk import tile_walk
+from .dropout_mask import DropoutMask, check_cells
 from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd, aux_list
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
@@ -118,7 +119,7 @@ class FlashBwdMultistage:
         self.g2s_qk = g2s_tiled_copy(dt, atom_qk.outer.shape[1], self.num_threads, cp_async)
         self.g2s_v = g2s_tiled_copy(dt, atom_v.outer.shape[1], self.num_threads, cp_async)
         nw = cfg.num_warps
-        self.mma_sdp = warp_tiled_mma(dt, nw, cfg.sdp_warps_m)
+        self.mma_sdp = warp_tiled_mma(dt, nw, cfg.sdp_warps_m, cells=self.spec.dropout)
         self.mma_dkv = warp_tiled_mma(dt, nw, cfg.dkv_warps_n)
         self.mma_dq = dq_tiled_mma(dt, cfg)
 
@@ -167,6 +168,7 @@ class FlashBwdMultistage:
         mBlockIdx: Optional[cute.Tensor],
         mFullCnt: Optional[cute.Tensor],
         mFullIdx: Optional[cute.Tensor],
+        mRng: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
         if const_expr(not (mQ.element_type == mK.element_type == mV.element_type == mdO.element_type
@@ -183,7 +185,7 @@ class FlashBwdMultistage:
             window_left, window_right, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sP_layout,
             self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq, mAux0, mAux1, mAux2, mAux3,
-            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx,
+            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -236,6 +238,7 @@ class FlashBwdMultistage:
         mBlockIdx: Optional[cute.Tensor],
         mFullCnt: Optional[cute.Tensor],
         mFullIdx: Optional[cute.Tensor],
+        mRng: Optional[cute.Tensor],
     ):
         self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq = g2s_qk, g2s_v, mma_sdp, mma_dkv, mma_dq
         self.aux_tensors = aux_list(mAux0, mAux1, mAux2, mAux3)  # the mods' aux tensors (None without)
@@ -269,6 +272,11 @@ class FlashBwdMultistage:
                 seqlen_info=(SeqlenInfo.of(batch, mCuSeqlensQ, mCuSeqlensK, seqlen_q, seqlen_k)
                              if const_expr(self.spec.mods is not None) else None),
             )
+            ctx.dropout = None  # issue 20: the forward's keep mask, regenerated (``dropout_mask``)
+            if const_expr(self.spec.dropout):
+                check_cells(self.mma_sdp, self.tile_m, self.tile_n)
+                ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)
+                ctx.num_heads = num_heads(mQ, packed_q)
             self.load_kv(ctx, sm, mK_s, mV_s, head_kv // split if const_expr(split > 1) else head_kv)
             ctx.walk = None
             num_steps = group * ctx.num_m
@@ -552,9 +560,9 @@ class FlashBwdMultistage:
     def gradient_of_scores(self, ctx: SimpleNamespace, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool],
                            head=None, with_mask: cutlass.Constexpr[bool] = True):
         """In place: acc_S becomes P = exp2(S * scale_log2 - LSE2) (mods or softcap first, then the element mask
-        where ``masked``), acc_dP becomes dS = P (dP - D') (softcap: times 1 - tanh^2, the tanh taken
-        before the mask so that a masked entry's factor stays finite; score_mod: through score_mod_bwd at the
-        kept pre-mod scores). ``head``: the query head (read by the mods); ``with_mask`` off: a block-sparse
+        where ``masked``; dropout: P z, z = keep / (1 - p)), acc_dP becomes dS = P (dP z - D') (softcap: times
+        1 - tanh^2, the tanh taken before the mask so that a masked entry's factor stays finite; score_mod: through
+        score_mod_bwd at the kept pre-mod scores). ``head``: the query head (read by the mods); ``with_mask`` off: a block-sparse
         full tile, the score_mod only (no mask_mod)."""
         t = None
         pre = None
@@ -576,11 +584,20 @@ class FlashBwdMultistage:
                         ctx.window_left, ctx.window_right, self.tile_m, self.tile_n, self.spec.causal,
                         self.spec.local)
         t_rc = acc_rows_cols(t) if const_expr(self.spec.softcap) else None
+        flags = None
+        if const_expr(self.spec.dropout):
+            flags = ctx.dropout.keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m, ctx.n_block * self.tile_n)
         for r in cutlass.range_constexpr(cute.size(S_rc, mode=[0])):
             for c in cutlass.range_constexpr(cute.size(S_rc, mode=[1])):
                 p = cute.math.exp2(S_rc[r, c] * ctx.scale_log2 - lse2[r], fastmath=True)
                 S_rc[r, c] = p
-                ds = p * (dP_rc[r, c] - dsum[r])
+                dp = dP_rc[r, c]
+                if const_expr(self.spec.dropout):
+                    # dropout: O used P * z (z = keep / (1 - p)), so dV takes P * z and dP * z enters dS
+                    z = ctx.dropout.scale if flags[r][c] else Float32(0.0)
+                    S_rc[r, c] = p * z
+                    dp = dp * z
+                ds = p * (dp - dsum[r])
                 if const_expr(self.spec.softcap):
                     ds = ds * (Float32(1.0) - t_rc[r, c] * t_rc[r, c])
                 dP_rc[r, c] = ds

@@ -62,6 +62,7 @@ from . import CUTLASS_DTYPES, block_info
 from .grid_dependency import enter_grid
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .block_walk import sparse_walk
+from .dropout_mask import DropoutMask, check_cells
 from .flex_mods import FlexMods, SeqlenInfo, aux_list
 from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
@@ -321,6 +322,7 @@ class FlashFwdMultistage:
         mBlockIdx: Optional[cute.Tensor],
         mFullCnt: Optional[cute.Tensor],
         mFullIdx: Optional[cute.Tensor],
+        mRng: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
         out_dtype = Float32 if const_expr(self.spec.split_kv) else self.dtype
@@ -353,7 +355,7 @@ class FlashFwdMultistage:
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
             tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks, cutlass.max(tile_band, 1), mAux0, mAux1, mAux2, mAux3,
-            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx,
+            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng,
         ).launch(
             grid=grid,
             block=[self.launch_threads, 1, 1],
@@ -413,6 +415,7 @@ class FlashFwdMultistage:
         mBlockIdx: Optional[cute.Tensor],
         mFullCnt: Optional[cute.Tensor],
         mFullIdx: Optional[cute.Tensor],
+        mRng: Optional[cute.Tensor],
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
@@ -489,6 +492,11 @@ class FlashFwdMultistage:
                 )
                 ctx.score = self.score_step(ctx, softcap_scale, window_left, window_right, batch, head,
                                             mCuSeqlensQ, mCuSeqlensK)
+                ctx.dropout = None  # issue 20: the keep mask of P (``dropout_mask``), drawn after the softmax
+                if const_expr(self.spec.dropout):
+                    check_cells(self.tiled_mma, self.tile_m, self.tile_n)
+                    ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)
+                    ctx.batch, ctx.head, ctx.num_heads = batch, head, heads_q
 
                 out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head,
                                       split=split)
@@ -564,7 +572,8 @@ class FlashFwdMultistage:
             sink_log2 = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):
                 sink_log2[r] = Float32(mSink[self.row_head(ctx, head, ctx.tScS_rc[r, 0][0])]) * Float32(LOG2_E)
-        ctx.softmax.finalize(ctx.acc_O_rc, lse, sink_log2)
+        ctx.softmax.finalize(ctx.acc_O_rc, lse, sink_log2,
+                             ctx.dropout.scale if const_expr(self.spec.dropout) else None)
         if const_expr(self.spec.split_kv):
             self.epilogue_partial(ctx, lse, out)
         elif const_expr(self.config.persistent):
@@ -716,6 +725,7 @@ class FlashFwdMultistage:
             kv.load_k(n_next, 0, bounded=walk is not None)
         cute.arch.cp_async_commit_group()
         ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
+        self.drop(ctx, acc_S, n_block)
         self.pv(ctx, convert(acc_S, self.dtype), 0)
         cute.arch.cp_async_wait_group(0)  # the next block's K
         cute.arch.sync_threads()  # every warp is done with V; K is visible
@@ -729,6 +739,7 @@ class FlashFwdMultistage:
         """S = Q K^T, mask, online softmax, O += P V for one key block in smem ``stage``."""
         acc_S = self.scores(ctx, n_block, stage, masked, mask_mod)
         ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
+        self.drop(ctx, acc_S, n_block)
         # e. O += P V, P reinterpreted as the A operand in 16-bit
         self.pv(ctx, convert(acc_S, self.dtype), stage)
 
@@ -817,16 +828,32 @@ class FlashFwdMultistage:
         row_max, row_sum, acc_O_rc = ctx.softmax.row_max, ctx.softmax.row_sum, ctx.acc_O_rc
         if const_expr(self.config.pingpong):
             if scale == scale:  # always true; a branch ptxas cannot sink the MMAs past
-                self.softmax_to_p(row_max, row_sum, acc_S, acc_O_rc, rP, scale)
+                self.softmax_to_p(row_max, row_sum, acc_S, acc_O_rc, rP, scale, ctx, n_block)
         else:
-            self.softmax_to_p(row_max, row_sum, acc_S, acc_O_rc, rP, scale)
+            self.softmax_to_p(row_max, row_sum, acc_S, acc_O_rc, rP, scale, ctx, n_block)
         self.end_step(ctx, slot + 1)
 
     @cute.jit
-    def softmax_to_p(self, row_max, row_sum, acc_S: cute.Tensor, acc_O_rc: cute.Tensor, rP: cute.Tensor, scale):
-        """The overlapped step's softmax of this block, its P kept in 16 bits for the next step's P V."""
+    def softmax_to_p(self, row_max, row_sum, acc_S: cute.Tensor, acc_O_rc: cute.Tensor, rP: cute.Tensor, scale,
+                     ctx: SimpleNamespace = None, n_block: Int32 = None):
+        """The overlapped step's softmax of this block (key block ``n_block``), its P kept in 16 bits for the next
+        step's P V."""
         softmax_step(row_max, row_sum, acc_rows_cols(acc_S), acc_O_rc, scale)
+        self.drop(ctx, acc_S, n_block)
         rP.store(acc_S.load().to(self.dtype))
+
+    @cute.jit
+    def drop(self, ctx: SimpleNamespace, acc_S: cute.Tensor, n_block: Int32):
+        """Dropout (issue 20) on this block's P (after the softmax: the row sums keep every element): dropped
+        elements become 0; the kept ones are scaled by 1 / (1 - p) once, on O in ``finish``."""
+        if const_expr(self.spec.dropout):
+            flags = ctx.dropout.keep_flags(ctx.batch, ctx.head, ctx.num_heads, ctx.m_block * self.tile_m,
+                                           n_block * self.tile_n)
+            p_rc = acc_rows_cols(acc_S)
+            for r in cutlass.range_constexpr(cute.size(p_rc, mode=[0])):
+                for c in cutlass.range_constexpr(cute.size(p_rc, mode=[1])):
+                    p = p_rc[r, c]
+                    p_rc[r, c] = p if flags[r][c] else Float32(0.0)
 
     @cute.jit
     def overlap_mainloop(self, ctx: SimpleNamespace, num_right: Int32, num_full: Int32):

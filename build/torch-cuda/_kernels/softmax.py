@@ -48,18 +48,20 @@ class OnlineSoftmax:
         softmax_step(self.row_max, self.row_sum, acc_S_rc, acc_O_rc, self.scale_log2)
 
     @cute.jit
-    def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor, sink_log2: cute.Tensor = None):
+    def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor, sink_log2: cute.Tensor = None, o_scale=None):
         """Normalize O in place and write each row's natural-log LSE into ``lse`` (num_rows,).
 
         ``sink_log2`` (num_rows,): per row, a learnable sink logit times log2(e) (rows of one tile may
         belong to different heads when GQA is packed); it adds exp(sink) to the row's denominator
         and to its LSE. Exponents are taken against max(row max, sink) so nothing overflows; a row that
-        saw no key then gets O = 0 and LSE = sink."""
+        saw no key then gets O = 0 and LSE = sink. ``o_scale``: a factor on O only (dropout's 1 / (1 - p))."""
         for r in cutlass.range_constexpr(self.num_rows):
             total = quad_allreduce_sum(self.row_sum[r])
             if cutlass.const_expr(sink_log2 is None):
                 seen = total > Float32(0.0)
                 inv = cute.arch.rcp_approx(total) if seen else Float32(0.0)
+                if cutlass.const_expr(o_scale is not None):
+                    inv = inv * o_scale
                 acc_O_rc[r, None].store(acc_O_rc[r, None].load() * inv)
                 lse[r] = (
                     (self.row_max[r] * self.scale_log2 + cute.math.log2(total, fastmath=True)) * LN2
@@ -71,7 +73,10 @@ class OnlineSoftmax:
                 top = cute.arch.fmax(m_log2, sink_log2[r])
                 keep = cute.math.exp2(m_log2 - top, fastmath=True)
                 denom = total * keep + cute.math.exp2(sink_log2[r] - top, fastmath=True)
-                acc_O_rc[r, None].store(acc_O_rc[r, None].load() * (keep * cute.arch.rcp_approx(denom)))
+                factor = keep * cute.arch.rcp_approx(denom)
+                if cutlass.const_expr(o_scale is not None):
+                    factor = factor * o_scale
+                acc_O_rc[r, None].store(acc_O_rc[r, None].load() * factor)
                 lse[r] = (top + cute.math.log2(denom, fastmath=True)) * LN2
 
 
