@@ -15,11 +15,12 @@ import torch
 
 
 def attention_ref(q, k, v, softmax_scale=None, causal=False, upcast=True, window_size=(None, None),
-                  softcap=0.0, learnable_sink=None):
+                  softcap=0.0, learnable_sink=None, dropout=None):
     """q (b, sq, hq, d), k/v (b, sk, hkv, d) -> (out (b, sq, hq, dv), lse (b, hq, sq) fp32).
 
     ``upcast=True`` computes in fp32 (the reference); ``upcast=False`` computes in the input dtype with
-    the same operation order (the ``pt`` baseline for the tolerance rule).
+    the same operation order (the ``pt`` baseline for the tolerance rule). ``dropout``: (keep mask (b, hq, sq,
+    sk) bool, scale): the normalized probabilities times keep * scale before P V (the LSE keeps every element).
     """
     dtype_out = q.dtype
     if upcast:
@@ -47,6 +48,9 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, upcast=True, window
         empty = ~seen.any(dim=-1).expand(b, hq, sq)
         lse = torch.logsumexp(scores.masked_fill(empty[..., None], 0.0), dim=-1)
     p = torch.exp(scores - lse[..., None])
+    if dropout is not None:
+        keep, scale = dropout
+        p = p * (keep.to(p.dtype) * scale)
     lse = lse.masked_fill(empty, float("-inf"))
     out = torch.einsum("bhqk,bkhd->bqhd", p.to(v.dtype), v)
     return out.to(dtype_out), lse

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
-                 "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "flex", "sparse")
+                 "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "flex", "sparse", "dropout")
 
 
 def _i32(xs, device="cuda"):
@@ -388,6 +388,27 @@ def _sparse_runs():
     torch.cuda.synchronize()
 
 
+def _dropout_runs():
+    """Dropout (issue 20): forward and backward at odd lengths on the d64 / d128 / d256 tiles (one-stage, ping-pong,
+    two-stage), causal and not, varlen with an empty sequence, and the deterministic backward."""
+    import torch
+
+    import flash_attn_4_sm120 as fa
+
+    for d, sq, sk, causal in ((128, 333, 517, True), (64, 700, 300, False), (256, 300, 701, True),
+                              (128, 1000, 1000, False)):
+        q = torch.randn(2, sq, 4, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        k = torch.randn(2, sk, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        out, _ = fa.flash_attn_func(q, k, k, causal=causal, dropout_p=0.2, dropout_seed=7,
+                                    deterministic=d == 128 and causal)
+        torch.autograd.grad(out, (q, k), torch.ones_like(out))
+    cu = torch.tensor([0, 100, 100, 357], dtype=torch.int32, device="cuda")
+    q = torch.randn(357, 4, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    out, _ = fa.flash_attn_varlen_func(q, q, q, cu, cu, 257, 257, causal=True, dropout_p=0.3)
+    torch.autograd.grad(out, (q,), torch.ones_like(out))
+    torch.cuda.synchronize()
+
+
 FAMILIES = {
     **{kind: (lambda kind=kind: _dense_config_run(kind))
        for kind in ("cp_async", "single_stage", "single_stage_w8", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "persistent")},
@@ -404,6 +425,7 @@ FAMILIES = {
     "bwd_split": _bwd_split_runs,
     "flex": _flex_runs,
     "sparse": _sparse_runs,
+    "dropout": _dropout_runs,
 }
 
 

@@ -11,7 +11,6 @@ MMA's warp layout), so a tile that breaks the grouping fails to build instead of
 from dataclasses import dataclass
 from typing import Any
 
-import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32, Uint64
 

@@ -1,0 +1,100 @@
+"""Dropout benchmark (issue 20): ours with ``dropout_p=0.1`` against ours without dropout (the issue's target:
+forward + backward <= 1.25x) and against FA2 (PyTorch SDPA's flash backend) with and without the same dropout, forward
+and forward + backward, in one run (a script, not a test).
+
+Cases (bf16, GQA 32/8 heads, batch 4 x 4096 tokens, as ``bench_flex``): head dims 64, 128 and 256, causal and not.
+Timing: ``timing.median_ms``; ``--occupancy`` as ``bench_fwd`` (sm120: ours padded by the package, FA2 through the
+context's cache preference where that reaches an SM120's CTAs per SM). TFLOPS count the visible share of the square
+(causal 1/2; x3.5 forward + backward): dropout does not change the work.
+
+    python benchmarks/bench_dropout.py --out results.json [--occupancy both|sm120|h100] [--cases d128]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from bench_fwd import fa, time_parts  # noqa: E402  (puts torch-ext on the path)
+
+P = 0.1
+#: (batch, seqlen, heads_q, heads_kv)
+SHAPE = (4, 4096, 32, 8)
+PEERS = ("sdpa_flash_fa2", "sdpa_flash_fa2_dropout")
+
+
+def ours(p: float, causal: bool):
+    def run(q, k, v):
+        return fa.flash_attn_func(q, k, v, causal=causal, dropout_p=p, dropout_seed=1234 if p else None)[0]
+    return run
+
+
+def fa2(p: float, causal: bool):
+    def run(q, k, v):
+        qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, dropout_p=p,
+                                                  enable_gqa=True).transpose(1, 2)
+    return run
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--cases", nargs="*")
+    ap.add_argument("--occupancy", choices=("both", "sm120", "h100"), default="both")
+    args = ap.parse_args()
+    occupancies = ("sm120", "h100") if args.occupancy == "both" else (args.occupancy,)
+    model = fa.dispatch_model(torch.device("cuda"))
+    b, s, hq, hkv = SHAPE
+    rows = []
+    for d in (64, 128, 256):
+        for causal in (False, True):
+            name = f"d{d} {'causal' if causal else 'full'}"
+            if args.cases and not any(c in name for c in args.cases):
+                continue
+            torch.manual_seed(0)
+            q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+            k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+            v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+            dout = torch.randn_like(q)
+
+            def forward(fn):
+                def run():
+                    with torch.no_grad():
+                        fn(q, k, v)
+                return run
+
+            parts = {"fwd": (forward, 1.0),
+                     "fwd_bwd": (lambda fn: lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), 3.5)}
+            impls = {"ours": ours(0.0, causal), "ours_dropout": ours(P, causal),
+                     "sdpa_flash_fa2": fa2(0.0, causal), "sdpa_flash_fa2_dropout": fa2(P, causal)}
+            flops = 4 * b * hq * s * s * d * (0.5 if causal else 1.0)
+            row = {"case": name, "shape": [b, s, hq, hkv, d], "causal": causal, "dropout_p": P}
+            time_parts(row, impls, parts, occupancies, model, flops, PEERS)
+            for occ in occupancies:
+                res = row["results" if occ == "sm120" else "results_h100"]
+                cells = [f"{i}=" + "/".join(f"{r[p]['ms']:.2f}" if "ms" in r.get(p, {}) else "-"
+                                            for p in ("fwd", "fwd_bwd")) + "ms" for i, r in res.items()]
+                ratio = {p: res["ours_dropout"][p]["ms"] / res["ours"][p]["ms"] for p in ("fwd", "fwd_bwd")
+                         if "ms" in res["ours_dropout"].get(p, {}) and "ms" in res["ours"].get(p, {})}
+                row.setdefault("dropout_cost", {})[occ] = ratio
+                print(f"{name:12s} [{occ}] fwd/fwd+bwd " + " ".join(cells)
+                      + " | dropout x" + "/".join(f"{r:.3f}" for r in ratio.values()), flush=True)
+            rows.append(row)
+            del q, k, v, dout
+            if args.out:
+                Path(args.out).write_text(json.dumps(
+                    {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+                     "torch": torch.__version__, "bundle_version": fa.__version__, "dtype": "bf16",
+                     "occupancies": occupancies, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
