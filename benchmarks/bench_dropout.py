@@ -88,7 +88,6 @@ def main():
                 print(f"{name:12s} [{occ}] fwd/fwd+bwd " + " ".join(cells)
                       + " | dropout x" + "/".join(f"{r:.3f}" for r in ratio.values()), flush=True)
             rows.append(row)
-            del q, k, v, dout
             if args.out:
                 Path(args.out).write_text(json.dumps(
                     {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
