@@ -2,7 +2,7 @@
 # Session 25's device calls (issue 20: dropout, forward and backward), one part per call; each stays under the
 # 10-minute call limit and leaves at most a few files under $OUT:
 #   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session25.sh 1", carry=[".kit_bench"])
-# 1: dropout GPU tests, then bench_dropout.py at SM120 occupancy, ~8 min
+# 1: dropout GPU tests, then bench_dropout.py at both occupancies, ~8 min
 # 2: the flex, block-sparse and backward GPU tests (the new trailing kernel slot) + sanitizer on dropout, ~8 min
 # 3: bench_dropout.py at both occupancies, ~6 min
 set -u
@@ -16,7 +16,7 @@ shards() {  # shards <timeout> <tests...>
 }
 case "$part" in
   1) shards 300 tests/test_dropout_gpu.py
-     (cd benchmarks && timeout 260 python3 bench_dropout.py --occupancy sm120 --out "$OUT/dropout.json" 2>&1 \
+     (cd benchmarks && timeout 380 python3 bench_dropout.py --out "$OUT/dropout.json" 2>&1 \
         | grep -v -i warn | tail -12) ;;
   2) (timeout 420 python3 tools/sanitize.py --families dropout --tools memcheck racecheck --jobs 2 \
         --json "$OUT/sanitizer.json" --log-dir /tmp/sanlog > "$OUT/sanitizer.txt" 2>&1) &

@@ -500,10 +500,13 @@ def table_keys(spec: FwdSpec) -> list[str]:
     # the 64-row one-stage alternate ran the random 25% map 1.42x and documents 1.45x faster than the two-stage
     # cp.async entry (H100 at SM120 occupancy, 2026-11-26, benchmarks/results/sparse_tiles_h100_2026-11-26.json)
     m64 = spec.mods is not None or spec.block_sparse is not None or spec.dropout
+    # dropout's keep flags do not fit beside d128's 256x32 class tile; its 128-row alternate (the causal class tile,
+    # Q in registers) holds them, 1.2x the 64-row one-stage tile at SM120 occupancy (H100, 2026-11-26)
+    m128 = [f"{key}_m128"] if spec.dropout else []
     # ... and, last, the class's paged tile (a cp.async tile tuned for a walk of looked-up blocks: d256's 64x32
     # keeps the walk and mods within the registers where the class entry's 64x64 spills)
     paged = [f"d{head_dim_class(spec)}_paged"] if spec.block_sparse is not None or spec.dropout else []
-    return keys + [key] + ([f"{key}_m64"] if m64 else []) + [f"{key}_cp_async"] + paged
+    return keys + [key] + m128 + ([f"{key}_m64"] if m64 else []) + [f"{key}_cp_async"] + paged
 
 
 @lru_cache(maxsize=None)

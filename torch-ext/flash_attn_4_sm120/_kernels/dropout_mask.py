@@ -45,8 +45,8 @@ def check_cells(tiled_mma, tile_m: int, tile_n: int) -> None:
 
 @dataclass(frozen=True)
 class DropoutMask:
-    """A CTA's dropout: the call's key and offset, the 16-bit threshold and the keep scale, and the S
-    accumulator's (rows, cols) coordinates (``tScS_rc`` this thread's, ``t0ScS_rc`` thread 0's, compile-time)."""
+    """A CTA's dropout: the call's key and offset, the 16-bit threshold (shifted to the high half) and the keep
+    scale, and the S accumulator's (rows, cols) coordinates (``tScS_rc`` this thread's, ``t0ScS_rc`` thread 0's, compile-time)."""
 
     key0: Any
     key1: Any
@@ -59,7 +59,7 @@ class DropoutMask:
     @staticmethod
     def of(mRng: cute.Tensor, tScS_rc, t0ScS_rc) -> "DropoutMask":
         """From the kernel's dropout slot (int32 seed low, seed high, offset, threshold)."""
-        threshold = Uint32(mRng[3])
+        threshold = Uint32(mRng[3]) << 16  # in the high half (``keep_flags``)
         scale = Float32(65536.0) / Float32(Int32(65536) - mRng[3])
         return DropoutMask(key0=Uint32(mRng[0]), key1=Uint32(mRng[1]), offset=Uint32(mRng[2]), threshold=threshold,
                            scale=scale, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc)
@@ -90,6 +90,7 @@ class DropoutMask:
                 for half in range(2):  # row half (word 2 * half + atom)
                     for atom in range(2):
                         w = words[2 * half + atom]
-                        flags[r + half][c + 2 * atom] = (w & Uint32(0xFFFF)) >= self.threshold
-                        flags[r + half][c + 2 * atom + 1] = (w >> 16) >= self.threshold
+                        # compared in the word's high half: (w mod 2^16) >= t iff (w << 16) >= (t << 16)
+                        flags[r + half][c + 2 * atom] = (w << 16) >= self.threshold
+                        flags[r + half][c + 2 * atom + 1] = w >= self.threshold
         return flags
