@@ -157,7 +157,7 @@ def test_varlen():
     """Rows and columns count from each sequence's start, batch = sequence index: each sequence matches the dense
     reference with its slice of the (sequences, heads, max_q, max_k) mask; gradients too."""
     # (no one-key sequence: see test_odd_lengths)
-    lens_q, lens_k, hq, hkv, d, p = [100, 0, 257, 33], [120, 5, 257, 2], 4, 2, 128, 0.25
+    lens_q, lens_k, hq, hkv, d, p = [100, 0, 257, 33], [120, 5, 257, 40], 4, 2, 128, 0.25
     torch.manual_seed(0)
     q, k, v, cu_q, cu_k = varlen_batch(lens_q, lens_k, hq, hkv, d)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]

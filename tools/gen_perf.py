@@ -23,6 +23,8 @@ BWD_DEFAULT = ROOT / "benchmarks" / "results" / "bwd_h100_2026-11-25.json"
 BWD_BEGIN, BWD_END = "<!-- bwd-table:begin -->", "<!-- bwd-table:end -->"
 FLEX_DEFAULT = ROOT / "benchmarks" / "results" / "flex_h100_2026-11-26.json"
 FLEX_BEGIN, FLEX_END = "<!-- flex-table:begin -->", "<!-- flex-table:end -->"
+DROPOUT_DEFAULT = ROOT / "benchmarks" / "results" / "dropout_h100_2026-11-26.json"
+DROPOUT_BEGIN, DROPOUT_END = "<!-- dropout-table:begin -->", "<!-- dropout-table:end -->"
 BWD_IMPLS = [("ours", "this bundle"), ("ours_deterministic", "this bundle, deterministic"),
              ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
              ("sdpa_cudnn", "SDPA cuDNN (wgmma)")]
@@ -191,6 +193,37 @@ def flex_table(result: dict, source: str) -> str:
     return "\n".join(lines)
 
 
+def dropout_table(result: dict, source: str) -> str:
+    """Milliseconds with and without dropout (forward; forward + backward in parentheses) per occupancy, ours and FA2
+    (SDPA flash), and the cost of dropout: the time with it over the time without, same run."""
+    impls = (("ours", "ours"), ("ours_dropout", f"ours, p={result['rows'][0]['dropout_p']}"),
+             ("sdpa_flash_fa2", "FA2"), ("sdpa_flash_fa2_dropout", f"FA2, p={result['rows'][0]['dropout_p']}"))
+    lines = [f"Dropout, bf16, {result['device']}, {result['date']} (`{source}`). Milliseconds, forward (forward + "
+             "backward; - where a part did not run: FA2's backward has no SM120-occupancy emulation); cost = time "
+             "with dropout / without, same implementation, same run (the issue's target: forward + backward <= 1.25x)."]
+    for field in [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]:
+        lines += ["", f"**{OCCUPANCIES[field]}**", "", "| case | shape (b, s, hq, hkv, d) | "
+                  + " | ".join(name for _, name in impls) + " | cost, ours | cost, FA2 |", "|---" * 8 + "|"]
+        for row in result["rows"]:
+            res = row.get(field, {})
+
+            def ms(impl, part):
+                return res.get(impl, {}).get(part, {}).get("ms")
+
+            def pair(impl):
+                return " ".join(f"{ms(impl, p):.2f}" if ms(impl, p) else "-" for p in ("fwd", "fwd_bwd")).replace(
+                    " ", " (", 1) + ")"
+
+            def cost(a, b):
+                parts = [f"{ms(b, p) / ms(a, p):.2f}×" if ms(a, p) and ms(b, p) else "-" for p in ("fwd", "fwd_bwd")]
+                return f"{parts[0]} ({parts[1]})"
+
+            shape = ", ".join(str(x) for x in row["shape"])
+            lines.append(f"| {row['case']} | {shape} | " + " | ".join(pair(i) for i, _ in impls)
+                         + f" | {cost('ours', 'ours_dropout')} | {cost('sdpa_flash_fa2', 'sdpa_flash_fa2_dropout')} |")
+    return "\n".join(lines)
+
+
 def _replace(body: str, begin: str, end: str, text: str) -> str:
     start, stop = body.index(begin) + len(begin), body.index(end)
     return body[:start] + "\n" + text + "\n" + body[stop:]
@@ -202,6 +235,7 @@ def main():
     ap.add_argument("--serving-result", default=str(SERVING_DEFAULT))
     ap.add_argument("--bwd-result", default=str(BWD_DEFAULT))
     ap.add_argument("--flex-result", default=str(FLEX_DEFAULT))
+    ap.add_argument("--dropout-result", default=str(DROPOUT_DEFAULT))
     ap.add_argument("--check", action="store_true")
     args = ap.parse_args()
     readme = ROOT / "README.md"
@@ -210,7 +244,8 @@ def main():
     for path, begin, end, make in ((Path(args.result), BEGIN, END, table),
                                    (Path(args.serving_result), SERVING_BEGIN, SERVING_END, serving_table),
                                    (Path(args.bwd_result), BWD_BEGIN, BWD_END, bwd_table),
-                                   (Path(args.flex_result), FLEX_BEGIN, FLEX_END, flex_table)):
+                                   (Path(args.flex_result), FLEX_BEGIN, FLEX_END, flex_table),
+                                   (Path(args.dropout_result), DROPOUT_BEGIN, DROPOUT_END, dropout_table)):
         new = _replace(new, begin, end, make(json.loads(path.read_text()), path.relative_to(ROOT).as_posix()))
     if args.check:
         sys.exit(0 if new == body else 1)

@@ -3,8 +3,10 @@
 # 10-minute call limit and leaves at most a few files under $OUT:
 #   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session25.sh 1", carry=[".kit_bench"])
 # 1: dropout GPU tests, then bench_dropout.py at both occupancies, ~8 min
-# 2: the flex, block-sparse and backward GPU tests (the new trailing kernel slot) + sanitizer on dropout, ~8 min
+# 2: the dropout, flex, block-sparse and backward GPU tests (the new trailing kernel slot) + sanitizer on dropout,
+#    ~8 min
 # 3: bench_dropout.py at both occupancies, ~6 min
+# 4: the dropout backward's cost split (explore/dropout_bwd_tiles.py: tile change vs the mask), ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
@@ -20,8 +22,10 @@ case "$part" in
         | grep -v -i warn | tail -12) ;;
   2) (timeout 420 python3 tools/sanitize.py --families dropout --tools memcheck racecheck --jobs 2 \
         --json "$OUT/sanitizer.json" --log-dir /tmp/sanlog > "$OUT/sanitizer.txt" 2>&1) &
-     shards 560 tests/test_flex_gpu.py tests/test_block_sparse_gpu.py tests/test_bwd_gpu.py
+     shards 560 tests/test_dropout_gpu.py tests/test_flex_gpu.py tests/test_block_sparse_gpu.py tests/test_bwd_gpu.py
      wait; tail -c 1500 "$OUT/sanitizer.txt" ;;
+  4) timeout 500 python3 benchmarks/explore/dropout_bwd_tiles.py --out "$OUT/dropout_bwd_tiles.json" 2>&1 \
+       | grep -v -i warn | tail -8 ;;
   3) (cd benchmarks && timeout 580 python3 bench_dropout.py --out "$OUT/dropout.json" 2>&1 | grep -v -i warn | tail -20) ;;
-  *) echo "part 1-3" ;;
+  *) echo "part 1-4" ;;
 esac
