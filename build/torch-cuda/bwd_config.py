@@ -127,14 +127,16 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
             out.append("block sparsity with mods at head dims over 192 needs dQ on two warps along the rows "
                        "(dq_warps_m=2): the class tile's one spills")
     if spec.dropout:
-        # sm_120a gate, 2026-11-26: the keep flags beside d64's and d96's 64x64 4-warp tiles (32 S registers per
-        # thread) spilled 32-92 B; d256's class tile kept one local word (its fallback, dQ on two warps along the
-        # rows, none)
-        if cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
-            out.append("dropout beside S fragments of 32 or more registers per thread spills")
-        if max(spec.head_dim, spec.head_dim_v) > 192 and cfg.dq_warps_m < 2:
-            out.append("dropout at head dims over 192 needs dQ on two warps along the rows (dq_warps_m=2): the class "
-                       "tile's one spills")
+        # sm_120a gate, 2026-11-26 (keep flags drawn call by call): 32 S registers per thread beside d64's dK / dV
+        # (64 registers) fit; with the causal mask's limits beside them 24 B spilled, with softcap's tanh tile 56 B,
+        # and beside d96's dK / dV (96) 56-88 B
+        s_regs = cfg.tile_m * cfg.tile_n // cfg.num_threads
+        dkv_regs = cfg.tile_n * (bwd_padded_head_dim(spec.head_dim, cfg) + bwd_padded_head_dim(spec.head_dim_v, cfg)) \
+            // cfg.num_threads
+        extra = spec.causal or spec.local or spec.softcap or spec.mods is not None
+        if s_regs >= 32 and (extra or s_regs + dkv_regs > 96):
+            out.append(f"dropout beside {s_regs} S registers per thread and an element mask, softcap or mods, or "
+                       f"{dkv_regs} dK / dV accumulator registers, spills")
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if ROW_PAD % cfg.tile_m or cfg.tile_m % 16:
@@ -246,8 +248,7 @@ BWD_TABLE_FALLBACK = {
 def _is_heavy(spec: BwdSpec) -> bool:
     # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spilled 16-168 B (sm_120a gate,
     # 2026-11-26)
-    return (spec.softcap or spec.varlen_q or spec.varlen_k or spec.mods is not None or spec.block_sparse is not None
-            or spec.dropout)
+    return spec.softcap or spec.varlen_q or spec.varlen_k or spec.mods is not None or spec.block_sparse is not None
 
 
 def bwd_head_dim_class(spec: BwdSpec) -> int:

@@ -754,13 +754,16 @@ def dropout_cases(model: ExecutionModel = SM120) -> list[Case]:
         for causal in (False, True):
             fwd.append(FwdSpec("bf16", d, dv, causal=causal, dropout=True))
             bwd.append(BwdSpec("bf16", d, dv, causal=causal, dropout=True))
-    fwd += [FwdSpec("bf16", 128, 128, causal=False, local=True, softcap=True, has_sink=True, dropout=True),
+    fwd += [FwdSpec("bf16", 64, 64, causal=False, softcap=True, dropout=True),
+            FwdSpec("bf16", 128, 128, causal=False, local=True, softcap=True, has_sink=True, dropout=True),
             FwdSpec("bf16", 128, 128, causal=True, varlen_q=True, varlen_k=True, dropout=True),
             FwdSpec("bf16", 128, 128, causal=False, split_kv=True, dropout=True),
             FwdSpec("fp16", 128, 128, causal=True, dropout=True),
             FwdSpec("bf16", 128, 128, causal=False, mods=docs, dropout=True),
             FwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 128, True), dropout=True)]
-    bwd += [BwdSpec("bf16", 128, 128, causal=False, local=True, softcap=True, dropout=True),
+    bwd += [BwdSpec("bf16", 64, 64, causal=False, softcap=True, dropout=True),
+            BwdSpec("bf16", 64, 64, causal=False, varlen_q=True, varlen_k=True, dropout=True),
+            BwdSpec("bf16", 128, 128, causal=False, local=True, softcap=True, dropout=True),
             BwdSpec("bf16", 128, 128, causal=True, varlen_q=True, varlen_k=True, dropout=True),
             BwdSpec("bf16", 128, 128, causal=True, deterministic=True, dropout=True),
             BwdSpec("fp16", 128, 128, causal=True, dropout=True),

@@ -310,24 +310,18 @@ SPARSE_MODS_MAX_ACC_REGS = 144
 
 def dropout_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
     """Why ``cfg`` cannot run ``spec``'s dropout (``_kernels/dropout_mask``): the mask is drawn per (query head,
-    query row) of an unpacked tile, and its keep flags need registers beside S and O."""
+    query row) of an unpacked tile; beside 64 S registers per thread only a one-stage tile holds the keep flags
+    (drawn call by call)."""
     out = []
     if cfg.persistent or spec.pack_gqa:
         out.append("dropout draws its mask per (query head, query row) of an unpacked, non-persistent tile: packed "
                    "GQA and persistent=True do not run it (dropout calls run unpacked, on the non-persistent entries)")
     s_regs = cfg.tile_m * cfg.tile_n // cfg.num_threads
-    acc_regs = cfg.tile_m * padded_head_dim(spec.head_dim_v, cfg) // cfg.num_threads + s_regs
-    if s_regs > 32 or acc_regs > DROPOUT_MAX_ACC_REGS:
-        # sm_120a gate, 2026-11-26: 128x64 tiles on 4 warps (64 S registers per thread) spilled 8-104 B at d64 and
-        # d96; d256's 64x64 4-warp tile (160 accumulator registers) 56-108 B; 32 S and 96 accumulator registers
-        # fit at every class
-        out.append(f"dropout's keep flags beside {s_regs} S and {acc_regs} accumulator registers per thread spill "
-                   f"(at most 32 and {DROPOUT_MAX_ACC_REGS})")
+    if s_regs > 32 and cfg.num_stages > 1:
+        # d64's 128x64 4-warp two-stage tile (64 S registers per thread) spilled 36-44 B; its one-stage twin fits
+        out.append(f"dropout beside {s_regs} S registers per thread in a {cfg.num_stages}-stage tile spills (the "
+                   f"one-stage tile fits)")
     return out
-
-
-#: accumulator registers per thread (O + S) beside which dropout's Philox state fits (sm_120a gate)
-DROPOUT_MAX_ACC_REGS = 144
 
 
 #: Automatic GQA packing: when seqlen_q is below this (the largest tile_m), an unpacked M tile is
@@ -499,14 +493,11 @@ def table_keys(spec: FwdSpec) -> list[str]:
     # block sparsity walks its lists in the cp.async tiles: at d128, where the class entry is a ping-pong tile,
     # the 64-row one-stage alternate ran the random 25% map 1.42x and documents 1.45x faster than the two-stage
     # cp.async entry (H100 at SM120 occupancy, 2026-11-26, benchmarks/results/sparse_tiles_h100_2026-11-26.json)
-    m64 = spec.mods is not None or spec.block_sparse is not None or spec.dropout
-    # dropout's keep flags do not fit beside d128's 256x32 class tile; its 128-row alternate (the causal class tile,
-    # Q in registers) holds them, 1.2x the 64-row one-stage tile at SM120 occupancy (H100, 2026-11-26)
-    m128 = [f"{key}_m128"] if spec.dropout else []
+    m64 = spec.mods is not None or spec.block_sparse is not None
     # ... and, last, the class's paged tile (a cp.async tile tuned for a walk of looked-up blocks: d256's 64x32
     # keeps the walk and mods within the registers where the class entry's 64x64 spills)
-    paged = [f"d{head_dim_class(spec)}_paged"] if spec.block_sparse is not None or spec.dropout else []
-    return keys + [key] + m128 + ([f"{key}_m64"] if m64 else []) + [f"{key}_cp_async"] + paged
+    paged = [f"d{head_dim_class(spec)}_paged"] if spec.block_sparse is not None else []
+    return keys + [key] + ([f"{key}_m64"] if m64 else []) + [f"{key}_cp_async"] + paged
 
 
 @lru_cache(maxsize=None)

@@ -584,23 +584,26 @@ class FlashBwdMultistage:
                         ctx.window_left, ctx.window_right, self.tile_m, self.tile_n, self.spec.causal,
                         self.spec.local)
         t_rc = acc_rows_cols(t) if const_expr(self.spec.softcap) else None
+        rows, cols = cute.size(S_rc, mode=[0]), cute.size(S_rc, mode=[1])
         flags = None
+        order = [(r, c) for r in range(rows) for c in range(cols)]
         if const_expr(self.spec.dropout):
             flags = ctx.dropout.keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m, ctx.n_block * self.tile_n)
-        for r in cutlass.range_constexpr(cute.size(S_rc, mode=[0])):
-            for c in cutlass.range_constexpr(cute.size(S_rc, mode=[1])):
-                p = cute.math.exp2(S_rc[r, c] * ctx.scale_log2 - lse2[r], fastmath=True)
-                S_rc[r, c] = p
-                dp = dP_rc[r, c]
-                if const_expr(self.spec.dropout):
-                    # dropout: O used P * z (z = keep / (1 - p)), so dV takes P * z and dP * z enters dS
-                    z = ctx.dropout.scale if flags[r][c] else Float32(0.0)
-                    S_rc[r, c] = p * z
-                    dp = dp * z
-                ds = p * (dp - dsum[r])
-                if const_expr(self.spec.softcap):
-                    ds = ds * (Float32(1.0) - t_rc[r, c] * t_rc[r, c])
-                dP_rc[r, c] = ds
+            order = flags.order  # call by call (``KeepFlags``)
+        for i in cutlass.range_constexpr(rows * cols):
+            r, c = order[i]
+            p = cute.math.exp2(S_rc[r, c] * ctx.scale_log2 - lse2[r], fastmath=True)
+            S_rc[r, c] = p
+            dp = dP_rc[r, c]
+            if const_expr(self.spec.dropout):
+                # dropout: O used P * z (z = keep / (1 - p)), so dV takes P * z and dP * z enters dS
+                z = ctx.dropout.scale if flags(r, c) else Float32(0.0)
+                S_rc[r, c] = p * z
+                dp = dp * z
+            ds = p * (dp - dsum[r])
+            if const_expr(self.spec.softcap):
+                ds = ds * (Float32(1.0) - t_rc[r, c] * t_rc[r, c])
+            dP_rc[r, c] = ds
         if const_expr(pre is not None):
             apply_score_mod_bwd(dP_rc, acc_rows_cols(pre), ctx.tScS_rc, score_mod_bwd, self.spec.mods.score_vec,
                                 ctx.batch, head, m, ctx.n_block, self.tile_m, self.tile_n, ctx.seqlen_info,

@@ -64,33 +64,45 @@ class DropoutMask:
         return DropoutMask(key0=Uint32(mRng[0]), key1=Uint32(mRng[1]), offset=Uint32(mRng[2]), threshold=threshold,
                            scale=scale, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc)
 
-    def keep_flags(self, batch, head, num_heads, q_base, k_base) -> list:
-        """``flags[row][col]`` (the accumulator's (rows, cols) view): Boolean kept, for this thread's elements of
-        query head ``head`` of ``num_heads`` in sequence ``batch``, in the tile whose row 0 is query position
-        ``q_base`` and column 0 key position ``k_base`` (multiples of 16)."""
-        head_word = Uint32(batch * num_heads + head)
+    def keep_flags(self, batch, head, num_heads, q_base, k_base) -> "KeepFlags":
+        """The keep flags of this thread's elements of query head ``head`` of ``num_heads`` in sequence ``batch``, in
+        the tile whose row 0 is query position ``q_base`` and column 0 key position ``k_base`` (multiples of 16)."""
         rows, cols = cute.size(self.tScS_rc, mode=[0]), cute.size(self.tScS_rc, mode=[1])
         if rows % 2 or cols % 4:
             raise ValueError(f"dropout needs whole m16 atoms and 16-column atom pairs per thread ({rows}x{cols})")
-        q0 = Uint32(q_base + self.tScS_rc[0, 0][0])
-        k0 = Uint32(k_base + self.tScS_rc[0, 0][1])
-        flags = [[None] * cols for _ in range(rows)]
         for r in range(0, rows, 2):
             t_row = self.t0ScS_rc[r, 0][0]
             if t_row % CELL or self.t0ScS_rc[r + 1, 0][0] != t_row + 8:
                 raise ValueError("dropout: accumulator rows are not m16 atom halves")
-            q = q0 + Uint32(t_row)
-            for c in range(0, cols, 4):
-                t_col = self.t0ScS_rc[0, c][1]
-                if t_col % CELL or [self.t0ScS_rc[0, c + j][1] - t_col for j in range(4)] != [0, 1, 8, 9]:
-                    raise ValueError("dropout: accumulator columns are not 16-column atom pairs")
-                k = k0 + Uint32(t_col)
-                ctr0 = (q >> 4) * Uint32(32) + (q & Uint32(7)) * Uint32(4) + ((k & Uint32(7)) >> 1)
-                words = philox(ctr0, k >> 4, head_word, self.offset, self.key0, self.key1)
-                for half in range(2):  # row half (word 2 * half + atom)
-                    for atom in range(2):
-                        w = words[2 * half + atom]
-                        # compared in the word's high half: (w mod 2^16) >= t iff (w << 16) >= (t << 16)
-                        flags[r + half][c + 2 * atom] = (w << 16) >= self.threshold
-                        flags[r + half][c + 2 * atom + 1] = w >= self.threshold
-        return flags
+        for c in range(0, cols, 4):
+            t_col = self.t0ScS_rc[0, c][1]
+            if t_col % CELL or [self.t0ScS_rc[0, c + j][1] - t_col for j in range(4)] != [0, 1, 8, 9]:
+                raise ValueError("dropout: accumulator columns are not 16-column atom pairs")
+        return KeepFlags(self, Uint32(batch * num_heads + head), Uint32(q_base + self.tScS_rc[0, 0][0]),
+                         Uint32(k_base + self.tScS_rc[0, 0][1]), rows, cols)
+
+
+class KeepFlags:
+    """Trace-time accessor of one tile's keep flags: ``flags(r, c)`` (the accumulator's (rows, cols) view) is a
+    Boolean, kept. A Philox call is emitted when the first of its 8 elements is asked for, so a caller walking
+    ``order`` (call by call) keeps each call's 4 words live for 8 elements only: drawing every call up front held
+    the whole tile's words beside S and spilled (sm_120a gate, 2026-11-26)."""
+
+    def __init__(self, mask: DropoutMask, head_word, q0, k0, rows: int, cols: int):
+        self.mask, self.head_word, self.q0, self.k0 = mask, head_word, q0, k0
+        #: (row, col) of every element, call-major: the 8 elements of a call one after another
+        self.order = [(r + half, c + j) for r in range(0, rows, 2) for c in range(0, cols, 4)
+                      for half in range(2) for j in range(4)]
+        self._words = {}
+
+    def __call__(self, r: int, c: int):
+        call = (r - r % 2, c - c % 4)
+        if call not in self._words:
+            m = self.mask
+            q = self.q0 + Uint32(m.t0ScS_rc[call[0], 0][0])
+            k = self.k0 + Uint32(m.t0ScS_rc[0, call[1]][1])
+            ctr0 = (q >> 4) * Uint32(32) + (q & Uint32(7)) * Uint32(4) + ((k & Uint32(7)) >> 1)
+            self._words[call] = philox(ctr0, k >> 4, self.head_word, m.offset, m.key0, m.key1)
+        w = self._words[call][2 * (r % 2) + (c % 4) // 2]  # word 2 * row half + atom
+        # the even column in the low half, compared in the high half: (w mod 2^16) >= t iff (w << 16) >= (t << 16)
+        return (w << 16) >= self.mask.threshold if c % 2 == 0 else w >= self.mask.threshold

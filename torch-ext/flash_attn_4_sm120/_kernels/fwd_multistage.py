@@ -850,10 +850,10 @@ class FlashFwdMultistage:
             flags = ctx.dropout.keep_flags(ctx.batch, ctx.head, ctx.num_heads, ctx.m_block * self.tile_m,
                                            n_block * self.tile_n)
             p_rc = acc_rows_cols(acc_S)
-            for r in cutlass.range_constexpr(cute.size(p_rc, mode=[0])):
-                for c in cutlass.range_constexpr(cute.size(p_rc, mode=[1])):
-                    p = p_rc[r, c]
-                    p_rc[r, c] = p if flags[r][c] else Float32(0.0)
+            for i in cutlass.range_constexpr(len(flags.order)):  # call by call (``KeepFlags``)
+                r, c = flags.order[i]
+                p = p_rc[r, c]
+                p_rc[r, c] = p if flags(r, c) else Float32(0.0)
 
     @cute.jit
     def overlap_mainloop(self, ctx: SimpleNamespace, num_right: Int32, num_full: Int32):
