@@ -587,9 +587,8 @@ class FlashBwdMultistage:
         rows, cols = cute.size(S_rc, mode=[0]), cute.size(S_rc, mode=[1])
         flags = None
         if const_expr(self.spec.dropout):
-            # row by row: the Philox calls are emitted as the first row half reaches them (``KeepFlags``); walking
-            # them call by call instead cost the d128 backward 10% (H100 at SM120 occupancy, 2026-11-26)
-            flags = ctx.dropout.keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m, ctx.n_block * self.tile_n)
+            flags = ctx.dropout.keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m,
+                                           ctx.n_block * self.tile_n).draw_all()
         for i in cutlass.range_constexpr(rows * cols):
             r, c = i // cols, i % cols
             p = cute.math.exp2(S_rc[r, c] * ctx.scale_log2 - lse2[r], fastmath=True)
