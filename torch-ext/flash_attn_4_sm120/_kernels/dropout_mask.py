@@ -93,16 +93,19 @@ class KeepFlags:
         #: (row, col) of every element, call-major: the 8 elements of a call one after another
         self.order = [(r + half, c + j) for r in range(0, rows, 2) for c in range(0, cols, 4)
                       for half in range(2) for j in range(4)]
-        self._words = {}
+        self._words, self._flags = {}, {}
 
     def draw_all(self) -> "KeepFlags":
-        """Emit every Philox call now (the backward: its calls up front, ahead of the P / dS work, ran the d128
-        backward 10% faster than drawn as reached; H100 at SM120 occupancy, 2026-11-26)."""
-        for r, c in self.order[::8]:
-            self(r, c)
+        """Emit every Philox call and comparison now (the backward: drawn up front, ahead of the P / dS work, the
+        d128 backward ran 10% faster than drawn as reached; H100 at SM120 occupancy, 2026-11-26)."""
+        self._flags = {}
+        for r, c in self.order:
+            self._flags[(r, c)] = self(r, c)
         return self
 
     def __call__(self, r: int, c: int):
+        if (r, c) in self._flags:
+            return self._flags[(r, c)]
         call = (r - r % 2, c - c % 4)
         if call not in self._words:
             m = self.mask
