@@ -45,8 +45,9 @@ def run(b, sq, sk, hq, hkv, d, dv, p=0.17, dtype=torch.bfloat16, grads=True, **f
     sink = features.pop("learnable_sink", None)
     deterministic = features.pop("deterministic", False)
     leaves = [t.clone().requires_grad_(grads) for t in (q, k, v)]
-    out, lse = fa.flash_attn_func(*leaves, dropout_p=p, dropout_seed=SEED, learnable_sink=sink, return_lse=True,
-                                  deterministic=deterministic, **features)
+    sink_leaf = sink.clone().requires_grad_(grads) if sink is not None else None
+    out, lse = fa.flash_attn_func(*leaves, dropout_p=p, dropout_seed=SEED, learnable_sink=sink_leaf,
+                                  return_lse=True, deterministic=deterministic, **features)
     feats = dict(features, learnable_sink=sink, dropout=(_mask(b, hq, sq, sk, p), keep_scale(p)))
     ref, lse_ref = attention_ref(q, k, v, **feats)
     pt, _ = attention_ref(q, k, v, upcast=False, **feats)
@@ -58,10 +59,10 @@ def run(b, sq, sk, hq, hkv, d, dv, p=0.17, dtype=torch.bfloat16, grads=True, **f
     if not grads:
         return
     dout = torch.randn_like(out)
-    got = torch.autograd.grad((out.float() * dout.float()).sum(), leaves)
+    got = torch.autograd.grad((out.float() * dout.float()).sum(), leaves + ([sink_leaf] if sink is not None else []))
     ref_g = attention_grads_ref(q, k, v, dout, True, **dict(feats))
     pt_g = attention_grads_ref(q, k, v, dout, False, **dict(feats))
-    for name, g, r, t in zip(("dq", "dk", "dv"), got, ref_g, pt_g):
+    for name, g, r, t in zip(("dq", "dk", "dv", "dsink"), got, ref_g, pt_g):  # dsink: D = dO.O holds the dropout
         _close(g, r, t, dtype, f"{what} {name}")
 
 
