@@ -10,16 +10,13 @@ backward = 2.5x the forward's 4 * b * h * sq * sk * d (half with causal), forwar
 
 from __future__ import annotations
 
-import argparse
-import datetime
 import functools
-import json
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from bench_fwd import OCCUPANCY_METHOD, fa, time_parts, upstream_fa4  # noqa: E402  (sets FLASH_ATTENTION_ARCH first)
+from bench_fwd import (OCCUPANCY_METHOD, fa, save_result, time_parts, training_args,  # noqa: E402
+                       training_inputs, upstream_fa4)  # (sets FLASH_ATTENTION_ARCH first)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 #: (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, d, dv, causal)
@@ -67,12 +64,8 @@ def upstream():
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default=None)
-    ap.add_argument("--cases", nargs="*")
-    ap.add_argument("--occupancy", choices=("both", "sm120", "h100"), default="both")
-    args = ap.parse_args()
-    occupancies = ("sm120", "h100") if args.occupancy == "both" else (args.occupancy,)
+    args = training_args()
+    occupancies = args.occupancies
     model = fa.dispatch_model(torch.device("cuda"))
     impls = {"ours": ours, "ours_deterministic": ours_deterministic, "sdpa_flash_fa2": sdpa(SDPBackend.FLASH_ATTENTION),
              "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
@@ -83,11 +76,7 @@ def main():
     for name, b, sq, sk, hq, hkv, d, dv, causal in CASES:
         if args.cases and not any(s in name for s in args.cases):
             continue
-        torch.manual_seed(0)
-        q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-        k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-        v = torch.randn(b, sk, hkv, dv, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-        dout = torch.randn(b, sq, hq, dv, dtype=torch.bfloat16, device="cuda")
+        q, k, v, dout = training_inputs(b, sq, sk, hq, hkv, d, dv)
         fwd_flops = 2 * b * hq * sq * sk * (d + dv) * (0.5 if causal else 1.0)
         row = {"case": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
                "head_dim": d, "head_dim_v": dv, "causal": causal}
@@ -103,10 +92,7 @@ def main():
             print(f"{name:30s} [{occ}] bwd/fwd+bwd " + " ".join(cells), flush=True)
         rows.append(row)
         if args.out:
-            Path(args.out).write_text(json.dumps(
-                {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-                 "torch": torch.__version__, "bundle_version": fa.__version__, "dtype": "bf16",
-                 "occupancies": occupancies, "method": OCCUPANCY_METHOD, "rows": rows}, indent=1))
+            save_result(args.out, occupancies, rows, method=OCCUPANCY_METHOD)
 
 
 if __name__ == "__main__":

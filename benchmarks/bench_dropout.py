@@ -12,16 +12,12 @@ context's cache preference where that reaches an SM120's CTAs per SM). TFLOPS co
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-from pathlib import Path
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench_fwd import fa, time_parts  # noqa: E402  (puts torch-ext on the path)
+from bench_fwd import (fa, fwd_and_grad_parts, save_result, time_parts, training_args,  # noqa: E402
+                       training_inputs)  # (puts torch-ext on the path)
 
 P = 0.1
 #: (batch, seqlen, heads_q, heads_kv)
@@ -45,12 +41,8 @@ def fa2(p: float, causal: bool):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--cases", nargs="*")
-    ap.add_argument("--occupancy", choices=("both", "sm120", "h100"), default="both")
-    args = ap.parse_args()
-    occupancies = ("sm120", "h100") if args.occupancy == "both" else (args.occupancy,)
+    args = training_args()
+    occupancies = args.occupancies
     model = fa.dispatch_model(torch.device("cuda"))
     b, s, hq, hkv = SHAPE
     rows = []
@@ -59,20 +51,7 @@ def main():
             name = f"d{d} {'causal' if causal else 'full'}"
             if args.cases and not any(c in name for c in args.cases):
                 continue
-            torch.manual_seed(0)
-            q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-            k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-            v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-            dout = torch.randn_like(q)
-
-            def forward(fn):
-                def run():
-                    with torch.no_grad():
-                        fn(q, k, v)
-                return run
-
-            parts = {"fwd": (forward, 1.0),
-                     "fwd_bwd": (lambda fn: lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), 3.5)}
+            parts = fwd_and_grad_parts(*training_inputs(b, s, s, hq, hkv, d, d))
             impls = {"ours": ours(0.0, causal), "ours_dropout": ours(P, causal),
                      "sdpa_flash_fa2": fa2(0.0, causal), "sdpa_flash_fa2_dropout": fa2(P, causal)}
             flops = 4 * b * hq * s * s * d * (0.5 if causal else 1.0)
@@ -89,10 +68,7 @@ def main():
                       + " | dropout x" + "/".join(f"{r:.3f}" for r in ratio.values()), flush=True)
             rows.append(row)
             if args.out:
-                Path(args.out).write_text(json.dumps(
-                    {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-                     "torch": torch.__version__, "bundle_version": fa.__version__, "dtype": "bf16",
-                     "occupancies": occupancies, "rows": rows}, indent=1))
+                save_result(args.out, occupancies, rows)
 
 
 if __name__ == "__main__":

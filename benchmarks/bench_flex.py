@@ -23,14 +23,10 @@ density; x2.5 backward, x3.5 forward + backward), so a case's columns compare di
 
 from __future__ import annotations
 
-import argparse
-import datetime
-import json
-from pathlib import Path
-
 import torch
 
-from bench_fwd import fa, time_parts  # noqa: E402  (puts torch-ext on the path)
+from bench_fwd import (fa, fwd_and_grad_parts, save_result, time_parts, training_args,  # noqa: E402
+                       training_inputs)  # (puts torch-ext on the path)
 from flash_attn_4_sm120 import block_sparse  # noqa: E402
 from flash_attn_4_sm120 import flex_examples as fx  # noqa: E402
 
@@ -129,30 +125,14 @@ def flex_call(ex: fx.Example, s: int, options=None):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--out")
-    ap.add_argument("--cases", nargs="*")
-    ap.add_argument("--occupancy", choices=("both", "sm120", "h100"), default="both")
-    args = ap.parse_args()
-    occupancies = ("sm120", "h100") if args.occupancy == "both" else (args.occupancy,)
+    args = training_args()
+    occupancies = args.occupancies
     # every case compiles FlexAttention for no-grad and grad calls and two tile choices: past the default limit
     torch._dynamo.config.recompile_limit = 256
     model = fa.dispatch_model(torch.device("cuda"))
     b, s, hq, hkv, d = SHAPE
-    torch.manual_seed(0)
-    q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-    k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-    v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-    dout = torch.randn_like(q)
-
-    def forward(fn):
-        def run():
-            with torch.no_grad():
-                fn(q, k, v)
-        return run
-
-    parts = {"fwd": (forward, 1.0),
-             "fwd_bwd": (lambda fn: lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), 3.5)}
+    q, k, v, dout = training_inputs(b, s, s, hq, hkv, d, d)
+    parts = fwd_and_grad_parts(q, k, v, dout)
     rows = []
     for name, kwargs, ex, share in cases():
         if args.cases and not any(c in name for c in args.cases):
@@ -171,10 +151,7 @@ def main():
             print(f"{name:36s} [{occ}] fwd/fwd+bwd " + " ".join(cells), flush=True)
         rows.append(row)
         if args.out:
-            Path(args.out).write_text(json.dumps(
-                {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-                 "torch": torch.__version__, "bundle_version": fa.__version__, "dtype": "bf16",
-                 "occupancies": occupancies, "rows": rows}, indent=1))
+            save_result(args.out, occupancies, rows)
 
 
 if __name__ == "__main__":

@@ -138,6 +138,49 @@ def time_parts(row: dict, impls: dict, parts: dict, occupancies, model, flops: f
             row[key][impl] = res
 
 
+def training_args() -> argparse.Namespace:
+    """The training benchmarks' command line (``--out``, ``--cases``, ``--occupancy``), with ``occupancies``: the
+    occupancies to time, in order."""
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out")
+    ap.add_argument("--cases", nargs="*", help="only the cases whose names contain one of these strings")
+    ap.add_argument("--occupancy", choices=("both", "sm120", "h100"), default="both")
+    args = ap.parse_args()
+    args.occupancies = ("sm120", "h100") if args.occupancy == "both" else (args.occupancy,)
+    return args
+
+
+def training_inputs(b: int, sq: int, sk: int, hq: int, hkv: int, d: int, dv: int) -> tuple:
+    """(q, k, v, dout) of a training benchmark case: bf16 on the GPU, q / k / v requiring grad, seed 0."""
+    torch.manual_seed(0)
+    q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    v = torch.randn(b, sk, hkv, dv, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    return q, k, v, torch.randn(b, sq, hq, dv, dtype=torch.bfloat16, device="cuda")
+
+
+def fwd_and_grad_parts(q, k, v, dout) -> dict:
+    """``time_parts``' parts for implementations ``fn(q, k, v)``: the forward without grad (1x the forward's work)
+    and forward + backward through autograd (3.5x)."""
+    def forward(fn):
+        def run():
+            with torch.no_grad():
+                fn(q, k, v)
+        return run
+
+    return {"fwd": (forward, 1.0),
+            "fwd_bwd": (lambda fn: lambda: torch.autograd.grad(fn(q, k, v), (q, k, v), dout), 3.5)}
+
+
+def save_result(path, occupancies, rows, **extra) -> None:
+    """Write a training benchmark's JSON (device, date, versions, occupancies, ``extra``, rows) to ``path`` (after
+    every row: a run stopped early keeps what it measured)."""
+    Path(path).write_text(json.dumps(
+        {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(), "torch": torch.__version__,
+         "bundle_version": fa.__version__, "dtype": "bf16", "occupancies": occupancies, **extra, "rows": rows},
+        indent=1))
+
+
 def sdpa(backend):
     def run(q, k, v, causal, window):
         if window is not None:  # SDPA has no window: it would need a dense mask (not a peer here)

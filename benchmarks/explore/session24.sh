@@ -15,12 +15,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
-shards() {  # shards <timeout> <tests...>
-  local limit="$1"; shift
-  timeout "$limit" python3 tools/pytest_shards.py -n 12 --log-dir /tmp/sh -- -m gpu "$@" > "$OUT/tests_$part.txt" 2>&1
-  tail -20 "$OUT/tests_$part.txt"
-  grep -h -B2 -A30 "^FAILED\|^E  " /tmp/sh/*.log 2>/dev/null | head -400 > "$OUT/failures_$part.txt"
-}
+source benchmarks/explore/shards.sh
 case "$part" in
   1) shards 540 tests/test_flex_gpu.py tests/test_bwd_gpu.py tests/test_varlen_gpu.py tests/test_kvcache_gpu.py \
        tests/test_serving_loop_gpu.py tests/test_tile_order_gpu.py ;;

@@ -10,12 +10,7 @@
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
-shards() {  # shards <timeout> <tests...>
-  local limit="$1"; shift
-  timeout "$limit" python3 tools/pytest_shards.py -n 12 --log-dir /tmp/sh -- -m gpu "$@" > "$OUT/tests_$part.txt" 2>&1
-  tail -16 "$OUT/tests_$part.txt"
-  grep -h -B2 -A30 "^FAILED\|^E  " /tmp/sh/*.log 2>/dev/null | head -300 > "$OUT/failures_$part.txt"
-}
+source benchmarks/explore/shards.sh
 case "$part" in
   1) shards 300 tests/test_dropout_gpu.py
      (cd benchmarks && timeout 380 python3 bench_dropout.py --out "$OUT/dropout.json" 2>&1 \
