@@ -7,6 +7,8 @@
 #    ~8 min
 # 3: bench_dropout.py at both occupancies, ~6 min
 # 4: the dropout backward's cost split (explore/dropout_bwd_tiles.py: tile change vs the mask), ~4 min
+# 5: block sparsity walked by the overlapped / ping-pong mainloop: block-sparse GPU tests, then bench_flex's
+#    block-sparse, causal-flag and dense cases at SM120 occupancy, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
@@ -22,5 +24,8 @@ case "$part" in
   4) timeout 500 python3 benchmarks/explore/dropout_bwd_tiles.py --out "$OUT/dropout_bwd_tiles.json" 2>&1 \
        | grep -v -i warn | tail -8 ;;
   3) (cd benchmarks && timeout 580 python3 bench_dropout.py --out "$OUT/dropout.json" 2>&1 | grep -v -i warn | tail -20) ;;
-  *) echo "part 1-4" ;;
+  5) shards 220 tests/test_block_sparse_gpu.py tests/test_dropout_gpu.py::test_mods_and_block_sparsity
+     (cd benchmarks && timeout 300 python3 bench_flex.py --occupancy sm120 --cases "block sparse" "causal flag" \
+        "dense" --out "$OUT/flex_pp.json" 2>&1 | grep -v -i warn | tail -8) ;;
+  *) echo "part 1-5" ;;
 esac

@@ -281,14 +281,15 @@ SPARSE_BLOCK_Q, SPARSE_BLOCK_K = 128, 64
 
 
 def block_sparse_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
-    """Why ``cfg`` cannot run ``spec``'s block-sparse walk (``_kernels/block_walk``): the cp.async multistage or
-    one-stage mainloop (the walk's next tile comes from the lists, which the overlapped, ping-pong, TMA and
-    warp-specialized schedules do not read), dense unpacked rows, and tiles that divide the blocks."""
+    """Why ``cfg`` cannot run ``spec``'s block-sparse walk (``_kernels/block_walk``): a mainloop that takes its
+    next tile from the walk (cp.async multistage, one-stage or overlapped; the overlapped / ping-pong TMA schedule,
+    K one walk step ahead of V; not the plain TMA step, the warp-specialized producer or the persistent tile loop),
+    dense unpacked rows, and tiles that divide the blocks."""
     out = []
     q_block, k_block, _ = spec.block_sparse
-    if cfg.mainloop != "cp_async" or cfg.overlap:
-        out.append(f"block sparsity walks listed key blocks in the cp.async mainloop without overlap (got "
-                   f"mainloop={cfg.mainloop}, overlap={cfg.overlap})")
+    if cfg.persistent or cfg.mainloop == "tma_ws" or (cfg.mainloop == "tma" and not cfg.overlap):
+        out.append(f"block sparsity walks listed key blocks in the cp.async mainloops and the overlapped TMA one (got "
+                   f"mainloop={cfg.mainloop}, overlap={cfg.overlap}, persistent={cfg.persistent})")
     if spec.split_kv or spec.pack_gqa or spec.page_size or spec.varlen_q or spec.varlen_k:
         out.append("block sparsity with split-KV, packed GQA, paged K/V or varlen: the lists are per dense "
                    "(batch, query head, query block) and walked whole by one CTA")
@@ -494,10 +495,14 @@ def table_keys(spec: FwdSpec) -> list[str]:
     # the 64-row one-stage alternate ran the random 25% map 1.42x and documents 1.45x faster than the two-stage
     # cp.async entry (H100 at SM120 occupancy, 2026-11-26, benchmarks/results/sparse_tiles_h100_2026-11-26.json)
     m64 = spec.mods is not None or spec.block_sparse is not None
+    # block sparsity walks its lists in the overlapped / ping-pong tiles too: where the class entry's tile does not
+    # divide the blocks (d128 non-causal: 256 rows), its 128-row alternate (128x64 ping-pong) comes before the
+    # 64-row one-stage tile
+    m128 = [f"{key}_m128"] if spec.block_sparse is not None else []
     # ... and, last, the class's paged tile (a cp.async tile tuned for a walk of looked-up blocks: d256's 64x32
     # keeps the walk and mods within the registers where the class entry's 64x64 spills)
     paged = [f"d{head_dim_class(spec)}_paged"] if spec.block_sparse is not None else []
-    return keys + [key] + ([f"{key}_m64"] if m64 else []) + [f"{key}_cp_async"] + paged
+    return keys + [key] + m128 + ([f"{key}_m64"] if m64 else []) + [f"{key}_cp_async"] + paged
 
 
 @lru_cache(maxsize=None)

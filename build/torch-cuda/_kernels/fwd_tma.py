@@ -161,38 +161,39 @@ class FlashFwdTma(FlashFwdMultistage):
     # -- overlapped mainloop (``config.overlap``; see ``FlashFwdMultistage.overlap_mainloop``) ----
     # Load slot s (K of step s's block, V of step s - 1's) is counted on full barrier s % 2.
     @cute.jit
-    def overlap_prologue(self, ctx: SimpleNamespace):
+    def overlap_prologue(self, ctx: SimpleNamespace, walk=None):
         self.load_q(ctx)
         cute.arch.cp_async_commit_group()
-        self.issue_first_k(ctx)
+        self.issue_first_k(ctx, walk)
         cute.arch.cp_async_wait_group(0)
         self.mma_barrier()
 
     @cute.jit
-    def issue_first_k(self, ctx: SimpleNamespace):
-        """Warp 0: load slot ``ctx.slot_base`` (K of the range's first block, block n_end - 1) into its
-        buffer, counted on its full barrier."""
+    def issue_first_k(self, ctx: SimpleNamespace, walk=None):
+        """Warp 0: load slot ``ctx.slot_base`` (K of the range's first block, block n_end - 1, or a block-sparse
+        ``walk``'s first tile) into its buffer, counted on its full barrier."""
         kv = ctx.kv
-        if ctx.n_end - 1 >= ctx.n_start and cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+        first, has_block = self.first_block(ctx, walk)
+        if has_block and cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
             full = ctx.bars + ctx.slot_base % 2
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(full, kv.k_bytes)
-            kv.load_k(ctx.n_end - 1, ctx.slot_base % 2, full)
+            kv.load_k(first, ctx.slot_base % 2, full)
 
     @cute.jit
-    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool]):
-        """Warp 0 (converged, see ``issue_tile``): K of block v_block - 1 when the range has it, V of
-        ``v_block`` (TMA zero-fills rows past seqlen_k)."""
+    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool], it: Int32):
+        """Warp 0 (converged, see ``issue_tile``): the next K (``next_k``) when there is one, V of ``v_block`` (TMA
+        zero-fills rows past seqlen_k)."""
         kv = ctx.kv
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
+            k_block, has_k = self.next_k(ctx, it, v_block, ctx.walk)
             full = ctx.bars + slot % 2
-            k_block = v_block - 1
             tx = Int32(kv.v_bytes)
-            if k_block >= ctx.n_start:
+            if has_k:
                 tx = tx + kv.k_bytes
             with cute.arch.elect_one():
                 cute.arch.mbarrier_arrive_and_expect_tx(full, tx)
-            if k_block >= ctx.n_start:
+            if has_k:
                 kv.load_k(k_block, slot % 2, full)
             kv.load_v(v_block, (slot + 1) % 2, full)
 

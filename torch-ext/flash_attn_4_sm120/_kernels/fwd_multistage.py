@@ -520,7 +520,7 @@ class FlashFwdMultistage:
             zero_masked_cols(ctx.tQsQ, column_predicate(ctx.tQcQ, self.spec.head_dim))
             ctx.kv.zero_k_padding(self.config.num_stages)
         if const_expr(self.config.overlap):
-            self.overlap_prologue(ctx)
+            self.overlap_prologue(ctx, ctx.walk)
         elif const_expr(self.single_stage):
             self.single_stage_prologue(ctx, ctx.walk)
         else:
@@ -531,7 +531,9 @@ class FlashFwdMultistage:
         # (masked). Step ``it`` handles block n_end - 1 - it.
         num_right = ctx.n_end - ctx.n_unmasked_end
         num_full = ctx.n_unmasked_end - ctx.n_unmasked_start
-        if const_expr(self.config.overlap):
+        if const_expr(self.config.overlap and ctx.walk is not None):
+            self.overlap_sparse_mainloop(ctx, ctx.walk)
+        elif const_expr(self.config.overlap):
             self.overlap_mainloop(ctx, num_right, num_full)
         elif const_expr(ctx.walk is not None):
             self.sparse_mainloop(ctx, ctx.walk)
@@ -774,24 +776,50 @@ class FlashFwdMultistage:
     # step it loads slot it + 1 (the buffers step it - 1 read) and the tail PV waits for slot n.
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def overlap_prologue(self, ctx: SimpleNamespace):
-        """Q and K of the first block (block n_end - 1, possibly partial), landed and visible."""
+    def overlap_prologue(self, ctx: SimpleNamespace, walk=None):
+        """Q and K of the first block (block n_end - 1, possibly partial; a block-sparse ``walk``'s first tile),
+        landed and visible."""
         kv = ctx.kv
         self.load_q(ctx)
-        if ctx.n_end - 1 >= ctx.n_start:
-            kv.load_k(ctx.n_end - 1, 0, bounded=True)
+        first, has_block = self.first_block(ctx, walk)
+        if has_block:
+            kv.load_k(first, 0, bounded=True)
         cute.arch.cp_async_commit_group()
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
 
     @cute.jit
-    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool]):
-        """Start load slot ``slot``: K of block v_block - 1 (when the range has it) and V of block
-        ``v_block`` (the range's first block when ``first``: rows past seqlen_k are zero-filled)."""
-        kv, k_block = ctx.kv, v_block - 1
-        if k_block >= ctx.n_start:
-            kv.load_k(k_block, slot % 2, bounded=False)
-        kv.load_v(v_block, (slot + 1) % 2, bounded=first)
+    def first_block(self, ctx: SimpleNamespace, walk=None):
+        """(the first key block, whether there is one): block n_end - 1 of the range, or a walk's step 0 (an empty
+        walk reads no list entry: its first slot may lie before the tensor)."""
+        first = ctx.n_end - 1
+        has_block = first >= ctx.n_start
+        if const_expr(walk is not None):
+            has_block = walk.count > 0
+            if has_block:
+                first = walk.block(0)
+        return first, has_block
+
+    @cute.jit
+    def next_k(self, ctx: SimpleNamespace, it: Int32, v_block: Int32, walk=None):
+        """(the key block whose K step ``it`` prefetches, whether there is one): v_block - 1 in the range, or the
+        walk's step it + 1."""
+        k_block = v_block - 1
+        has_k = k_block >= ctx.n_start
+        if const_expr(walk is not None):
+            has_k = it + 1 < walk.count
+            k_block = walk.block(cutlass.min(it + 1, walk.count - 1))
+        return k_block, has_k
+
+    @cute.jit
+    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool], it: Int32):
+        """Start load slot ``slot`` of step ``it``: the next K (``next_k``) and V of block ``v_block`` (the range's
+        first block when ``first``: rows past seqlen_k are zero-filled; a walk's tiles always, bounded)."""
+        kv = ctx.kv
+        k_block, has_k = self.next_k(ctx, it, v_block, ctx.walk)
+        if has_k:
+            kv.load_k(k_block, slot % 2, bounded=ctx.walk is not None)
+        kv.load_v(v_block, (slot + 1) % 2, bounded=first or ctx.walk is not None)
         cute.arch.cp_async_commit_group()
 
     @cute.jit
@@ -809,19 +837,21 @@ class FlashFwdMultistage:
 
     @cute.jit
     def overlap_step(self, ctx: SimpleNamespace, rP: cute.Tensor, it: Int32, n_block: Int32,
-                     masked: cutlass.Constexpr[bool], first: cutlass.Constexpr[bool]):
+                     masked: cutlass.Constexpr[bool], first: cutlass.Constexpr[bool],
+                     mask_mod: cutlass.Constexpr[bool] = True):
         """Step ``it`` (block ``n_block``): S of this block, P V of the previous one (``rP``, then
-        overwritten with this block's P), softmax of this block in between."""
+        overwritten with this block's P), softmax of this block in between. The next K comes from the range or
+        from ``ctx.walk``'s next step (``next_k``); ``mask_mod`` off: a block-sparse full-list tile."""
         slot = it + ctx.slot_base  # load slots (and their buffers) count on across a persistent CTA's tiles
         if const_expr(self.config.pingpong):
             # the turn hands back the buffers slot it + 1 refills (both groups' MMAs of step it - 1 are done)
             self.wait_slot(ctx, slot)
             self.take_turn(ctx)
-            self.issue_slot(ctx, slot + 1, n_block, first)
+            self.issue_slot(ctx, slot + 1, n_block, first, it)
         else:
-            self.issue_slot(ctx, slot + 1, n_block, first)
+            self.issue_slot(ctx, slot + 1, n_block, first, it)
             self.wait_slot(ctx, slot)
-        acc_S = self.scores(ctx, n_block, slot % 2, masked)
+        acc_S = self.scores(ctx, n_block, slot % 2, masked, mask_mod)
         if const_expr(not first):
             self.pv(ctx, rP, (slot + 1) % 2)
         scale = self.pass_turn(ctx, last=False)
@@ -873,6 +903,33 @@ class FlashFwdMultistage:
                 first_left = num_right + num_full if num_right + num_full > 0 else 1
                 for it in cutlass.range(first_left, n_total, unroll=1):
                     self.overlap_step(ctx, rP, it, ctx.n_end - 1 - it, masked=True, first=False)
+            self.wait_slot(ctx, n_total + ctx.slot_base)
+            self.take_turn(ctx)
+            self.tail_hook(ctx)
+            self.pv(ctx, rP, (n_total + ctx.slot_base + 1) % 2)
+            self.pass_turn(ctx, last=True)
+
+    @cute.jit
+    def overlap_sparse_mainloop(self, ctx: SimpleNamespace, walk):
+        """``overlap_mainloop`` over a block-sparse walk (``block_walk``): the first step peeled off (masked), the
+        mask-list tiles masked with the mask_mod, the full-list tiles without it, element-masked only where the
+        dense range says a tile needs it; K runs one walk step ahead of V (``next_k``)."""
+        n_total = walk.count
+        rP = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), self.dtype)
+        if n_total > 0:
+            self.first_turn(ctx)
+            if walk.n_mask > 0:
+                self.overlap_step(ctx, rP, 0, walk.block(0), masked=True, first=True)
+            else:
+                self.overlap_step(ctx, rP, 0, walk.block(0), masked=True, first=True, mask_mod=False)
+            for it in cutlass.range(1, walk.n_mask, unroll=1):
+                self.overlap_step(ctx, rP, it, walk.block(it), masked=True, first=False)
+            for it in cutlass.range(cutlass.max(walk.n_mask, 1), n_total, unroll=1):
+                n_block = walk.block(it)
+                if n_block >= ctx.n_unmasked_start and n_block < ctx.n_unmasked_end:
+                    self.overlap_step(ctx, rP, it, n_block, masked=False, first=False)
+                else:
+                    self.overlap_step(ctx, rP, it, n_block, masked=True, first=False, mask_mod=False)
             self.wait_slot(ctx, n_total + ctx.slot_base)
             self.take_turn(ctx)
             self.tail_hook(ctx)

@@ -134,7 +134,7 @@ class FlashFwdPersistent(FlashFwdTma):
                 ctx.__dict__.update(
                     m_block=m_block, seqlen_q=seqlen_q, seqlen_k=cur.seqlen_k, n_start=n_start, n_end=n_end,
                     n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end, group=None,
-                    tile_rows=seqlen_q, head_kv=head_kv, slot_base=slot_base,
+                    tile_rows=seqlen_q, head_kv=head_kv, slot_base=slot_base, walk=None,
                 )
                 ctx.score = self.score_step(ctx, p.softcap_scale, window_left, window_right, batch, head,
                                             mCuSeqlensQ, p.mCuSeqlensK)
