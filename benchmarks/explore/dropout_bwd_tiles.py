@@ -39,7 +39,8 @@ def bwd_ms(d, causal, p, force=None):
             mock.patch.dict(os.environ, {OCCUPANCY_ENV: "model"}):
         backward.clear_caches()
         out, _ = fa.flash_attn_func(q, k, v, causal=causal, dropout_p=p, dropout_seed=1 if p else None)
-        cfg = bwd_config.select_bwd_config(BwdSpec("bf16", d, d, causal=causal, dropout=p > 0), fa.dispatch_model(q.device))
+        spec = BwdSpec("bf16", d, d, causal=causal, dropout=p > 0)
+        cfg = bwd_config.select_bwd_config(spec, fa.dispatch_model(q.device))
         ms = median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True))
     backward.clear_caches()
     return ms, str(cfg)
