@@ -166,8 +166,9 @@ def test_refused_layouts(spec_kw, match):
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("block", [(128, 128), (128, 64), (256, 192)])
 def test_every_head_dim_has_a_tile_that_divides_the_blocks(d, block):
-    """The predicate routes block-sparse specs to cp.async tiles dividing the block, with and without a
-    mask_mod, causal or not: a block size check_block_sparse accepts always finds a config."""
+    """The predicate routes block-sparse specs to tiles whose mainloop walks the lists (cp.async, or the overlapped
+    TMA one; never the plain TMA step, tma_ws or persistent) dividing the block, with and without a mask_mod, causal
+    or not: a block size check_block_sparse accepts always finds a config."""
     from flash_attn_4_sm120 import flex, flex_examples
     from flash_attn_4_sm120.config import block_sparse_problems, fwd_candidates
     from flash_attn_4_sm120.execution_model import SM120
@@ -178,7 +179,8 @@ def test_every_head_dim_has_a_tile_that_divides_the_blocks(d, block):
         spec = FwdSpec("bf16", d, d, causal, block_sparse=(*block, True), mods=mods)
         for cfg, _ in fwd_candidates(spec, SM120):
             assert not block_sparse_problems(spec, cfg)
-            assert cfg.mainloop == "cp_async" and not cfg.overlap
+            assert cfg.mainloop == "cp_async" or (cfg.mainloop == "tma" and cfg.overlap)
+            assert not cfg.persistent
             assert block[0] % cfg.tile_m == 0 and block[1] % cfg.tile_n == 0
 
 
@@ -215,3 +217,22 @@ def test_every_backward_class_has_a_tile_for_the_blocks(d, block):
         cfg = select_bwd_config(spec, SM120)
         assert not bwd_config_problems(spec, cfg, SM120) and not (cfg.role_split and mods is not None)
         assert block[0] % cfg.tile_m == 0 and block[1] % cfg.tile_n == 0
+
+
+@pytest.mark.parametrize("knobs, walks", [
+    (dict(mainloop="cp_async"), True),
+    (dict(mainloop="cp_async", overlap=True), True),
+    (dict(mainloop="tma", overlap=True, pingpong=True), True),
+    (dict(mainloop="tma"), False),
+    (dict(mainloop="tma_ws"), False),
+    (dict(mainloop="tma", overlap=True, pingpong=True, persistent=True), False),
+])
+def test_which_mainloops_walk_the_lists(knobs, walks):
+    """The plain TMA step, the warp-specialized producer and the persistent loop take their tiles from the dense
+    range: the predicate refuses them for block-sparse specs; cp.async and the overlapped TMA mainloop walk lists."""
+    from flash_attn_4_sm120.config import FwdConfig, block_sparse_problems
+    from flash_attn_4_sm120.problem import FwdSpec
+
+    spec = FwdSpec("bf16", 128, 128, False, block_sparse=(128, 128, True))
+    cfg = FwdConfig(128, 64, 8, 2, **knobs)
+    assert (not block_sparse_problems(spec, cfg)) == walks
