@@ -1,0 +1,60 @@
+"""Dropout's host side on the CPU (issue 20): every head-dim class finds a forward and a backward config the
+predicate accepts (never persistent, packed or the role split), the call's seed slot, and the kernels' element
+order (every element of a thread's fragment once, a Philox call's 8 elements together)."""
+
+import pytest
+import torch
+
+from flash_attn_4_sm120 import bwd_config, config, dropout
+from flash_attn_4_sm120.execution_model import SM120
+from flash_attn_4_sm120.problem import BwdSpec, FwdSpec
+
+CLASSES = [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256), (40, 40), (128, 64)]
+
+
+@pytest.mark.parametrize("d, dv", CLASSES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_class_has_dropout_configs(d, dv, causal):
+    spec = FwdSpec("bf16", d, dv, causal, dropout=True)
+    for cfg in config.dispatch_candidates(spec, SM120):
+        assert not config.fwd_config_problems(spec, cfg, SM120)
+        assert not cfg.persistent
+    bspec = BwdSpec("bf16", d, dv, causal, dropout=True)
+    cfg = bwd_config.select_bwd_config(bspec, SM120)
+    assert not cfg.role_split and not bwd_config.bwd_config_problems(bspec, cfg, SM120)
+
+
+def test_dropout_refuses_packed_and_persistent_tiles():
+    cfg = config.FwdConfig(256, 32, 8, 2, mainloop="tma", overlap=True, pingpong=True, persistent=True)
+    assert config.dropout_problems(FwdSpec("bf16", 128, 128, False, dropout=True), cfg)
+    packed = FwdSpec("bf16", 128, 128, False, pack_gqa=True, dropout=True)
+    assert config.dropout_problems(packed, config.FwdConfig(64, 64, 4, 1, q_in_regs=True))
+    role = bwd_config.BWD_TABLE[128]
+    assert role.role_split and bwd_config.bwd_config_problems(BwdSpec("bf16", 128, 128, False, dropout=True), role,
+                                                              SM120)
+
+
+def test_a_spec_without_dropout_is_unchanged():
+    """dropout=False is the default: the plain spec's configs and keys are exactly today's."""
+    for d, dv in CLASSES:
+        plain = FwdSpec("bf16", d, dv, True)
+        assert plain == FwdSpec("bf16", d, dv, True, dropout=False)
+        assert BwdSpec.of(plain).dropout is False
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2 ** 31, 2 ** 32 + 5, 2 ** 63 - 1])
+def test_rng_slot_holds_the_seed_words(seed):
+    t = dropout.rng_tensor(seed, 7, 0.1)
+    words = [int(x) & 0xFFFFFFFF for x in t.tolist()]
+    assert t.dtype == torch.int32 and words == [seed & 0xFFFFFFFF, seed >> 32, 7, dropout.keep_threshold(0.1)]
+
+
+def test_kernel_element_order_is_call_major():
+    from flash_attn_4_sm120._kernels.dropout_mask import KeepFlags
+
+    rows, cols = 4, 16
+    order = KeepFlags(None, None, None, None, rows, cols).order
+    assert sorted(order) == [(r, c) for r in range(rows) for c in range(cols)]
+    for i in range(0, len(order), 8):  # each call: one m16 atom's two row halves x a 16-column atom pair
+        call = {(r - r % 2, c - c % 4) for r, c in order[i:i + 8]}
+        assert len(call) == 1
