@@ -601,6 +601,8 @@ def _dropout_of(kwargs: dict) -> Optional[tuple]:
     """``(p, seed)`` of a call's ``dropout_p`` / ``dropout_seed`` (taken out of ``kwargs``), None when p is 0 (the
     plain call: exactly the kernels without dropout). Without a seed, one is drawn from torch's CPU generator
     (``torch.manual_seed`` reproduces a run); the mask is ``dropout.dropout_keep_mask`` of (seed, offset 0)."""
+    if "dropout_p" not in kwargs and "dropout_seed" not in kwargs:  # every plain call: nothing to check
+        return None
     p, seed = kwargs.pop("dropout_p", 0.0), kwargs.pop("dropout_seed", None)
     if isinstance(p, torch.Tensor) or not isinstance(p, (int, float)) or isinstance(p, bool):
         raise TypeError(f"dropout_p must be a Python float, got {p!r}")

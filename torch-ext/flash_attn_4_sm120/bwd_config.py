@@ -123,9 +123,6 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         # two warps along the rows, none)
         if cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
             out.append("block sparsity beside S fragments of 32 or more registers per thread spills")
-        if spec.mods is not None and max(spec.head_dim, spec.head_dim_v) > 192 and cfg.dq_warps_m < 2:
-            out.append("block sparsity with mods at head dims over 192 needs dQ on two warps along the rows "
-                       "(dq_warps_m=2): the class tile's one spills")
     if spec.dropout:
         # sm_120a gate, 2026-11-26 (keep flags drawn up front): 32 S registers per thread beside d64's dK / dV
         # (64 registers) fit; with the causal mask's limits beside them 24 B spilled, with softcap's tanh tile 56 B,
@@ -137,10 +134,16 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         if s_regs >= 32 and (extra or s_regs + dkv_regs > 96):
             out.append(f"dropout beside {s_regs} S registers per thread and an element mask, softcap or mods, or "
                        f"{dkv_regs} dK / dV accumulator registers, spills")
-        # ... and d256's class tile (dQ on one warp along the rows) kept one local word; its fallback (two) none
-        if max(spec.head_dim, spec.head_dim_v) > 192 and cfg.dq_warps_m < 2:
-            out.append("dropout at head dims over 192 needs dQ on two warps along the rows (dq_warps_m=2): the class "
-                       "tile's one spills")
+    # d256's class tile (dQ on one warp along the rows) kept one local word beside the walk and a mask_mod, and beside
+    # dropout's keep flags; its fallback (two warps) none
+    heavy = None
+    if spec.dropout:
+        heavy = "dropout"
+    elif spec.block_sparse is not None and spec.mods is not None:
+        heavy = "block sparsity with mods"
+    if heavy and max(spec.head_dim, spec.head_dim_v) > 192 and cfg.dq_warps_m < 2:
+        out.append(f"{heavy} at head dims over 192 needs dQ on two warps along the rows (dq_warps_m=2): the class "
+                   f"tile's one spills")
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if ROW_PAD % cfg.tile_m or cfg.tile_m % 16:

@@ -694,12 +694,7 @@ class FlashFwdMultistage:
         tile) landed and visible; its V in flight (the second commit group)."""
         kv = ctx.kv
         self.load_q(ctx)
-        first = ctx.n_end - 1
-        has_block = first >= ctx.n_start
-        if const_expr(walk is not None):
-            has_block = walk.count > 0
-            if has_block:  # an empty walk has no entry to read (its lists' first slot may lie before the tensor)
-                first = walk.block(0)
+        first, has_block = self.first_block(ctx, walk)
         if has_block:
             kv.load_k(first, 0, bounded=True)
         cute.arch.cp_async_commit_group()
@@ -716,11 +711,7 @@ class FlashFwdMultistage:
         n_block - 1, or step it + 1 of a block-sparse ``walk`` (loaded bounded: it may be the sequence's last)."""
         kv = ctx.kv
         acc_S = self.scores(ctx, n_block, 0, masked, mask_mod)
-        has_next = n_block - 1 >= ctx.n_start
-        n_next = n_block - 1
-        if const_expr(walk is not None):
-            has_next = it + 1 < walk.count
-            n_next = walk.block(cutlass.min(it + 1, walk.count - 1))
+        n_next, has_next = self.next_k(ctx, it, n_block, walk)
         cute.arch.cp_async_wait_group(0)  # this block's V
         cute.arch.sync_threads()  # every warp is done with K; V is visible
         if has_next:
@@ -903,11 +894,16 @@ class FlashFwdMultistage:
                 first_left = num_right + num_full if num_right + num_full > 0 else 1
                 for it in cutlass.range(first_left, n_total, unroll=1):
                     self.overlap_step(ctx, rP, it, ctx.n_end - 1 - it, masked=True, first=False)
-            self.wait_slot(ctx, n_total + ctx.slot_base)
-            self.take_turn(ctx)
-            self.tail_hook(ctx)
-            self.pv(ctx, rP, (n_total + ctx.slot_base + 1) % 2)
-            self.pass_turn(ctx, last=True)
+            self.overlap_tail(ctx, rP, n_total)
+
+    @cute.jit
+    def overlap_tail(self, ctx: SimpleNamespace, rP: cute.Tensor, n_total: Int32):
+        """After ``n_total`` overlapped steps: the last block's P V, in its turn."""
+        self.wait_slot(ctx, n_total + ctx.slot_base)
+        self.take_turn(ctx)
+        self.tail_hook(ctx)
+        self.pv(ctx, rP, (n_total + ctx.slot_base + 1) % 2)
+        self.pass_turn(ctx, last=True)
 
     @cute.jit
     def overlap_sparse_mainloop(self, ctx: SimpleNamespace, walk):
@@ -930,11 +926,7 @@ class FlashFwdMultistage:
                     self.overlap_step(ctx, rP, it, n_block, masked=False, first=False)
                 else:
                     self.overlap_step(ctx, rP, it, n_block, masked=True, first=False, mask_mod=False)
-            self.wait_slot(ctx, n_total + ctx.slot_base)
-            self.take_turn(ctx)
-            self.tail_hook(ctx)
-            self.pv(ctx, rP, (n_total + ctx.slot_base + 1) % 2)
-            self.pass_turn(ctx, last=True)
+            self.overlap_tail(ctx, rP, n_total)
 
     @cute.jit
     def tail_hook(self, ctx: SimpleNamespace):
