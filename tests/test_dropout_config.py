@@ -58,3 +58,38 @@ def test_kernel_element_order_is_call_major():
     for i in range(0, len(order), 8):  # each call: one m16 atom's two row halves x a 16-column atom pair
         call = {(r - r % 2, c - c % 4) for r, c in order[i:i + 8]}
         assert len(call) == 1
+
+
+def test_unseeded_slot_comes_from_torch_generator():
+    """Without a seed the slot's seed words come from torch's generator of the device (device ops only, so a CUDA
+    graph replay draws anew): torch.manual_seed reproduces them, and the offset / threshold words are set."""
+    torch.manual_seed(7)
+    a = dropout.rng_tensor(None, 0, 0.1)
+    b = dropout.rng_tensor(None, 0, 0.1)
+    torch.manual_seed(7)
+    c = dropout.rng_tensor(None, 0, 0.1)
+    assert torch.equal(a, c) and not torch.equal(a[:2], b[:2])
+    assert a[2:].tolist() == [0, dropout.keep_threshold(0.1)]
+
+
+@pytest.mark.parametrize("seed", [None, 123])
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_dropout_traces_into_one_graph(seed, varlen):
+    """torch.compile(fullgraph=True) of a training step with dropout traces (forward and, AOT, the backward) through
+    the custom ops with no graph break; the real op then refuses CPU tensors at run time."""
+    import flash_attn_4_sm120 as fa
+
+    q = torch.randn(1, 64, 2, 64, dtype=torch.bfloat16, requires_grad=True)
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+
+    def step(q):
+        if varlen:
+            out = fa.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 64, 64, causal=True, dropout_p=0.1,
+                                            dropout_seed=seed)[0]
+        else:
+            out = fa.flash_attn_func(q, q, q, causal=True, dropout_p=0.1, dropout_seed=seed)[0]
+        return out.float().sum()
+
+    torch._dynamo.reset()
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        torch.compile(step, fullgraph=True, backend="aot_eager")(q)

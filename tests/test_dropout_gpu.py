@@ -246,3 +246,117 @@ def test_deterministic_backward_is_bitwise_repeatable(causal):
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
     run(1, 300, 300, 4, 2, 128, 128, causal=causal, deterministic=True)
+
+
+def _identity_v(b, sk, hkv, d):
+    return torch.eye(sk, d, device="cuda", dtype=torch.bfloat16)[None, :, None, :].expand(b, sk, hkv, d).contiguous()
+
+
+def _check_own_mask(q, k, v, out, grads, dout, p, what, **features):
+    """V = identity: the mask a call used, read off its output (out[q, j] != 0 iff kept), then out and (dq, dk, dv)
+    against the fp32 reference with that mask: a backward that drew another mask than its forward fails here."""
+    kept = out[..., :k.shape[1]].permute(0, 2, 1, 3) != 0
+    rate = kept.float().mean().item()
+    assert abs(rate - (1 - p)) < 0.02, f"{what}: keep rate {rate:.3f}"
+    feats = dict(features, dropout=(kept, keep_scale(p)))
+    ref, _ = attention_ref(q, k, v, **feats)
+    pt, _ = attention_ref(q, k, v, upcast=False, **feats)
+    _close(out, ref, pt, torch.bfloat16, what)
+    ref_g = attention_grads_ref(q, k, v, dout, True, **dict(feats))
+    pt_g = attention_grads_ref(q, k, v, dout, False, **dict(feats))
+    for name, g, r, t in zip(("dq", "dk", "dv"), grads, ref_g, pt_g):
+        _close(g, r, t, torch.bfloat16, f"{what} {name}")
+    return kept
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_torch_compile_matches_eager(varlen):
+    """torch.compile(fullgraph=True) of a training step with dropout: the call traces through the custom ops (no graph
+    break: the seed slot is built by device ops), and with a seed the compiled output and gradients equal eager's
+    bit for bit (deterministic backward)."""
+    torch.manual_seed(0)
+    if varlen:
+        q, k, v, cu_q, cu_k = varlen_batch([300, 0, 129], [310, 7, 200], 8, 2, 128)
+    else:
+        q, k, v = _rand(2, 300, 8, 128), _rand(2, 310, 2, 128), _rand(2, 310, 2, 128)
+    w = torch.randn(q.shape, device="cuda")
+
+    def step(q, k, v):
+        args = dict(causal=True, window_size=(100, 0), deterministic=True, dropout_p=0.2, dropout_seed=SEED)
+        if varlen:
+            out = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 310, **args)[0]
+        else:
+            out = fa.flash_attn_func(q, k, v, **args)[0]
+        return out, (out.float() * w).sum()
+
+    def run_step(fn):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out, loss = fn(*leaves)
+        return (out, *torch.autograd.grad(loss, leaves))
+
+    torch._dynamo.reset()
+    compiled = run_step(torch.compile(step, fullgraph=True))
+    eager = run_step(step)
+    for name, a, b in zip(("out", "dq", "dk", "dv"), compiled, eager):
+        assert torch.equal(a, b), f"{name}: compiled differs from eager"
+
+
+def test_unseeded_dropout_under_torch_compile():
+    """Without a seed, a compiled step draws a fresh seed on the device per call; forward and backward of one call
+    use the same mask (checked against the reference with the mask read off the output)."""
+    torch.manual_seed(0)
+    b, s, hq, hkv, d, p = 2, 128, 4, 2, 128, 0.25
+    q, k, v = _rand(b, s, hq, d), _rand(b, s, hkv, d), _identity_v(b, s, hkv, d)
+    dout = _rand(b, s, hq, d)
+
+    def step(q, k, v):
+        out = fa.flash_attn_func(q, k, v, causal=True, dropout_p=p)[0]
+        return out, (out.float() * dout.float()).sum()
+
+    compiled = torch.compile(step, fullgraph=True)
+    masks = []
+    for i in range(2):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out, loss = compiled(*leaves)
+        grads = torch.autograd.grad(loss, leaves)
+        masks.append(_check_own_mask(q, k, v, out, grads, dout, p, f"compiled call {i}", causal=True))
+    assert not torch.equal(masks[0], masks[1]), "two unseeded calls drew the same mask"
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["unseeded", "seeded"])
+def test_dropout_cuda_graph_replay(seeded):
+    """Forward + backward with dropout captured in one CUDA graph: unseeded, every replay draws a fresh seed (torch's
+    generator advances per replay) and its gradients match its own mask; seeded, a replay equals the eager call."""
+    torch.manual_seed(0)
+    b, s, hq, hkv, d, p = 2, 144, 4, 2, 160, 0.3
+    q, k = _rand(b, s, hq, d).requires_grad_(True), _rand(b, s, hkv, d).requires_grad_(True)
+    v = _identity_v(b, s, hkv, d).requires_grad_(True)
+    dout = _rand(b, s, hq, d)
+    seed = SEED if seeded else None
+
+    def run_once():
+        out = fa.flash_attn_func(q, k, v, dropout_p=p, dropout_seed=seed, deterministic=True)[0]
+        return (out, *torch.autograd.grad(out, (q, k, v), dout))
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):  # compile and warm the allocator outside the capture
+            run_once()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static = run_once()
+    masks = []
+    for i in range(2):
+        graph.replay()
+        torch.cuda.synchronize()
+        masks.append(_check_own_mask(q.detach(), k.detach(), v.detach(), static[0], static[1:], dout, p,
+                                     f"replay {i}"))
+    if seeded:
+        eager = run_once()
+        for name, a, c in zip(("out", "dq", "dk", "dv"), static, eager):
+            assert torch.equal(a, c), f"{name}: seeded replay differs from eager"
+        assert torch.equal(masks[0], masks[1])
+    else:
+        assert not torch.equal(masks[0], masks[1]), "two replays drew the same mask"

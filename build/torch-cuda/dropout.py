@@ -76,16 +76,24 @@ def keep_scale(p: float) -> float:
     return 65536.0 / (65536 - keep_threshold(p))
 
 
-def rng_tensor(seed: int, offset: int, p: float, device=None) -> torch.Tensor:
+def _signed32(word: int) -> int:
+    return word - (1 << 32) if word >= 1 << 31 else word
+
+
+def rng_tensor(seed: Optional[int], offset: int, p: float, device=None) -> torch.Tensor:
     """The kernels' dropout slot: int32 (seed low word, seed high word, offset, threshold) (two's complement
-    views of the unsigned words)."""
-    words = [seed & _U32, (seed >> 32) & _U32, offset & _U32, keep_threshold(p)]
-    return torch.tensor([w - (1 << 32) if w >= 1 << 31 else w for w in words], dtype=torch.int32, device=device)
-
-
-def draw_seed(generator: Optional[torch.Generator] = None) -> int:
-    """A fresh 63-bit seed from torch's CPU generator (``torch.manual_seed`` makes a run reproducible)."""
-    return int(torch.randint(0, 2 ** 63 - 1, (1,), generator=generator, dtype=torch.int64).item())
+    views of the unsigned words). ``seed`` None draws the two seed words from torch's generator of ``device``
+    (``torch.manual_seed`` reproduces a run). Built by device-side fills and ``torch.randint`` only (no host
+    copy, no sync), so a call is capturable in a CUDA graph (each replay draws a fresh seed, as torch's own
+    random ops do) and traceable by torch.compile."""
+    slot = torch.full((4,), keep_threshold(p), dtype=torch.int32, device=device)
+    slot[2].fill_(_signed32(offset & _U32))
+    if seed is None:
+        slot[:2].copy_(torch.randint(-(1 << 31), 1 << 31, (2,), dtype=torch.int32, device=device))
+    else:
+        slot[0].fill_(_signed32(seed & _U32))
+        slot[1].fill_(_signed32((seed >> 32) & _U32))
+    return slot
 
 
 def dropout_keep_mask(seed: int, offset: int, batch: int, heads: int, seqlen_q: int, seqlen_k: int, p: float,

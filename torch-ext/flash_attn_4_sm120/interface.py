@@ -101,11 +101,27 @@ def flash_attn_fwd(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Low-level forward without autograd: writes into ``out``/``lse`` when given, returns both.
     ``num_splits``: KV splits (None or 0 automatic, 1 off)."""
+    return _fwd_launch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, out, lse, pack_gqa,
+                       num_splits)
+
+
+def _fwd_launch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, out, lse, pack_gqa, num_splits,
+                rng=None):
+    """``flash_attn_fwd``, with the dropout slot ``rng`` (the forward custom op's path)."""
     _check_options(num_splits, pack_gqa)
+    q, k, v, spec, shape, params = _validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink,
+                                              rng)
+    return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, out,
+                       lse, num_splits=num_splits)
+
+
+def _validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, rng=None):
+    """``(q, k, v, spec, shape, params)`` of a dense call: q / k / v in the kernels' layout, validated, with the
+    dropout slot ``rng`` (None: no dropout)."""
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
-    return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, out, lse,
-                       num_splits=num_splits)
+    spec, params = _with_dropout(spec, params, rng)
+    return q, k, v, spec, shape, params
 
 
 def flash_attn_bwd(
@@ -129,8 +145,7 @@ def flash_attn_bwd(
     """Low-level backward without autograd, of a ``flash_attn_fwd`` call with the same arguments: returns
     ``(dq, dk, dv, dsink)`` (dsink None without a sink), written into ``dq``/``dk``/``dv`` when all three
     are given (contiguous, q's / k's / v's shape and dtype)."""
-    q, k, v = (kernel_layout(t) for t in (q, k, v))
-    spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
+    q, k, v, spec, shape, params = _validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
     given = (dq, dk, dv)
     if any(t is not None for t in given):
         if any(t is None for t in given):
@@ -167,8 +182,9 @@ def _splits(requested, spec, shape, cfg, split_spec, split_cfg, model, device) -
 
 def _with_packing(spec, shape, pack_gqa: Optional[bool]):
     """The spec with GQA packing decided for this call (``config.use_pack_gqa``: the caller's
-    choice, or automatic for short queries)."""
-    if use_pack_gqa(pack_gqa, shape.num_heads, shape.num_heads_kv, shape.seqlen_q):
+    choice, or automatic for short queries). A dropout call runs unpacked, even with ``pack_gqa=True``: its mask
+    is drawn per query head of an unpacked tile (``config.dropout_problems``; the manifest's dropout+pack_gqa)."""
+    if not spec.dropout and use_pack_gqa(pack_gqa, shape.num_heads, shape.num_heads_kv, shape.seqlen_q):
         return _packed_spec(spec)
     return spec
 
@@ -328,13 +344,14 @@ def _check_output(name, t, shape, dtype, device) -> None:
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
               window_left: Optional[int], window_right: Optional[int], softcap: float,
               learnable_sink: Optional[torch.Tensor], num_splits: int,
-              pack_gqa: Optional[bool], deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return flash_attn_fwd(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, learnable_sink,
-                          pack_gqa=pack_gqa, num_splits=num_splits)
+              pack_gqa: Optional[bool], deterministic: bool,
+              rng: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    return _fwd_launch(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, learnable_sink, None,
+                       None, pack_gqa, num_splits, rng)
 
 
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits,
-              pack_gqa, deterministic):
+              pack_gqa, deterministic, rng):
     out = q.new_empty((*q.shape[:3], v.shape[3]))
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32)
     return out, lse
@@ -346,18 +363,19 @@ def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
                  softmax_scale: Optional[float], causal: bool, window_left: Optional[int],
                  window_right: Optional[int], softcap: float, learnable_sink: Optional[torch.Tensor],
                  num_splits: int, pack_gqa: Optional[bool], check_metadata: Optional[bool],
-                 page_table: Optional[torch.Tensor], deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                 page_table: Optional[torch.Tensor], deterministic: bool,
+                 rng: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale,
-        causal, (window_left, window_right), softcap, learnable_sink, check_metadata, page_table)
-    return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen=varlen,
-                       num_splits=num_splits)
+        causal, (window_left, window_right), softcap, learnable_sink, check_metadata, page_table, rng)
+    return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params,
+                       varlen=varlen, num_splits=num_splits)
 
 
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                  softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits, pack_gqa,
-                 check_metadata, page_table, deterministic):
+                 check_metadata, page_table, deterministic, rng):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     heads = q.shape[-2]
     lse_shape = (heads, q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], heads, q.shape[1])
@@ -387,15 +405,17 @@ def _dsink_out(dsink, q):
 def _bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
               out: torch.Tensor, lse: torch.Tensor, softmax_scale: Optional[float], causal: bool,
               window_left: Optional[int], window_right: Optional[int], softcap: float,
-              learnable_sink: Optional[torch.Tensor], deterministic: bool) -> tuple[torch.Tensor, torch.Tensor,
-                                                                                    torch.Tensor, torch.Tensor]:
-    dq, dk, dv, dsink = flash_attn_bwd(dout, q, k, v, out, lse, softmax_scale, causal, (window_left, window_right),
-                                       softcap, learnable_sink, dlse, deterministic)
+              learnable_sink: Optional[torch.Tensor], deterministic: bool,
+              rng: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    q, k, v, spec, shape, params = _validated(q, k, v, softmax_scale, causal, (window_left, window_right), softcap,
+                                              learnable_sink, rng)
+    dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, None, _dtype_of(learnable_sink),
+                               deterministic)
     return dq, dk, dv, _dsink_out(dsink, q)
 
 
 def _bwd_fake(dout, dlse, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-              learnable_sink, deterministic):
+              learnable_sink, deterministic, rng):
     grads = [torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v)]
     sink = learnable_sink.new_empty(learnable_sink.shape) if learnable_sink is not None else \
         q.new_empty((0,), dtype=torch.float32)
@@ -408,11 +428,12 @@ def _varlen_bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.
                      seqused_k: Optional[torch.Tensor], max_seqlen_q: Optional[int], max_seqlen_k: Optional[int],
                      softmax_scale: Optional[float], causal: bool, window_left: Optional[int],
                      window_right: Optional[int], softcap: float, learnable_sink: Optional[torch.Tensor],
-                     deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                     deterministic: bool,
+                     rng: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
-        (window_left, window_right), softcap, learnable_sink, False)
+        (window_left, window_right), softcap, learnable_sink, False, rng=rng)
     dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, _dtype_of(learnable_sink),
                                deterministic)
     return dq, dk, dv, _dsink_out(dsink, q)
@@ -420,29 +441,29 @@ def _varlen_bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.
 
 def _varlen_bwd_fake(dout, dlse, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
                      max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, learnable_sink,
-                     deterministic):
+                     deterministic, rng):
     return _bwd_fake(dout, dlse, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
-                     learnable_sink, deterministic)
+                     learnable_sink, deterministic, rng)
 
 
 def _fwd_setup_context(ctx, inputs, output):
-    q, k, v, softmax_scale, causal, window_left, window_right, softcap, sink, _, _, deterministic = inputs
-    ctx.save_for_backward(q, k, v, *output, sink)
+    q, k, v, softmax_scale, causal, window_left, window_right, softcap, sink, _, _, deterministic, rng = inputs
+    ctx.save_for_backward(q, k, v, *output, sink, rng)
     ctx.scalars = (softmax_scale, causal, window_left, window_right, softcap)
     ctx.deterministic = deterministic
 
 
 def _fwd_backward(ctx, dout, dlse):
     """Autograd of the dense forward op (``torch.compile`` graphs): the backward op, traced like the forward."""
-    q, k, v, out, lse, sink = ctx.saved_tensors
-    dq, dk, dv, dsink = _bwd_op(dout, dlse, q, k, v, out, lse, *ctx.scalars, sink, ctx.deterministic)
-    return dq, dk, dv, None, None, None, None, None, (dsink if sink is not None else None), None, None, None
+    q, k, v, out, lse, sink, rng = ctx.saved_tensors
+    dq, dk, dv, dsink = _bwd_op(dout, dlse, q, k, v, out, lse, *ctx.scalars, sink, ctx.deterministic, rng)
+    return dq, dk, dv, None, None, None, None, None, (dsink if sink is not None else None), None, None, None, None
 
 
 def _varlen_setup_context(ctx, inputs, output):
     (q, k, v, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, causal, window_left, window_right, softcap,
-     sink, _, _, _, page_table, deterministic) = inputs
-    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, used_q, used_k, sink)
+     sink, _, _, _, page_table, deterministic, rng) = inputs
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k, used_q, used_k, sink, rng)
     ctx.scalars = (max_q, max_k, softmax_scale, causal, window_left, window_right, softcap)
     ctx.paged = page_table is not None
     ctx.deterministic = deterministic
@@ -452,10 +473,10 @@ def _varlen_backward(ctx, dout, dlse):
     """Autograd of the varlen forward op; paged K/V (an inference layout) has no backward."""
     if ctx.paged:
         raise NotImplementedError(_refusal(("paged_kv", "backward")))
-    q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, used_q, used_k, sink, rng = ctx.saved_tensors
     dq, dk, dv, dsink = _varlen_bwd_op(dout, dlse, q, k, v, out, lse, cu_q, cu_k, used_q, used_k, *ctx.scalars,
-                                       sink, ctx.deterministic)
-    return (dq, dk, dv) + (None,) * 11 + ((dsink if sink is not None else None),) + (None,) * 5
+                                       sink, ctx.deterministic, rng)
+    return (dq, dk, dv) + (None,) * 11 + ((dsink if sink is not None else None),) + (None,) * 6
 
 
 class _FlashAttnFunc(torch.autograd.Function):
@@ -599,8 +620,8 @@ def _mods_of(score_mod, mask_mod, kwargs: dict) -> dict:
 
 def _dropout_of(kwargs: dict) -> Optional[tuple]:
     """``(p, seed)`` of a call's ``dropout_p`` / ``dropout_seed`` (taken out of ``kwargs``), None when p is 0 (the
-    plain call: exactly the kernels without dropout). Without a seed, one is drawn from torch's CPU generator
-    (``torch.manual_seed`` reproduces a run); the mask is ``dropout.dropout_keep_mask`` of (seed, offset 0)."""
+    plain call: exactly the kernels without dropout). ``seed`` None: the kernels' slot draws one on the device
+    (``dropout.rng_tensor``); the mask is ``dropout.dropout_keep_mask`` of (seed, offset 0)."""
     if "dropout_p" not in kwargs and "dropout_seed" not in kwargs:  # every plain call: nothing to check
         return None
     p, seed = kwargs.pop("dropout_p", 0.0), kwargs.pop("dropout_seed", None)
@@ -611,11 +632,13 @@ def _dropout_of(kwargs: dict) -> Optional[tuple]:
         raise TypeError(f"dropout_seed must be a non-negative int or None, got {seed!r}")
     if p == 0:
         return None
-    return float(p), dropout.draw_seed() if seed is None else seed % (1 << 64)
+    return float(p), None if seed is None else seed % (1 << 64)
 
 
 def _has_mods(mods: dict) -> bool:
-    return any(v is not None for v in mods.values())
+    """Whether the call has mods that the kernels trace (score_mod, mask_mod, aux tensors, block-sparse lists):
+    such a call runs eagerly (``_flex_call``); dropout alone runs through the custom ops."""
+    return any(v is not None for name, v in mods.items() if name != "dropout")
 
 
 def _needs_grad(q, k, v, sink=None) -> bool:
@@ -752,20 +775,21 @@ def flash_attn_func(
         return _flex_call(q, k, v, None, mods, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                           learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
                           deterministic=deterministic, return_lse=return_lse)
+    rng = _rng_of(mods["dropout"], q)  # device-side: traced and CUDA-graph capturable
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
         out, lse = _fwd_op(q, k, v, softmax_scale, bool(causal), *_window_entries(window_size),
-                           float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa, bool(deterministic))
+                           float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa, bool(deterministic), rng)
         return out, (lse if (return_lse or _needs_grad(q, k, v, learnable_sink)) else None)
     key = None
-    if not _needs_grad(q, k, v, learnable_sink):
+    if rng is None and not _needs_grad(q, k, v, learnable_sink):
         key, result = _replay((q, k, v, learnable_sink), (softmax_scale, softcap), window_size,
                               ("dense", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink, None, return_lse)
         if result is not None:
             return result
-    q, k, v = (kernel_layout(t) for t in (q, k, v))
-    spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
+    q, k, v, spec, shape, params = _validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink,
+                                              rng)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, return_lse, key,
                 learnable_sink, bool(deterministic))
 
@@ -824,17 +848,18 @@ def flash_attn_varlen_func(
         return _flex_call(q, k, v, varlen, mods, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                           learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
                           deterministic=deterministic, return_lse=return_lse)
+    rng = _rng_of(mods["dropout"], q)
     if torch.compiler.is_compiling():
         # Like flash_attn_func: graphs see the namespaced custom op; validation runs inside it.
         out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                               softmax_scale, bool(causal), *_window_entries(window_size), float(softcap or 0.0),
                               learnable_sink, num_splits or 0, pack_gqa, check_metadata, page_table,
-                              bool(deterministic))
+                              bool(deterministic), rng)
         return out, (lse if (return_lse or _needs_grad(q, k, v, learnable_sink)) else None)
     key = None
     # Remembered only when nothing is read from the device: the maxima given where a side is packed,
-    # no host metadata check.
-    if (not _needs_grad(q, k, v, learnable_sink) and (cu_seqlens_q is None or max_seqlen_q is not None)
+    # no host metadata check, no dropout (its slot is drawn per call).
+    if (rng is None and not _needs_grad(q, k, v, learnable_sink) and (cu_seqlens_q is None or max_seqlen_q is not None)
             and (cu_seqlens_k is None or max_seqlen_k is not None) and not check_requested(check_metadata)):
         varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
         key, result = _replay((q, k, v, learnable_sink, *varlen), (max_seqlen_q, max_seqlen_k, softmax_scale, softcap),
@@ -845,7 +870,7 @@ def flash_attn_varlen_func(
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
-        window_size, softcap, learnable_sink, check_metadata, page_table)
+        window_size, softcap, learnable_sink, check_metadata, page_table, rng)
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse, key,
                 learnable_sink, bool(deterministic))
 
@@ -874,20 +899,27 @@ def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causa
         spec, params = _with_block_sparse(spec, shape, params, sparse, needs_grad, num_splits, pack_gqa, q.device,
                                           bool(deterministic))
         pack_gqa, num_splits = False, 1  # the lists are per query head and walked whole (config.block_sparse_problems)
-    if drop is not None:
-        spec, params = _with_dropout(spec, params, drop, q.device)
-        pack_gqa = False  # the mask is drawn per query head of an unpacked tile (config.dropout_problems)
+    spec, params = _with_dropout(spec, params, _rng_of(drop, q))
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
                 learnable_sink, bool(deterministic))
 
 
-def _with_dropout(spec, params, drop: tuple, device):
-    """(spec, params) of a call with dropout (issue 20): the flag in the spec, (seed, offset 0, threshold) in the
-    kernels' dropout slot (the call then runs unpacked, even with ``pack_gqa=True``: the manifest's
-    dropout+pack_gqa)."""
-    p, seed = drop
-    return (dataclasses.replace(spec, dropout=True),
-            dataclasses.replace(params, rng=dropout.rng_tensor(seed, 0, p, device)))
+def _rng_of(drop: Optional[tuple], q) -> Optional[torch.Tensor]:
+    """The kernels' dropout slot of a call's ``(p, seed)`` (``_dropout_of``) on q's device, or None without
+    dropout."""
+    if drop is None:
+        return None
+    if not isinstance(q, torch.Tensor):
+        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
+    return dropout.rng_tensor(drop[1], 0, drop[0], q.device)
+
+
+def _with_dropout(spec, params, rng: Optional[torch.Tensor]):
+    """(spec, params) of a call with dropout (issue 20; ``rng``: the kernels' slot, None: no dropout): the flag in
+    the spec, the slot in the params (a dropout spec runs unpacked: ``_with_packing``)."""
+    if rng is None:
+        return spec, params
+    return dataclasses.replace(spec, dropout=True), dataclasses.replace(params, rng=rng)
 
 
 def _with_block_sparse(spec, shape, params, sparse, needs_grad: bool, num_splits, pack_gqa, device,
@@ -910,14 +942,17 @@ def _with_block_sparse(spec, shape, params, sparse, needs_grad: bool, num_splits
 
 
 def _validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
-                          softmax_scale, causal, window_size, softcap, learnable_sink, check_metadata, page_table=None):
-    """``validate_varlen`` plus the opt-in metadata check; returns (spec, shape, params, varlen tensors)."""
+                          softmax_scale, causal, window_size, softcap, learnable_sink, check_metadata, page_table=None,
+                          rng=None):
+    """``validate_varlen`` plus the opt-in metadata check and the dropout slot ``rng`` (None: no dropout);
+    returns (spec, shape, params, varlen tensors)."""
     spec, shape, params = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           seqused_q, seqused_k, softmax_scale, causal, window_size, softcap,
                                           learnable_sink, page_table)
     if check_requested(check_metadata):
         check_varlen_metadata(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                               page_table)
+    spec, params = _with_dropout(spec, params, rng)
     return spec, shape, params, (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
 
 
