@@ -3,6 +3,8 @@
 #   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session26.sh 1", carry=[".kit_bench"])
 # 1: dropout under torch.compile / CUDA graphs (the custom ops' new seed slot): the dropout GPU tests, the
 #    backward suite (compile, graph replay) and the forward's compile / graph / serving tests, ~7 min
+# 2: block-sparse tiles in the longest-first (banded) order: block-sparse GPU tests, then bench_flex's list cases,
+#    the causal flag, dense and varlen documents at SM120 occupancy, ~6 min
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
@@ -12,5 +14,8 @@ case "$part" in
        tests/test_fwd_gpu.py::test_torch_compile_fullgraph_uses_the_namespaced_op \
        tests/test_fwd_gpu.py::test_cuda_graph_capture_and_replay tests/test_fwd_gpu.py::test_torch_compile_fullgraph_varlen \
        tests/test_kvcache_gpu.py tests/test_serving_loop_gpu.py ;;
-  *) echo "part 1" ;;
+  2) shards 240 tests/test_block_sparse_gpu.py tests/test_dropout_gpu.py::test_mods_and_block_sparsity
+     (cd benchmarks && timeout 330 python3 bench_flex.py --occupancy sm120 --cases "block sparse" "causal flag" \
+        "dense" "varlen" --out "$OUT/flex_order.json" 2>&1 | grep -v -i warn | tail -14) ;;
+  *) echo "part 1-2" ;;
 esac

@@ -404,7 +404,7 @@ BANDED_ORDER_MIN_TILE_M = 128
 
 def banded_tile_order(spec: FwdSpec, cfg: FwdConfig) -> bool:
     """Whether ``cfg``'s tiles of ``spec`` run in the banded longest-first order."""
-    return (spec.causal or spec.local) and cfg.tile_m >= BANDED_ORDER_MIN_TILE_M and not cfg.persistent
+    return spec.longest_first and cfg.tile_m >= BANDED_ORDER_MIN_TILE_M and not cfg.persistent
 
 
 def tile_band(l2_bytes: int, seqlen_k: int, head_dim: int, head_dim_v: int, grid_heads_per_kv: int) -> int:

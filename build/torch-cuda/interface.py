@@ -310,7 +310,7 @@ def _plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, con
         split_cfg = config or select_fwd_config(split_spec, model)
         splits = _splits(num_splits, spec, shape, cfg, split_spec, split_cfg, model, device)
     band = 1  # masked tiles run longest first in bands of (batch, head) pairs sized to the L2
-    if spec.causal or spec.local:
+    if spec.longest_first:
         band = tile_band(_l2_bytes(device.index), shape.seqlen_k, spec.head_dim, spec.head_dim_v,
                          1 if spec.pack_gqa else shape.num_heads // shape.num_heads_kv)
     if splits == 1:

@@ -63,6 +63,14 @@ class FwdSpec:
         """The mask kind: "causal", "local" (a window, causal or not) or "full"."""
         return "causal" if self.causal else ("local" if self.local else "full")
 
+    @property
+    def longest_first(self) -> bool:
+        """Whether the forward's tiles run longest first (``_kernels/tile_scheduler``): their key ranges differ
+        between query blocks under a causal mask or a window (the diagonal) and under block-sparse lists, whose
+        usual patterns (causal, prefix-LM, chunked or sliding windows as mask_mods) grow with the query block
+        as causal does; lists of equal lengths (documents, random maps) lose nothing by the order."""
+        return self.causal or self.local or self.block_sparse is not None
+
 
 @dataclass(frozen=True)
 class CombineSpec:

@@ -332,9 +332,9 @@ class FlashFwdMultistage:
         self._setup()
         # Causal rows get longer down the sequence: start the long tiles first.
         if const_expr(self.config.persistent):
-            scheduler = PersistentTileScheduler(reverse_m=self.causal or self.spec.local)
+            scheduler = PersistentTileScheduler(reverse_m=self.spec.longest_first)
         else:
-            scheduler = SingleTileScheduler(reverse_m=self.causal or self.spec.local, split_kv=self.spec.split_kv,
+            scheduler = SingleTileScheduler(reverse_m=self.spec.longest_first, split_kv=self.spec.split_kv,
                                             banded=banded_tile_order(self.spec, self.config))
         packed_q = mCuSeqlensQ is not None
         # Packed Q: the grid covers the longest sequence; CTAs past a shorter one exit at once.
