@@ -5,6 +5,8 @@
 #    backward suite (compile, graph replay) and the forward's compile / graph / serving tests, ~7 min
 # 2: block-sparse tiles in the longest-first (banded) order: block-sparse GPU tests, then bench_flex's list cases,
 #    the causal flag, dense and varlen documents at SM120 occupancy, ~6 min
+# 3: mask_mods on the d128 role split: flex and block-sparse GPU tests, then bench_flex's mask_mod, list, flag and
+#    varlen cases at SM120 occupancy, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
@@ -17,5 +19,8 @@ case "$part" in
   2) shards 240 tests/test_block_sparse_gpu.py tests/test_dropout_gpu.py::test_mods_and_block_sparsity
      (cd benchmarks && timeout 330 python3 bench_flex.py --occupancy sm120 --cases "block sparse" "causal flag" \
         "dense" "varlen" --out "$OUT/flex_order.json" 2>&1 | grep -v -i warn | tail -14) ;;
-  *) echo "part 1-2" ;;
+  3) shards 330 tests/test_flex_gpu.py tests/test_block_sparse_gpu.py
+     (cd benchmarks && timeout 240 python3 bench_flex.py --occupancy sm120 --cases "block sparse" "causal flag" \
+        "varlen" "mask_mod)" "causal mask_mod" --out "$OUT/flex_rs.json" 2>&1 | grep -v -i warn | tail -14) ;;
+  *) echo "part 1-3" ;;
 esac

@@ -110,7 +110,7 @@ def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num
 def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) -> tuple[str, ...]:
     """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
     out = []
-    if spec.block_sparse is not None:  # (the role split walks lists too; it refuses mods below)
+    if spec.block_sparse is not None:  # (the role split walks lists too; it refuses score_mods below)
         q_block, k_block = spec.block_sparse
         if q_block % cfg.tile_m or k_block % cfg.tile_n:
             out.append(f"block-sparse blocks ({q_block}, {k_block}) are not multiples of the tile ({cfg.tile_m}, "
@@ -173,7 +173,7 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
                        f"must match")
         if spec.softcap:
             out.append("role_split: softcap's tanh tile lives in the S warp group, dS is formed in the other")
-        if spec.mods is not None:
+        if spec.mods is not None and spec.mods.score_mod is not None:
             out.append("role_split: score_mod's pre-mod scores live in the S warp group, dS is formed in the other")
         if spec.dropout:
             out.append("role_split: dropout's dS needs P before and after the keep mask, and only the dropped P "

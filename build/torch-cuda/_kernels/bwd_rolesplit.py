@@ -14,8 +14,10 @@ Per step (query block m of query head g), with named barriers (``bar.arrive`` fo
                         arrive dS; dK += dS^T Q;
   all 8 warps:          dQ_m = dS K into the fp32 accumulator (``dq_accum``); wait for the next tiles; CTA barrier.
 P reaches group 1 in 16 bits (dS = P16 (dP - D'), as the same computation in the input dtype forms it); masked
-entries arrive as P = 0, so group 1 needs no mask. Not with softcap (its tanh tile stays in group 0) nor with
-head_dim != head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
+entries arrive as P = 0, so group 1 needs no mask, and a mask_mod runs in group 0 beside the element mask (on a
+block-sparse walk's mask-list tiles only). Not with softcap or a score_mod (the tanh tile and the pre-mod scores stay
+in group 0, dS is formed in group 1) nor with head_dim != head_dim_v (one accumulator per thread):
+``bwd_config_problems`` says so.
 Deterministic mode: thread 128 (group 1) polls the query block's counter before barrier dS1, which holds group 1
 and, through arrive dS, group 0, before any reduction; thread 0 releases after the step's last barrier.
 """
@@ -27,8 +29,10 @@ import cutlass.cute as cute
 from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
+from .. import flex
 from .bwd_multistage import FlashBwdMultistage
 from .dq_accum import pass_turn, wait_turn, warp_tiled_mma
+from .flex_mods import FlexMods, apply_mods
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .mask import mask_scores
@@ -139,13 +143,19 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             acc = self.gemm(acc, ops_s, sq, None)
             S_rc = acc_rows_cols(acc)
             if const_expr(self.spec.block_sparse is not None):
-                # block sparsity (no mods here): a mask-list tile or one the forward's range masks
+                # block sparsity: a mask-list tile or one the forward's range masks; the mask_mod on mask-list tiles
                 if it < ctx.walk.n_mask or n_block < ranges[1] or n_block >= ranges[2]:
                     mask_scores(S_rc, tScS_rc, t0ScS_rc, m, n_block, seqlen_q, seqlen_k, window_left,
                                 window_right, self.tile_m, self.tile_n, self.spec.causal, self.spec.local)
-            elif n_block < ranges[1] or n_block >= ranges[2]:
-                mask_scores(S_rc, tScS_rc, t0ScS_rc, m, n_block, seqlen_q, seqlen_k, window_left, window_right,
-                            self.tile_m, self.tile_n, self.spec.causal, self.spec.local)
+                if const_expr(self.spec.mods is not None):
+                    if it < ctx.walk.n_mask:
+                        self.mask_mod_scores(ctx, S_rc, tScS_rc, head, m, n_block)
+            else:
+                if n_block < ranges[1] or n_block >= ranges[2]:
+                    mask_scores(S_rc, tScS_rc, t0ScS_rc, m, n_block, seqlen_q, seqlen_k, window_left, window_right,
+                                self.tile_m, self.tile_n, self.spec.causal, self.spec.local)
+                if const_expr(self.spec.mods is not None):
+                    self.mask_mod_scores(ctx, S_rc, tScS_rc, head, m, n_block)
             for r in cutlass.range_constexpr(cute.size(S_rc, mode=[0])):
                 for c in cutlass.range_constexpr(cute.size(S_rc, mode=[1])):
                     S_rc[r, c] = cute.math.exp2(S_rc[r, c] * scale_log2 - lse2[r], fastmath=True)
@@ -188,6 +198,13 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         if const_expr(turn is not None):
             pass_turn(turn[0], ctx.tidx)
         return acc_kv
+
+    @cute.jit
+    def mask_mod_scores(self, ctx: SimpleNamespace, S_rc: cute.Tensor, tScS_rc: cute.Tensor, head, m, n_block):
+        """The spec's mask_mod on group 0's (rows, cols) score view (the predicate admits mask_mods only here)."""
+        _, _, mask_mod = flex.callables(self.spec.mods)
+        apply_mods(S_rc, tScS_rc, FlexMods(None, mask_mod, 1), Float32(1.0), ctx.batch, head, m, n_block,
+                   self.tile_m, self.tile_n, None, ctx.seqlen_info, self.aux_tensors)
 
     @cute.jit
     def store_dkv(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
