@@ -203,6 +203,23 @@ def test_backward_lists_on_the_cpu():
     assert mi[0, 1, 3, :mc[0, 1, 3]].tolist() == [2, 3, 6, 7] and fc[0, 1, 3] == 0
 
 
+def test_backward_lists_are_remembered_per_tensor_version():
+    """The backward reuses the lists derived for the same forward tensors; an in-place change of a tensor or other
+    tensors derive them anew (equal to ``backward_lists``)."""
+    from flash_attn_4_sm120.block_sparse import backward_lists, cached_backward_lists
+
+    fwd, _ = block_sparse_from_mask_fn(causal, 1, 1, 256, 256, (128, 128))
+    args = ((128, 128), 4, 2, 256, 256, 64, 64)
+    first = cached_backward_lists(fwd, *args)
+    assert cached_backward_lists(fwd, *args) is first
+    assert all(torch.equal(a, b) for a, b in zip(first, backward_lists(fwd, *args)))
+    fwd.mask_block_cnt.zero_()  # in place: a new version
+    again = cached_backward_lists(fwd, *args)
+    assert again is not first and int(again[0].sum()) == 0
+    other, _ = block_sparse_from_mask_fn(causal, 1, 1, 256, 256, (128, 128))
+    assert all(torch.equal(a, b) for a, b in zip(cached_backward_lists(other, *args), first))
+
+
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("block", [(128, 128), (128, 64)])
 def test_every_backward_class_has_a_tile_for_the_blocks(d, block):
@@ -212,10 +229,14 @@ def test_every_backward_class_has_a_tile_for_the_blocks(d, block):
     from flash_attn_4_sm120.problem import BwdSpec
 
     key = flex.ModKey.of(mask_mod=flex_examples.chunked_local(256).mask_mod)
-    for mods, causal in ((None, False), (None, True), (key, False)):
+    alibi = flex_examples.alibi(4)
+    scored = flex.ModKey.of(score_mod=alibi.score_mod, score_mod_bwd=alibi.score_mod_bwd)
+    for mods, causal in ((None, False), (None, True), (key, False), (scored, False)):
         spec = BwdSpec("bf16", d, d, causal, block_sparse=block, mods=mods)
         cfg = select_bwd_config(spec, SM120)
-        assert not bwd_config_problems(spec, cfg, SM120) and not (cfg.role_split and mods is not None)
+        assert not bwd_config_problems(spec, cfg, SM120)
+        # the role split runs mask_mods in its S warp group; a score_mod's pre-mod scores keep the 8-warp tile
+        assert cfg.role_split == (d == 128 and mods is not scored)
         assert block[0] % cfg.tile_m == 0 and block[1] % cfg.tile_n == 0
 
 

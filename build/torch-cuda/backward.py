@@ -140,8 +140,9 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
                             for t in (dk, dv))
     lists = ()
     if bspec.block_sparse is not None:  # the forward's lists, transposed into (query head, query tile) steps
-        lists = block_sparse.backward_lists(params.sparse, bspec.block_sparse, shape.num_heads, shape.num_heads_kv,
-                                            shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n)
+        lists = block_sparse.cached_backward_lists(params.sparse, bspec.block_sparse, shape.num_heads,
+                                                   shape.num_heads_kv, shape.seqlen_q, shape.seqlen_k, cfg.tile_m,
+                                                   cfg.tile_n)
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
     main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk_part, dv_part, params.softmax_scale, params.scale_log2,
          params.softcap_scale, params.window_left, params.window_right, cu_q, cu_k, used_q, used_k, shape.seqlen_k,

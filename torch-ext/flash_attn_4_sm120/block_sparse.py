@@ -22,6 +22,7 @@ and indices, so corrupt contents never read past K/V).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Callable, NamedTuple, Optional
 
 import torch
@@ -147,6 +148,36 @@ def backward_lists(t, block_size: tuple, heads: int, heads_kv: int, seqlen_q: in
     steps = tiles.reshape(tiles.shape[0], heads_kv, group, mt, nt).permute(0, 1, 4, 2, 3)
     steps = steps.reshape(tiles.shape[0], heads_kv, nt, group * mt)
     return _lists(steps, PARTIAL) + _lists(steps, FULL)
+
+
+#: ``backward_lists`` results by the forward lists' identity and version (``cached_backward_lists``)
+_BACKWARD_LISTS: OrderedDict = OrderedDict()
+#: entries kept (a model reuses one mask per layer and step; a few masks per process)
+MAX_CACHED_LISTS = 8
+
+
+def cached_backward_lists(t, block_size: tuple, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
+                          tile_m: int, tile_n: int) -> tuple:
+    """``backward_lists``, remembered per forward list tensors: a training step reuses one block mask in every
+    layer and step, and deriving the lists is a dozen small kernels per backward. An entry holds the tensors
+    themselves (so their identities stay unique) and their version counters (an in-place change of a tensor
+    makes a new key); tensors without a version counter (inference-mode tensors) are not remembered."""
+    tensors = tuple(t[:4])
+    try:
+        versions = tuple(None if x is None else x._version for x in tensors)
+    except RuntimeError:  # inference tensors track no version
+        return backward_lists(t, block_size, heads, heads_kv, seqlen_q, seqlen_k, tile_m, tile_n)
+    key = (tuple(id(x) for x in tensors), versions, tuple(block_size), heads, heads_kv, seqlen_q, seqlen_k, tile_m,
+           tile_n)
+    hit = _BACKWARD_LISTS.get(key)
+    if hit is not None and all(a is b for a, b in zip(hit[0], tensors)):
+        _BACKWARD_LISTS.move_to_end(key)
+        return hit[1]
+    lists = backward_lists(t, block_size, heads, heads_kv, seqlen_q, seqlen_k, tile_m, tile_n)
+    _BACKWARD_LISTS[key] = (tensors, lists)
+    while len(_BACKWARD_LISTS) > MAX_CACHED_LISTS:
+        _BACKWARD_LISTS.popitem(last=False)
+    return lists
 
 
 def block_sparse_from_example(ex, batch: int, heads: int, seqlen_q: int, seqlen_k: int, block_size=(128, 128),
