@@ -379,7 +379,8 @@ def _sparse_runs():
                            full_block_cnt=fwd.full_block_cnt.clone().fill_(1 << 20))
         fa.flash_attn_func(q, k, k, mask_mod=ex.mask_mod, block_sparse_tensors=bad)
         # the backward: its lists derived from good and from corrupt forward lists (clamped on the host side too),
-        # with the mask_mod (the plain main kernel) and with the causal flag alone (d128: the role-split kernel)
+        # with the mask_mod and with the causal flag alone (d128: both on the role-split kernel, the mask_mod in its
+        # S warp group)
         for lists in (fwd, bad):
             for mods in (dict(mask_mod=ex.mask_mod), dict(causal=True)):
                 qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()

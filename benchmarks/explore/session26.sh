@@ -7,6 +7,9 @@
 #    the causal flag, dense and varlen documents at SM120 occupancy, ~6 min
 # 3: mask_mods on the d128 role split: flex and block-sparse GPU tests, then bench_flex's mask_mod, list, flag and
 #    varlen cases at SM120 occupancy, ~8 min
+# 4: sanitizer (memcheck + racecheck) on the sparse, flex and dropout families (the role split with mask_mods, the
+#    longest-first sparse order, the device-built seed slot), the block-sparse GPU tests (remembered backward
+#    lists), bench_flex's list cases, ~7 min
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
@@ -22,5 +25,11 @@ case "$part" in
   3) shards 330 tests/test_flex_gpu.py tests/test_block_sparse_gpu.py
      (cd benchmarks && timeout 240 python3 bench_flex.py --occupancy sm120 --cases "block sparse" "causal flag" \
         "varlen" "mask_mod)" "causal mask_mod" --out "$OUT/flex_rs.json" 2>&1 | grep -v -i warn | tail -14) ;;
-  *) echo "part 1-3" ;;
+  4) (timeout 400 python3 tools/sanitize.py --families sparse flex dropout --tools memcheck racecheck --jobs 2 \
+        --json "$OUT/sanitizer.json" --log-dir /tmp/sanlog > "$OUT/sanitizer.txt" 2>&1) &
+     shards 300 tests/test_block_sparse_gpu.py
+     wait; tail -c 1200 "$OUT/sanitizer.txt"
+     (cd benchmarks && timeout 150 python3 bench_flex.py --occupancy sm120 --cases "block sparse" "causal flag" \
+        "varlen" --out "$OUT/flex_cache.json" 2>&1 | grep -v -i warn | tail -8) ;;
+  *) echo "part 1-4" ;;
 esac
