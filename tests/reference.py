@@ -171,3 +171,18 @@ def attention_grads_ref(q, k, v, dout, upcast=True, dlse=None, **features):
         loss = loss + (lse.masked_fill(~finite, 0.0) * dlse.masked_fill(~finite, 0.0)).sum()
     grads = torch.autograd.grad(loss, leaves + ([sink_leaf] if sink_leaf is not None else []))
     return (*grads[:3], grads[3] if sink_leaf is not None else None)
+
+
+def capture(fn, warmups: int = 2):
+    """``(graph, outputs)``: ``fn()`` run ``warmups`` times on a side stream (kernels compile, the allocator warms
+    outside the capture), then captured in a CUDA graph; ``outputs`` are the captured call's (static) results."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        outputs = fn()
+    return graph, outputs

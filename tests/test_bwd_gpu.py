@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reference import attention_grads_ref
+from reference import attention_grads_ref, capture
 
 pytestmark = pytest.mark.gpu
 
@@ -268,15 +268,7 @@ def test_bwd_cuda_graph_replay():
         out = fa.flash_attn_func(q, k, v, causal=True, deterministic=True)[0]
         return torch.autograd.grad(out, (q, k, v), dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):  # compile and warm the allocator outside the capture
-            run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_grads = run()
+    graph, static_grads = capture(run)
     with torch.no_grad():
         for t in (q, k, v):
             t.copy_(torch.randn_like(t))

@@ -15,7 +15,7 @@ import flash_attn_4_sm120 as fa
 from flash_attn_4_sm120 import block_sparse as bs
 from flash_attn_4_sm120 import flex_examples as fx
 from flash_attn_4_sm120.dropout import dropout_keep_mask, keep_scale
-from reference import attention_grads_ref, attention_ref, varlen_batch
+from reference import attention_grads_ref, attention_ref, capture, varlen_batch
 
 pytestmark = pytest.mark.gpu
 
@@ -338,15 +338,7 @@ def test_dropout_cuda_graph_replay(seeded):
         out = fa.flash_attn_func(q, k, v, dropout_p=p, dropout_seed=seed, deterministic=True)[0]
         return (out, *torch.autograd.grad(out, (q, k, v), dout))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):  # compile and warm the allocator outside the capture
-            run_once()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static = run_once()
+    graph, static = capture(run_once)
     masks = []
     for i in range(2):
         graph.replay()

@@ -9,7 +9,7 @@ fails. LSE is checked against the fp32 reference, including -inf for rows that s
 import pytest
 import torch
 
-from reference import attention_ref
+from reference import attention_ref, capture
 
 pytestmark = pytest.mark.gpu
 
@@ -256,15 +256,7 @@ def test_cuda_graph_capture_and_replay(case):
     q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
     v = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            fa.flash_attn_func(q, k, v, causal=causal)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out, lse = fa.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    graph, (out, lse) = capture(lambda: fa.flash_attn_func(q, k, v, causal=causal, return_lse=True))
     for seed in (1, 2):
         torch.manual_seed(seed)
         for t in (q, k, v):
