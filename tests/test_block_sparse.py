@@ -240,6 +240,21 @@ def test_every_backward_class_has_a_tile_for_the_blocks(d, block):
         assert block[0] % cfg.tile_m == 0 and block[1] % cfg.tile_n == 0
 
 
+def test_sparse_tiles_run_longest_first():
+    """Block-sparse forward tiles take the causal tiles' longest-first banded order (lists of causal-shaped masks grow
+    with the query block); a dense unmasked spec keeps the plain order."""
+    from flash_attn_4_sm120.config import banded_tile_order, choose_fwd_config
+    from flash_attn_4_sm120.execution_model import SM120
+    from flash_attn_4_sm120.problem import FwdSpec
+
+    sparse = FwdSpec("bf16", 128, 128, False, block_sparse=(128, 128, True))
+    dense = FwdSpec("bf16", 128, 128, False)
+    assert sparse.longest_first and FwdSpec("bf16", 128, 128, True).longest_first and not dense.longest_first
+    cfg = choose_fwd_config(sparse, SM120, 4096, 4096, 4096)
+    assert cfg.tile_m == 128 and banded_tile_order(sparse, cfg)
+    assert not banded_tile_order(dense, choose_fwd_config(dense, SM120, 4096, 4096, 4096))
+
+
 @pytest.mark.parametrize("knobs, walks", [
     (dict(mainloop="cp_async"), True),
     (dict(mainloop="cp_async", overlap=True), True),
