@@ -16,6 +16,8 @@
 # 6: the graph tests through reference.capture, then bench_flex's list, flag and varlen rows on the H100, ~6 min
 # 7: carry=[".kit_client"] (source .kit_client/device-setup.sh): train_check.py --models gpt_oss (the narrower
 #    gpt-oss model), ~6 min
+# 8: ncu of the causal flag, causal as lists, the random map and dense forwards (explore/profile_lists.py), to find
+#    where causal-as-lists loses its 12-17% to the flag, ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
@@ -45,5 +47,12 @@ case "$part" in
      (cd benchmarks && timeout 330 python3 bench_flex.py --occupancy sm120 --cases "block sparse" "causal flag" \
         "dense" "varlen" --out "$OUT/flex.json" 2>&1 | grep -v -i warn | tail -10) ;;
   7) timeout 560 python3 tools/train_check.py --models gpt_oss --out "$OUT/train_gpt_oss.json" 2>&1 | tail -12 ;;
-  *) echo "part 1-7" ;;
+  8) for c in "causal flag" "causal mask_mod + block sparse" "random 25% blocks (block sparse)" "dense (no mask)"; do
+       f="$OUT/ncu_$(echo "$c" | tr -c 'a-z0-9\n' '_' | cut -c1-24).csv"
+       FA4_SM120_OCCUPANCY=model timeout 140 ncu --kernel-name regex:Flash --launch-skip 2 --launch-count 1 \
+         --section SpeedOfLight --section WarpStateStats --section InstructionStats --section SchedulerStats \
+         --page raw --csv python3 benchmarks/explore/profile_lists.py --case "$c" > "$f" 2>/dev/null
+       echo "$c: $(wc -l < "$f") lines"
+     done ;;
+  *) echo "part 1-8" ;;
 esac
