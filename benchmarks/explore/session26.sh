@@ -18,6 +18,7 @@
 #    gpt-oss model), ~6 min
 # 8: ncu of the causal flag, causal as lists, the random map and dense forwards (explore/profile_lists.py), to find
 #    where causal-as-lists loses its 12-17% to the flag, ~4 min
+# 9: on branch sparse-walk-carry (git checkout it first): block-sparse GPU tests, then bench_flex's list rows, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
@@ -54,5 +55,8 @@ case "$part" in
          --page raw --csv python3 benchmarks/explore/profile_lists.py --case "$c" > "$f" 2>/dev/null
        echo "$c: $(wc -l < "$f") lines"
      done ;;
-  *) echo "part 1-8" ;;
+  9) shards 200 tests/test_block_sparse_gpu.py
+     (cd benchmarks && timeout 200 python3 bench_flex.py --occupancy sm120 --cases "block sparse" "causal flag" \
+        --out "$OUT/flex_carry.json" 2>&1 | grep -v -i warn | tail -8) ;;
+  *) echo "part 1-9" ;;
 esac
