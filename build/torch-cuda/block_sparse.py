@@ -159,9 +159,10 @@ MAX_CACHED_LISTS = 8
 def cached_backward_lists(t, block_size: tuple, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
                           tile_m: int, tile_n: int) -> tuple:
     """``backward_lists``, remembered per forward list tensors: a training step reuses one block mask in every
-    layer and step, and deriving the lists is a dozen small kernels per backward. An entry holds the tensors
-    themselves (so their identities stay unique) and their version counters (an in-place change of a tensor
-    makes a new key); tensors without a version counter (inference-mode tensors) are not remembered."""
+    layer and step, and deriving the lists is a dozen small kernels per backward. The key holds the tensors'
+    identities and version counters (an in-place change of a tensor makes a new key); an entry holds the tensors
+    themselves, so no other object takes their identities while it is kept. Tensors without a version counter
+    (inference-mode tensors) are not remembered."""
     tensors = tuple(t[:4])
     try:
         versions = tuple(None if x is None else x._version for x in tensors)
@@ -170,7 +171,7 @@ def cached_backward_lists(t, block_size: tuple, heads: int, heads_kv: int, seqle
     key = (tuple(id(x) for x in tensors), versions, tuple(block_size), heads, heads_kv, seqlen_q, seqlen_k, tile_m,
            tile_n)
     hit = _BACKWARD_LISTS.get(key)
-    if hit is not None and all(a is b for a, b in zip(hit[0], tensors)):
+    if hit is not None:
         _BACKWARD_LISTS.move_to_end(key)
         return hit[1]
     lists = backward_lists(t, block_size, heads, heads_kv, seqlen_q, seqlen_k, tile_m, tile_n)

@@ -881,37 +881,35 @@ def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causa
     """A forward with score_mod / mask_mod (issue 20), dense (``varlen`` None) or varlen (its keyword arguments):
     eager even under torch.compile (the callables are traced into the kernel, which a graph's custom op cannot
     carry: Dynamo breaks the graph here), never remembered as a launch plan (the mods are part of the spec)."""
-    q, k, v = (kernel_layout(t) for t in (q, k, v))
     mods = dict(mods)
     sparse = mods.pop("block_sparse_tensors", None)
-    drop = mods.pop("dropout", None)
+    rng = _rng_of(mods.pop("dropout", None), q)
     if varlen is None:
-        spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
+        q, k, v, spec, shape, params = _validated(q, k, v, softmax_scale, causal, window_size, softcap,
+                                                  learnable_sink, rng)
         tensors = None
     else:
+        q, k, v = (kernel_layout(t) for t in (q, k, v))
         spec, shape, params, tensors = _validate_varlen_call(
             q, k, v, varlen["cu_seqlens_q"], varlen["cu_seqlens_k"], varlen["max_seqlen_q"], varlen["max_seqlen_k"],
             varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
-            varlen["check_metadata"], varlen["page_table"])
+            varlen["check_metadata"], varlen["page_table"], rng)
     needs_grad = _needs_grad(q, k, v, learnable_sink)
     spec, params = _with_mods(spec, params, mods, needs_grad, q.device)
     if sparse is not None:
         spec, params = _with_block_sparse(spec, shape, params, sparse, needs_grad, num_splits, pack_gqa, q.device,
                                           bool(deterministic))
         pack_gqa, num_splits = False, 1  # the lists are per query head and walked whole (config.block_sparse_problems)
-    spec, params = _with_dropout(spec, params, _rng_of(drop, q))
     return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
                 learnable_sink, bool(deterministic))
 
 
 def _rng_of(drop: Optional[tuple], q) -> Optional[torch.Tensor]:
     """The kernels' dropout slot of a call's ``(p, seed)`` (``_dropout_of``) on q's device, or None without
-    dropout."""
+    dropout (built before validation, which reports a q that is not a tensor)."""
     if drop is None:
         return None
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"q must be a torch.Tensor, got {type(q).__name__}")
-    return dropout.rng_tensor(drop[1], 0, drop[0], q.device)
+    return dropout.rng_tensor(drop[1], 0, drop[0], getattr(q, "device", None))
 
 
 def _with_dropout(spec, params, rng: Optional[torch.Tensor]):
