@@ -175,9 +175,6 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
             out.append("role_split: softcap's tanh tile lives in the S warp group, dS is formed in the other")
         if spec.mods is not None and spec.mods.score_mod is not None:
             out.append("role_split: score_mod's pre-mod scores live in the S warp group, dS is formed in the other")
-        if spec.dropout:
-            out.append("role_split: dropout's dS needs P before and after the keep mask, and only the dropped P "
-                       "crosses from the S warp group to the dS group")
     if spec.mods is not None and spec.mods.score_mod is not None and cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
         # sm_120a gate, 2026-11-25: a softcap score_mod at d64 on the 64x128 8-warp tile spilled 256 B
         out.append("score_mod keeps the pre-mod scores beside S: S fragments of 32 or more registers per thread "
