@@ -175,9 +175,6 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
             out.append("role_split: softcap's tanh tile lives in the S warp group, dS is formed in the other")
         if spec.mods is not None and spec.mods.score_mod is not None:
             out.append("role_split: score_mod's pre-mod scores live in the S warp group, dS is formed in the other")
-        if spec.dropout:
-            out.append("role_split: dropout's dS needs P before and after the keep mask, and only the dropped P "
-                       "crosses from the S warp group to the dS group")
     if spec.mods is not None and spec.mods.score_mod is not None and cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
         # sm_120a gate, 2026-11-25: a softcap score_mod at d64 on the 64x128 8-warp tile spilled 256 B
         out.append("score_mod keeps the pre-mod scores beside S: S fragments of 32 or more registers per thread "
@@ -252,6 +249,15 @@ BWD_TABLE_FALLBACK = {
 }
 
 
+#: Dropout specs whose class tile cannot hold the keep flags (the predicate's dropout rule: d64's 4-warp tile beside
+#: the causal mask's limits): the role split, whose groups each hold one S-sized tile and one of dK / dV (d64:
+#: 126-130 registers without dropout), at the split that tied the 4-warp tile without dropout (147.6 against 145.6
+#: TFLOPS, ``tune_bwd_rolesplit_h100_2026-11-25.json``). Not yet measured with dropout (branch rolesplit-dropout).
+BWD_TABLE_DROPOUT = {
+    64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
+}
+
+
 def _is_heavy(spec: BwdSpec) -> bool:
     # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spilled 16-168 B (sm_120a gate,
     # 2026-11-26)
@@ -272,6 +278,8 @@ def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
     order = [BWD_TABLE[cls]] + ([BWD_TABLE_HEAVY[cls]] if cls in BWD_TABLE_HEAVY else [])
     if _is_heavy(spec):
         order.reverse()
+    if spec.dropout and cls in BWD_TABLE_DROPOUT:
+        order.insert(1, BWD_TABLE_DROPOUT[cls])
     order += [BWD_TABLE_FALLBACK[cls]] if cls in BWD_TABLE_FALLBACK else []
     problems = []
     for cfg in order:
