@@ -792,22 +792,26 @@ class FlashFwdMultistage:
         return first, has_block
 
     @cute.jit
-    def next_k(self, ctx: SimpleNamespace, it: Int32, v_block: Int32, walk=None):
+    def next_k(self, ctx: SimpleNamespace, it: Int32, v_block: Int32, walk=None, k_next=None):
         """(the key block whose K step ``it`` prefetches, whether there is one): v_block - 1 in the range, or the
-        walk's step it + 1."""
+        walk's step it + 1 (``k_next``: that block, read by the caller ahead of time)."""
         k_block = v_block - 1
         has_k = k_block >= ctx.n_start
         if const_expr(walk is not None):
             has_k = it + 1 < walk.count
-            k_block = walk.block(cutlass.min(it + 1, walk.count - 1))
+            if const_expr(k_next is None):
+                k_block = walk.block(cutlass.min(it + 1, walk.count - 1))
+            else:
+                k_block = k_next
         return k_block, has_k
 
     @cute.jit
-    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool], it: Int32):
+    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool], it: Int32,
+                   k_next=None):
         """Start load slot ``slot`` of step ``it``: the next K (``next_k``) and V of block ``v_block`` (the range's
         first block when ``first``: rows past seqlen_k are zero-filled; a walk's tiles always, bounded)."""
         kv = ctx.kv
-        k_block, has_k = self.next_k(ctx, it, v_block, ctx.walk)
+        k_block, has_k = self.next_k(ctx, it, v_block, ctx.walk, k_next)
         if has_k:
             kv.load_k(k_block, slot % 2, bounded=ctx.walk is not None)
         kv.load_v(v_block, (slot + 1) % 2, bounded=first or ctx.walk is not None)
@@ -829,7 +833,7 @@ class FlashFwdMultistage:
     @cute.jit
     def overlap_step(self, ctx: SimpleNamespace, rP: cute.Tensor, it: Int32, n_block: Int32,
                      masked: cutlass.Constexpr[bool], first: cutlass.Constexpr[bool],
-                     mask_mod: cutlass.Constexpr[bool] = True):
+                     mask_mod: cutlass.Constexpr[bool] = True, k_next=None):
         """Step ``it`` (block ``n_block``): S of this block, P V of the previous one (``rP``, then
         overwritten with this block's P), softmax of this block in between. The next K comes from the range or
         from ``ctx.walk``'s next step (``next_k``); ``mask_mod`` off: a block-sparse full-list tile."""
@@ -838,9 +842,9 @@ class FlashFwdMultistage:
             # the turn hands back the buffers slot it + 1 refills (both groups' MMAs of step it - 1 are done)
             self.wait_slot(ctx, slot)
             self.take_turn(ctx)
-            self.issue_slot(ctx, slot + 1, n_block, first, it)
+            self.issue_slot(ctx, slot + 1, n_block, first, it, k_next)
         else:
-            self.issue_slot(ctx, slot + 1, n_block, first, it)
+            self.issue_slot(ctx, slot + 1, n_block, first, it, k_next)
             self.wait_slot(ctx, slot)
         acc_S = self.scores(ctx, n_block, slot % 2, masked, mask_mod)
         if const_expr(not first):
@@ -914,18 +918,26 @@ class FlashFwdMultistage:
         rP = cute.make_rmem_tensor(ctx.thr_mma.partition_shape_C((self.tile_m, self.tile_n)), self.dtype)
         if n_total > 0:
             self.first_turn(ctx)
+            # each step's block is the previous step's look-ahead (one list read per step), read before the step
+            # takes its turn (the read's latency passes while the other group's MMAs run)
+            n_block = walk.block(0)
+            k_next = walk.block(cutlass.min(1, n_total - 1))
             if walk.n_mask > 0:
-                self.overlap_step(ctx, rP, 0, walk.block(0), masked=True, first=True)
+                self.overlap_step(ctx, rP, 0, n_block, masked=True, first=True, k_next=k_next)
             else:
-                self.overlap_step(ctx, rP, 0, walk.block(0), masked=True, first=True, mask_mod=False)
+                self.overlap_step(ctx, rP, 0, n_block, masked=True, first=True, mask_mod=False, k_next=k_next)
+            n_block = k_next
             for it in cutlass.range(1, walk.n_mask, unroll=1):
-                self.overlap_step(ctx, rP, it, walk.block(it), masked=True, first=False)
+                k_next = walk.block(cutlass.min(it + 1, n_total - 1))
+                self.overlap_step(ctx, rP, it, n_block, masked=True, first=False, k_next=k_next)
+                n_block = k_next
             for it in cutlass.range(cutlass.max(walk.n_mask, 1), n_total, unroll=1):
-                n_block = walk.block(it)
+                k_next = walk.block(cutlass.min(it + 1, n_total - 1))
                 if n_block >= ctx.n_unmasked_start and n_block < ctx.n_unmasked_end:
-                    self.overlap_step(ctx, rP, it, n_block, masked=False, first=False)
+                    self.overlap_step(ctx, rP, it, n_block, masked=False, first=False, k_next=k_next)
                 else:
-                    self.overlap_step(ctx, rP, it, n_block, masked=True, first=False, mask_mod=False)
+                    self.overlap_step(ctx, rP, it, n_block, masked=True, first=False, mask_mod=False, k_next=k_next)
+                n_block = k_next
             self.overlap_tail(ctx, rP, n_total)
 
     @cute.jit

@@ -181,12 +181,13 @@ class FlashFwdTma(FlashFwdMultistage):
             kv.load_k(first, ctx.slot_base % 2, full)
 
     @cute.jit
-    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool], it: Int32):
+    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool], it: Int32,
+                   k_next=None):
         """Warp 0 (converged, see ``issue_tile``): the next K (``next_k``) when there is one, V of ``v_block`` (TMA
         zero-fills rows past seqlen_k)."""
         kv = ctx.kv
         if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-            k_block, has_k = self.next_k(ctx, it, v_block, ctx.walk)
+            k_block, has_k = self.next_k(ctx, it, v_block, ctx.walk, k_next)
             full = ctx.bars + slot % 2
             tx = Int32(kv.v_bytes)
             if has_k:
