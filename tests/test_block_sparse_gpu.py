@@ -128,6 +128,21 @@ def test_random_block_maps(head_dim, full_share):
     check(out, lse, q, k, v, effective_keep(fwd, sq, sk))
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_full_blocks_skip_the_mask_mod(head_dim):
+    """Upstream's contract: a full-listed block is attended whole, the mask_mod not evaluated there (here a
+    document mask_mod that would drop most of a random map's full blocks), mask-listed blocks through it; the
+    forward (both sparse mainloops' full-list steps) and the backward keep the same elements."""
+    ex = EXAMPLES["documents"]
+    b, sq, sk, hq, hkv = 2, 640, 896, 4, 2
+    q, k, v = _qkv(b, sq, sk, hq, hkv, head_dim, seed=3)
+    fwd = random_lists(b, hq, sq, sk, (128, 128), 0.5, 0.5, seed=17 + head_dim)
+    keep = effective_keep(fwd, sq, sk, _mask_of(ex, sq, sk))
+    out, lse = fa.flash_attn_func(q, k, v, mask_mod=ex.mask_mod, block_sparse_tensors=fwd, return_lse=True)
+    check(out, lse, q, k, v, keep)
+    check_grads(q, k, v, keep, lambda *t: fa.flash_attn_func(*t, mask_mod=ex.mask_mod, block_sparse_tensors=fwd)[0])
+
+
 def test_without_full_lists_and_broadcast_dimensions():
     b, sq, sk, hq, hkv = 3, 512, 640, 8, 1
     q, k, v = _qkv(b, sq, sk, hq, hkv, 128, seed=2)

@@ -9,6 +9,10 @@
 # 2: branch sparse-walk-carry: block-sparse GPU tests; main: the graph tests through reference.capture; then
 #    bench_flex's list and flag rows for main and for the branch in one call, ~9 min
 # 3: ncu of causal flag / causal lists / random map / dense forwards (explore/profile_lists.py), ~4 min
+# 5: (main, both branches merged) bench_dropout at SM120 occupancy, all cases; then ncu source counters (per SASS
+#    instruction executed counts) of the causal flag and causal as lists forwards, exported as CSV, ~6 min
+# 6: the forward's full-list steps without the mask_mod: block-sparse GPU tests, then bench_flex's list and flag
+#    rows at SM120 occupancy, ~7 min
 # 4: carry=[".kit_client"] (source .kit_client/device-setup.sh): train_check.py --models gpt_oss, ~6 min
 set -u
 cd "$(dirname "$0")/../.."
@@ -42,5 +46,18 @@ case "$part" in
        echo "$c: $(wc -l < "$f") lines"
      done ;;
   4) timeout 560 python3 tools/train_check.py --models gpt_oss --out "$OUT/train_gpt_oss.json" 2>&1 | tail -12 ;;
-  *) echo "part 1-4" ;;
+  5) (cd benchmarks && timeout 300 python3 bench_dropout.py --occupancy both --out "$OUT/dropout.json" 2>&1 \
+        | grep -v -i warn | tail -8)
+     for c in "causal flag" "causal mask_mod + block sparse"; do
+       n="$(echo "$c" | tr -c 'a-z0-9\n' '_' | cut -c1-12)"
+       FA4_SM120_OCCUPANCY=model timeout 150 ncu --kernel-name regex:Flash --launch-skip 2 --launch-count 1 \
+         --section SourceCounters --section InstructionStats -o "/tmp/rep_$n" -f \
+         python3 benchmarks/explore/profile_lists.py --case "$c" > /dev/null 2>&1
+       ncu -i "/tmp/rep_$n.ncu-rep" --page source --csv --print-source sass > "$OUT/src_$n.csv" 2>&1
+       echo "$c: $(wc -l < "$OUT/src_$n.csv") lines"
+     done ;;
+  6) shards 160 tests/test_block_sparse_gpu.py
+     (cd benchmarks && timeout 300 python3 bench_flex.py --occupancy sm120 --cases "block sparse" "causal flag" \
+        --out "$OUT/flex_fullskip.json" 2>&1 | grep -v -i warn | tail -8) ;;
+  *) echo "part 1-6" ;;
 esac

@@ -559,7 +559,7 @@ class FlashFwdMultistage:
         for i in cutlass.range(walk.n_mask, walk.count, unroll=1):
             n_block = walk.block(i)
             if n_block >= ctx.n_unmasked_start and n_block < ctx.n_unmasked_end:
-                self.mainloop_step(ctx, i, n_block, masked=False, walk=walk)
+                self.mainloop_step(ctx, i, n_block, masked=False, walk=walk, mask_mod=False)
             else:
                 self.mainloop_step(ctx, i, n_block, masked=True, walk=walk, mask_mod=False)
 
@@ -934,7 +934,8 @@ class FlashFwdMultistage:
             for it in cutlass.range(cutlass.max(walk.n_mask, 1), n_total, unroll=1):
                 k_next = walk.block(cutlass.min(it + 1, n_total - 1))
                 if n_block >= ctx.n_unmasked_start and n_block < ctx.n_unmasked_end:
-                    self.overlap_step(ctx, rP, it, n_block, masked=False, first=False, k_next=k_next)
+                    self.overlap_step(ctx, rP, it, n_block, masked=False, first=False, mask_mod=False,
+                                      k_next=k_next)
                 else:
                     self.overlap_step(ctx, rP, it, n_block, masked=True, first=False, mask_mod=False, k_next=k_next)
                 n_block = k_next
