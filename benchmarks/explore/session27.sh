@@ -13,6 +13,9 @@
 #    instruction executed counts) of the causal flag and causal as lists forwards, exported as CSV, ~6 min
 # 6: the forward's full-list steps without the mask_mod: block-sparse GPU tests, then bench_flex's list and flag
 #    rows at SM120 occupancy, ~7 min
+# 7: the d64 deterministic backward's tile (explore/deterministic_tiles.py), ~3 min
+# 8: d64's backward on the 64x128 role split: the backward and dropout GPU suites, then bench_bwd's d64 rows at
+#    SM120 occupancy (ours, upstream's SM120 path, FA2 in one run), ~6 min
 # 4: carry=[".kit_client"] (source .kit_client/device-setup.sh): train_check.py --models gpt_oss, ~6 min
 set -u
 cd "$(dirname "$0")/../.."
@@ -59,5 +62,10 @@ case "$part" in
   6) shards 160 tests/test_block_sparse_gpu.py
      (cd benchmarks && timeout 300 python3 bench_flex.py --occupancy sm120 --cases "block sparse" "causal flag" \
         --out "$OUT/flex_fullskip.json" 2>&1 | grep -v -i warn | tail -8) ;;
-  *) echo "part 1-6" ;;
+  7) timeout 330 python3 benchmarks/explore/deterministic_tiles.py --out "$OUT/det_tiles.json" 2>&1 \
+       | grep -v -i warn | tail -14 ;;
+  8) shards 200 tests/test_bwd_gpu.py tests/test_dropout_gpu.py
+     (cd benchmarks && timeout 170 python3 bench_bwd.py --occupancy sm120 --cases d64 --out "$OUT/bwd_d64.json" 2>&1 \
+        | grep -v -i warn | tail -6) ;;
+  *) echo "part 1-8" ;;
 esac

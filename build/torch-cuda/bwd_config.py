@@ -220,9 +220,12 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: choice measured by ``benchmarks/tune_bwd.py`` at SM120 occupancy (``tune_bwd_h100_2026-11-25.json``:
 #: at d64 and d96 the 4-warp 64x64 tile beats the 8-warp ones, 32x32 warp tiles for S and dP;
 #: ``tune_bwd_rolesplit_h100_2026-11-25.json``: at d128 the role split, where each warp group runs one of the
-#: two S-sized GEMMs on 32x32 warp tiles, beats the 8-warp tile by 20%; at d64 and d96 it ties the 4-warp one).
+#: two S-sized GEMMs on 32x32 warp tiles, beats the 8-warp tile by 20%; at d64 and d96 the 64x64 role split ties
+#: the 4-warp one). d64 since 2026-11-26 (``explore/deterministic_tiles.py``, ``deterministic_tiles_h100_2026-11-26
+#: .json``, SM120 occupancy): the 64x128 role split (128 keys per CTA, 91 KB) runs 1.30-1.42x the 4-warp tile's
+#: speed, default and deterministic, at 4x4096 32/8 and 2x4096 16/4, full and causal (255 / 227 TFLOPS at 4x4096).
 BWD_TABLE = {
-    64: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+    64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
     96: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True),
     192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
