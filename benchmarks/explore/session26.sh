@@ -10,7 +10,7 @@
 # 4: sanitizer (memcheck + racecheck) on the sparse, flex and dropout families (the role split with mask_mods, the
 #    longest-first sparse order, the device-built seed slot), the block-sparse GPU tests (remembered backward
 #    lists), bench_flex's list cases, ~7 min
-# Owed (device time ran out in session 26; run in the next session):
+# Owed (device time ran out in session 26; run in session 27 through session27.sh, all green):
 # 5: on branch rolesplit-dropout (git checkout it first): the dropout GPU tests and the backward suite (d128 dropout
 #    now on the role split), then explore/dropout_bwd_tiles.py, ~9 min; bench_dropout.py after, if it passes
 # 6: the graph tests through reference.capture, then bench_flex's list, flag and varlen rows on the H100, ~6 min
