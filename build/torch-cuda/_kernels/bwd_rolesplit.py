@@ -17,9 +17,9 @@ P reaches group 1 in 16 bits (dS = P16 (dP - D'), as the same computation in the
 entries arrive as P = 0, so group 1 needs no mask, and a mask_mod runs in group 0 beside the element mask (on a
 block-sparse walk's mask-list tiles only). Dropout: both groups draw the tile's keep flags (their fragments have
 the same coordinates); group 1 takes the undropped P from sP and arrives on barrier PREAD, after which group 0
-rewrites sP as P z (z = keep / (1 - p)) for dV and group 1 forms dS = P (dP z - D'). Not with softcap or a score_mod (the tanh tile and the pre-mod scores stay
-in group 0, dS is formed in group 1) nor with head_dim != head_dim_v (one accumulator per thread):
-``bwd_config_problems`` says so.
+rewrites sP as P z (z = keep / (1 - p)) for dV and group 1 forms dS = P (dP z - D'). Not with softcap or a
+score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with head_dim !=
+head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
 Deterministic mode: thread 128 (group 1) polls the query block's counter before barrier dS1, which holds group 1
 and, through arrive dS, group 0, before any reduction; thread 0 releases after the step's last barrier.
 """
