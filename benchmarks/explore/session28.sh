@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Owed device calls after session 27 (device time ran out), one part per call (each under the 10-minute limit):
+#   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session28.sh N", carry=[".kit_bench"])
+# 1: sanitizer (memcheck + racecheck) on the backward family (d64's table entry is now the 64x128 role split) and
+#    the block-sparse family (the forward's full-list steps without the mask_mod), ~8 min
+# 2: bench_bwd's d64 rows at the H100's own occupancy (the 64x128 role split, 91 KB: two CTAs per H100 SM) and
+#    bench_dropout's d64 rows (the dropout cost against the faster d64 backward), ~6 min
+# 3: tune_bwd over every class with the role-split candidates (the table's 4-warp d96 entry and the d64 entry were
+#    chosen before the fragment-order dQ and the role split's later changes), ~9 min
+# 4: small MHA grids at d64 (the 64x128 tile launches half the CTAs): explore/deterministic_tiles.py's tiles at
+#    1x2048 8/8 and 2x1024 16/16 (edit SHAPES), ~3 min
+set -u
+cd "$(dirname "$0")/../.."
+part="${1:-1}"
+source benchmarks/explore/shards.sh
+case "$part" in
+  1) timeout 560 python3 tools/sanitize.py --families bwd bwd_det sparse --tools memcheck racecheck --jobs 2 \
+       --json "$OUT/sanitizer.json" --log-dir /tmp/sanlog > "$OUT/sanitizer.txt" 2>&1; tail -c 1500 "$OUT/sanitizer.txt" ;;
+  2) (cd benchmarks && timeout 280 python3 bench_bwd.py --occupancy h100 --cases d64 --out "$OUT/bwd_d64_h100.json" \
+        2>&1 | grep -v -i warn | tail -4)
+     (cd benchmarks && timeout 280 python3 bench_dropout.py --occupancy both --cases d64 --out "$OUT/dropout_d64.json" \
+        2>&1 | grep -v -i warn | tail -6) ;;
+  3) timeout 560 python3 benchmarks/tune_bwd.py --conformance benchmarks/results/conformance_bwd_candidates_sm120a_2026-11-25.json \
+       --classes 64 96 --out "$OUT/tune_bwd.json" 2>&1 | grep -v -i warn | tail -30 ;;
+  4) timeout 300 python3 benchmarks/explore/deterministic_tiles.py --out "$OUT/det_tiles_small.json" 2>&1 \
+       | grep -v -i warn | tail -24 ;;
+  *) echo "part 1-4" ;;
+esac
