@@ -9,6 +9,9 @@
 #    chosen before the fragment-order dQ and the role split's later changes), ~9 min
 # 4: small MHA grids at d64 (the 64x128 tile launches half the CTAs): explore/deterministic_tiles.py's tiles at
 #    1x2048 8/8 and 2x1024 16/16 (edit SHAPES), ~3 min
+# 5: on branch d64-dropout-rs128 (git checkout it first; it moves d64 causal / window dropout to the 64x128 role
+#    split): the dropout GPU suite, then bench_dropout's d64 rows at SM120 occupancy; merge if green and cheaper than
+#    part 2's numbers on main, ~6 min
 set -u
 cd "$(dirname "$0")/../.."
 part="${1:-1}"
@@ -24,5 +27,8 @@ case "$part" in
        --classes 64 96 --out "$OUT/tune_bwd.json" 2>&1 | grep -v -i warn | tail -30 ;;
   4) timeout 300 python3 benchmarks/explore/deterministic_tiles.py --out "$OUT/det_tiles_small.json" 2>&1 \
        | grep -v -i warn | tail -24 ;;
-  *) echo "part 1-4" ;;
+  5) shards 300 tests/test_dropout_gpu.py
+     (cd benchmarks && timeout 200 python3 bench_dropout.py --occupancy sm120 --cases d64 --out "$OUT/dropout_d64_rs128.json" \
+        2>&1 | grep -v -i warn | tail -4) ;;
+  *) echo "part 1-5" ;;
 esac
