@@ -218,7 +218,7 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: The main kernel's tile per head-dim class (the smallest class >= max(head_dim, head_dim_v)): tiles that fit
 #: 101376 B (byte arithmetic in notes/bwd_design.md, section 3), the warp split and the 4- or 8-warp
 #: choice measured by ``benchmarks/tune_bwd.py`` at SM120 occupancy (``tune_bwd_h100_2026-11-25.json``:
-#: at d64 and d96 the 4-warp 64x64 tile beats the 8-warp ones, 32x32 warp tiles for S and dP;
+#: at d64 and d96 the 4-warp 64x64 tile beat the 8-warp ones then, 32x32 warp tiles for S and dP;
 #: ``tune_bwd_rolesplit_h100_2026-11-25.json``: at d128 the role split, where each warp group runs one of the
 #: two S-sized GEMMs on 32x32 warp tiles, beats the 8-warp tile by 20%; at d64 and d96 the 64x64 role split ties
 #: the 4-warp one). d64 since 2026-11-26 (``explore/deterministic_tiles.py``, ``deterministic_tiles_h100_2026-11-26
