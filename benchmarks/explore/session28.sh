@@ -7,8 +7,8 @@
 #    bench_dropout's d64 rows (the dropout cost against the faster d64 backward), ~6 min
 # 3: tune_bwd over every class with the role-split candidates (the table's 4-warp d96 entry and the d64 entry were
 #    chosen before the fragment-order dQ and the role split's later changes), ~9 min
-# 4: small MHA grids at d64 (the 64x128 tile launches half the CTAs): explore/deterministic_tiles.py's tiles at
-#    1x2048 8/8 and 2x1024 16/16 (edit SHAPES), ~3 min
+# 4: small MHA grids at d64 (the 64x128 tile launches half the CTAs) against the former 4-warp tile, then d96's
+#    table tile against its 8-warp and role-split 64x64 tiles (explore/deterministic_tiles.py), ~6 min
 # 5: on branch d64-dropout-rs128 (git checkout it first; it moves d64 causal / window dropout to the 64x128 role
 #    split): the dropout GPU suite, then bench_dropout's d64 rows at SM120 occupancy; merge if green and cheaper than
 #    part 2's numbers on main, ~6 min
@@ -25,8 +25,11 @@ case "$part" in
         2>&1 | grep -v -i warn | tail -6) ;;
   3) timeout 560 python3 benchmarks/tune_bwd.py --conformance benchmarks/results/conformance_bwd_candidates_sm120a_2026-11-25.json \
        --classes 64 96 --out "$OUT/tune_bwd.json" 2>&1 | grep -v -i warn | tail -30 ;;
-  4) timeout 300 python3 benchmarks/explore/deterministic_tiles.py --out "$OUT/det_tiles_small.json" 2>&1 \
-       | grep -v -i warn | tail -24 ;;
+  4) timeout 200 python3 benchmarks/explore/deterministic_tiles.py --head-dim 64 --no-deterministic \
+       --shapes 1x2048x8x8 2x1024x16x16 1x1024x16x16 1x4096x16x16 --configs four_warp_64x64 \
+       --out "$OUT/bwd_tiles_d64_small.json" 2>&1 | grep -v -i warn | tail -16
+     timeout 300 python3 benchmarks/explore/deterministic_tiles.py --head-dim 96 \
+       --out "$OUT/bwd_tiles_d96.json" 2>&1 | grep -v -i warn | tail -24 ;;
   5) shards 300 tests/test_dropout_gpu.py
      (cd benchmarks && timeout 200 python3 bench_dropout.py --occupancy sm120 --cases d64 --out "$OUT/dropout_d64_rs128.json" \
         2>&1 | grep -v -i warn | tail -4) ;;
