@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "torch-ext"))
+from tune_bwd import _use  # noqa: E402  (patches BWD_TABLE[cls], clears the backward's caches)
 
 #: (batch, seqlen, heads_q, heads_kv): bench_bwd's rows and tune_bwd's shape (a quarter of the CTAs)
 SHAPES = ("4x4096x32x8", "2x4096x16x4")
@@ -41,13 +42,6 @@ def candidates(cls: int) -> dict:
                 "rolesplit_64x64": BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4,
                                              role_split=True)}
     raise SystemExit(f"no candidates for head-dim class {cls}")
-
-
-def _use(cfg, cls: int):
-    from flash_attn_4_sm120 import backward, bwd_config
-
-    bwd_config.BWD_TABLE[cls] = cfg
-    backward.clear_caches()
 
 
 def _inputs(shape, d: int, rows=None):

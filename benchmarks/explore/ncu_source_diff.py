@@ -13,6 +13,11 @@ import argparse
 import collections
 import csv
 import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from conformance import sass_opcodes  # noqa: E402  (the gate's SASS parsing)
 
 _TARGET = re.compile(r"BRA\S*\s+(?:\S+,\s*)?(0x[0-9a-f]+)")
 
@@ -22,11 +27,6 @@ def load(path: str) -> list[dict]:
     header = next(r for r in rows if "Address" in r and "Source" in r)
     start = rows.index(header) + 1
     return [dict(zip(header, r)) for r in rows[start:] if len(r) == len(header)]
-
-
-def opcode(src: str) -> str:
-    parts = src.split()
-    return parts[1] if parts[0].startswith("@") else parts[0]
 
 
 def hottest_loop(rows: list[dict]):
@@ -50,7 +50,7 @@ def per_iteration(rows: list[dict], span) -> tuple[collections.Counter, collecti
     iters = max(int(rows[i]["Instructions Executed"]), 1)
     executed, samples = collections.Counter(), collections.Counter()
     for r in rows[j:i + 1]:
-        op = opcode(r["Source"])
+        op = (sass_opcodes(r["Source"]) or ["?"])[0]
         executed[op] += int(r["Instructions Executed"]) / iters
         samples[op] += int(r.get("Warp Stall Sampling (All Samples)") or 0)
     return executed, samples, iters
@@ -73,7 +73,7 @@ def main():
         res.append((ex, sm))
     (ea, sa), (eb, sb) = res
     print(f"{'opcode':30s} {'a/iter':>8s} {'b/iter':>8s} {'b-a':>8s} {'samples a':>10s} {'samples b':>10s}")
-    for op in sorted(set(ea) | set(eb), key=lambda k: -abs(eb[k] - ea[k]))[:args.rows]:
+    for op in sorted(set(ea) | set(eb), key=lambda k: (-abs(eb[k] - ea[k]), k))[:args.rows]:
         print(f"{op:30s} {ea[op]:8.1f} {eb[op]:8.1f} {eb[op] - ea[op]:+8.1f} {sa[op]:10d} {sb[op]:10d}")
 
 

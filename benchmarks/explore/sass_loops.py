@@ -10,39 +10,37 @@ one select per score).
 import argparse
 import collections
 import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+from conformance import family, sass_opcodes  # noqa: E402  (the gate's SASS parsing)
 
 _LABEL = re.compile(r"\s*(\.L_x_\d+):")
-_INSTR = re.compile(r"\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
 _BRANCH = re.compile(r"BRA.*`\((\.L_x_\d+)\)")
 
 
-def opcode(text: str) -> str:
-    """The instruction's family: its opcode without modifiers or a guard predicate."""
-    parts = text.split()
-    return (parts[1] if parts[0].startswith("@") else parts[0]).split(".")[0]
-
-
 def parse(path: str):
-    """(instructions, {label: index of the instruction it precedes}) of an nvdisasm listing."""
+    """(instructions as (family, line), {label: index of the instruction it precedes}) of an nvdisasm listing."""
     instrs, labels = [], {}
     for line in open(path).read().splitlines():
         m = _LABEL.match(line)
         if m:
             labels[m.group(1)] = len(instrs)
             continue
-        m = _INSTR.match(line)
-        if m:
-            instrs.append(m.group(2).strip())
+        ops = sass_opcodes(line)
+        if ops:
+            instrs.append((family(ops[0]), line))
     return instrs, labels
 
 
 def loops(instrs, labels, min_size: int):
     """(first, last, family counts) of every backward branch's body of at least ``min_size`` instructions."""
-    for i, text in enumerate(instrs):
-        m = _BRANCH.search(text)
+    for i, (_, line) in enumerate(instrs):
+        m = _BRANCH.search(line)
         j = labels.get(m.group(1)) if m else None
         if j is not None and j <= i and i - j + 1 >= min_size:
-            yield j, i, collections.Counter(opcode(t) for t in instrs[j:i + 1])
+            yield j, i, collections.Counter(fam for fam, _ in instrs[j:i + 1])
 
 
 def main():
@@ -53,7 +51,7 @@ def main():
     for path in args.sass:
         instrs, labels = parse(path)
         print(f"== {path.rsplit('/', 1)[-1]}: {len(instrs)} instructions, "
-              f"{sum(opcode(t) == 'HMMA' for t in instrs)} HMMA")
+              f"{sum(fam == 'HMMA' for fam, _ in instrs)} HMMA")
         for j, i, fam in loops(instrs, labels, args.min):
             top = ", ".join(f"{k} {n}" for k, n in fam.most_common(10))
             print(f"  loop [{j}-{i}] {i - j + 1} instructions: {top}")
