@@ -9,6 +9,8 @@
 #    chosen before the fragment-order dQ and the role split's later changes), ~9 min
 # 4: small MHA grids at d64 (the 64x128 tile launches half the CTAs) against the former 4-warp tile, then d96's
 #    table tile against its 8-warp and role-split 64x64 tiles (explore/deterministic_tiles.py), ~6 min
+# 6: sanitizer (memcheck + racecheck) on the dropout family alone (the role split's new PREAD barrier; session 26's
+#    racecheck of that family did not finish inside a call shared with others), ~9 min
 # 5: on branch d64-dropout-rs128 (git checkout it first; it moves d64 causal / window dropout to the 64x128 role
 #    split): the dropout GPU suite, then bench_dropout's d64 rows at SM120 occupancy; merge if green and cheaper than
 #    part 2's numbers on main, ~6 min
@@ -33,5 +35,8 @@ case "$part" in
   5) shards 300 tests/test_dropout_gpu.py
      (cd benchmarks && timeout 200 python3 bench_dropout.py --occupancy sm120 --cases d64 --out "$OUT/dropout_d64_rs128.json" \
         2>&1 | grep -v -i warn | tail -4) ;;
-  *) echo "part 1-5" ;;
+  6) timeout 580 python3 tools/sanitize.py --families dropout --tools memcheck racecheck --jobs 2 \
+       --json "$OUT/sanitizer_dropout.json" --log-dir /tmp/sanlog > "$OUT/sanitizer_dropout.txt" 2>&1
+     tail -c 1500 "$OUT/sanitizer_dropout.txt" ;;
+  *) echo "part 1-6" ;;
 esac
