@@ -11,13 +11,18 @@
 #    table tile against its 8-warp and role-split 64x64 tiles (explore/deterministic_tiles.py), ~6 min
 # 6: sanitizer (memcheck + racecheck) on the dropout family alone (the role split's new PREAD barrier; session 26's
 #    racecheck of that family did not finish inside a call shared with others), ~9 min
-# 5: on branch d64-dropout-rs128 (git checkout it first; it moves d64 causal / window dropout to the 64x128 role
-#    split): the dropout GPU suite, then bench_dropout's d64 rows at SM120 occupancy; merge if green and cheaper than
-#    part 2's numbers on main, ~6 min
+# 5: branch d64-dropout-rs128 as a patch (git diff main d64-dropout-rs128 -- . ':!build' > _br/rs128.patch; it
+#    moves d64 causal / window dropout to the 64x128 role split): the dropout GPU suite on the branch, then
+#    bench_dropout's d64 rows at SM120 occupancy for main and the branch in one call; merge if green and cheaper, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
+root=$PWD
 part="${1:-1}"
 source benchmarks/explore/shards.sh
+branch() {  # branch NAME: a copy of the tree at /tmp/NAME with _br/NAME.patch applied
+  rm -rf "/tmp/$1" && mkdir "/tmp/$1" && tar -C "$root" --exclude=./.kit_bench --exclude=./.kit_client --exclude=./.venv --exclude=./.git -cf - . \
+    | tar -C "/tmp/$1" -xf - && (cd "/tmp/$1" && (git apply "$root/_br/$1.patch" || patch -p1 < "$root/_br/$1.patch"))
+}
 case "$part" in
   1) timeout 560 python3 tools/sanitize.py --families bwd bwd_det sparse --tools memcheck racecheck --jobs 2 \
        --json "$OUT/sanitizer.json" --log-dir /tmp/sanlog > "$OUT/sanitizer.txt" 2>&1; tail -c 1500 "$OUT/sanitizer.txt" ;;
@@ -32,9 +37,12 @@ case "$part" in
        --out "$OUT/bwd_tiles_d64_small.json" 2>&1 | grep -v -i warn | tail -16
      timeout 300 python3 benchmarks/explore/deterministic_tiles.py --head-dim 96 \
        --out "$OUT/bwd_tiles_d96.json" 2>&1 | grep -v -i warn | tail -24 ;;
-  5) shards 300 tests/test_dropout_gpu.py
-     (cd benchmarks && timeout 200 python3 bench_dropout.py --occupancy sm120 --cases d64 --out "$OUT/dropout_d64_rs128.json" \
-        2>&1 | grep -v -i warn | tail -4) ;;
+  5) branch rs128 && (cd /tmp/rs128 && shards 300 tests/test_dropout_gpu.py)
+     for t in "$root" /tmp/rs128; do
+       echo "== $t"
+       (cd "$t/benchmarks" && timeout 110 python3 bench_dropout.py --occupancy sm120 --cases d64 \
+          --out "$OUT/dropout_d64_$(basename "$t").json" 2>&1 | grep -v -i warn | tail -5)
+     done ;;
   6) timeout 580 python3 tools/sanitize.py --families dropout --tools memcheck racecheck --jobs 2 \
        --json "$OUT/sanitizer_dropout.json" --log-dir /tmp/sanlog > "$OUT/sanitizer_dropout.txt" 2>&1
      tail -c 1500 "$OUT/sanitizer_dropout.txt" ;;
