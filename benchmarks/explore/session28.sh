@@ -14,6 +14,10 @@
 # 5: branch d64-dropout-rs128 as a patch (git diff main d64-dropout-rs128 -- . ':!build' > _br/rs128.patch; it
 #    moves d64 causal / window dropout to the 64x128 role split): the dropout GPU suite on the branch, then
 #    bench_dropout's d64 rows at SM120 occupancy for main and the branch in one call; merge if green and cheaper, ~8 min
+# 7: branch rolesplit-one-draw as a patch (_br/onedraw.patch: the role split's dropout draws the keep flags once per
+#    tile): the dropout GPU suite on the branch, then bench_dropout's d64 / d128 rows at SM120 occupancy for main
+#    and the branch in one call, ~7 min
+# 8: part 6 on the branch rolesplit-one-draw (its new PZ barrier), ~9 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -46,5 +50,14 @@ case "$part" in
   6) timeout 580 python3 tools/sanitize.py --families dropout --tools memcheck racecheck --jobs 2 \
        --json "$OUT/sanitizer_dropout.json" --log-dir /tmp/sanlog > "$OUT/sanitizer_dropout.txt" 2>&1
      tail -c 1500 "$OUT/sanitizer_dropout.txt" ;;
-  *) echo "part 1-6" ;;
+  7) branch onedraw && (cd /tmp/onedraw && shards 300 tests/test_dropout_gpu.py)
+     for t in "$root" /tmp/onedraw; do
+       echo "== $t"
+       (cd "$t/benchmarks" && timeout 150 python3 bench_dropout.py --occupancy sm120 --cases d64 d128 \
+          --out "$OUT/dropout_$(basename "$t").json" 2>&1 | grep -v -i warn | tail -5)
+     done ;;
+  8) branch onedraw && cd /tmp/onedraw && timeout 580 python3 tools/sanitize.py --families dropout --tools memcheck racecheck \
+       --jobs 2 --json "$OUT/sanitizer_dropout.json" --log-dir /tmp/sanlog > "$OUT/sanitizer_dropout.txt" 2>&1
+     tail -c 1500 "$OUT/sanitizer_dropout.txt" ;;
+  *) echo "part 1-8" ;;
 esac
