@@ -18,6 +18,9 @@
 #    tile): the dropout GPU suite on the branch, then bench_dropout's d64 / d128 rows at SM120 occupancy for main
 #    and the branch in one call, ~7 min
 # 8: part 6 on the branch rolesplit-one-draw (its new PZ barrier), ~9 min
+# 9: racecheck of the dropout family on main and on the one-draw branch (part 8 found RAW hazards in the role
+#    split on the branch; main's role-split dropout never ran under racecheck), full logs and the role split's
+#    device SASS (to place the hazards' offsets), ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -59,5 +62,18 @@ case "$part" in
   8) branch onedraw && cd /tmp/onedraw && timeout 580 python3 tools/sanitize.py --families dropout --tools memcheck racecheck \
        --jobs 2 --json "$OUT/sanitizer_dropout.json" --log-dir /tmp/sanlog > "$OUT/sanitizer_dropout.txt" 2>&1
      tail -c 1500 "$OUT/sanitizer_dropout.txt" ;;
-  *) echo "part 1-8" ;;
+  9) race() {  # race NAME: racecheck of the dropout family in the current tree, full logs and the role split's SASS
+       rm -rf /tmp/fa4sm120-sanitize-cache
+       timeout 170 python3 tools/sanitize.py --families dropout --tools racecheck --jobs 2 --json "$OUT/race_$1.json" \
+         --log-dir "$OUT/race_$1" > "$OUT/race_$1.txt" 2>&1; tail -1 "$OUT/race_$1.txt"
+       grep -h "hazard detected\|Write Thread\|Read Thread" "$OUT/race_$1"/*.log | sed 's/kernel_cutlass.*+/+/' | sort | uniq -c \
+         | sort -rn | head -12
+       mkdir -p "$OUT/sass_$1"
+       find /tmp/fa4sm120-sanitize-cache -name "*.o" | while read -r f; do
+         cuobjdump -sass "$f" 2>/dev/null > /tmp/x.sass
+         grep -q "FlashBwdRoleSplit" /tmp/x.sass && gzip -c /tmp/x.sass > "$OUT/sass_$1/$(basename "$f" .o).sass.gz"
+       done; ls "$OUT/sass_$1" | wc -l; }
+     race main
+     branch onedraw && cd /tmp/onedraw && race onedraw ;;
+  *) echo "part 1-9" ;;
 esac
