@@ -21,6 +21,8 @@
 # 9: racecheck of the dropout family on main and on the one-draw branch (part 8 found RAW hazards in the role
 #    split on the branch; main's role-split dropout never ran under racecheck), full logs and the role split's
 #    device SASS (to place the hazards' offsets), ~5 min
+# 10: racecheck of explore/race_probe.py's cases (the dropout family's d128 role-split case varied one thing at a
+#    time: dropout, deterministic, whole tiles, MHA; and its d64 case), on main, ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -75,5 +77,13 @@ case "$part" in
        done; ls "$OUT/sass_$1" | wc -l; }
      race main
      branch onedraw && cd /tmp/onedraw && race onedraw ;;
-  *) echo "part 1-9" ;;
+  10) export FA4_SM120_CACHE_DIR=/tmp/probe-cache
+      for c in $(python3 benchmarks/explore/race_probe.py --list); do python3 benchmarks/explore/race_probe.py --case "$c" \
+        > /dev/null 2>&1 || echo "$c failed"; done  # compile first, without the sanitizer
+      for c in $(python3 benchmarks/explore/race_probe.py --list); do
+        timeout 100 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 4 \
+          python3 benchmarks/explore/race_probe.py --case "$c" > "$OUT/probe_$c.log" 2>&1
+        echo "$c: $(grep -c 'case .*: done' "$OUT/probe_$c.log") done, $(grep 'RACECHECK SUMMARY' "$OUT/probe_$c.log")"
+      done ;;
+  *) echo "part 1-10" ;;
 esac
