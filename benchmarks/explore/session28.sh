@@ -23,6 +23,8 @@
 #    device SASS (to place the hazards' offsets), ~5 min
 # 10: racecheck of explore/race_probe.py's cases (the dropout family's d128 role-split case varied one thing at a
 #    time: dropout, deterministic, whole tiles, MHA; and its d64 case), on main, ~4 min
+# 11: on the one-draw branch with barrier PZ a full barrier (both groups at the same barrier count per step): the
+#    race_probe cases, then memcheck + racecheck + synccheck of the dropout family, ~6 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -85,5 +87,17 @@ case "$part" in
           python3 benchmarks/explore/race_probe.py --case "$c" > "$OUT/probe_$c.log" 2>&1
         echo "$c: $(grep -c 'case .*: done' "$OUT/probe_$c.log") done, $(grep 'RACECHECK SUMMARY' "$OUT/probe_$c.log")"
       done ;;
-  *) echo "part 1-10" ;;
+  11) branch onedraw && cd /tmp/onedraw && export FA4_SM120_CACHE_DIR=/tmp/probe-cache-b
+      for c in base whole_tiles d64_full; do python3 "$root/benchmarks/explore/race_probe.py" --case "$c" > /dev/null 2>&1 \
+        || echo "$c failed"; done
+      for c in base whole_tiles d64_full; do
+        timeout 100 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 4 \
+          python3 "$root/benchmarks/explore/race_probe.py" --case "$c" > "$OUT/probe_$c.log" 2>&1
+        echo "$c: $(grep -c 'case .*: done' "$OUT/probe_$c.log") done, $(grep 'RACECHECK SUMMARY' "$OUT/probe_$c.log")"
+      done
+      unset FA4_SM120_CACHE_DIR
+      timeout 300 python3 tools/sanitize.py --families dropout --tools memcheck racecheck synccheck --jobs 3 \
+        --json "$OUT/sanitizer_dropout.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_dropout.txt" 2>&1
+      tail -5 "$OUT/sanitizer_dropout.txt" ;;
+  *) echo "part 1-11" ;;
 esac
