@@ -88,11 +88,11 @@ case "$part" in
         echo "$c: $(grep -c 'case .*: done' "$OUT/probe_$c.log") done, $(grep 'RACECHECK SUMMARY' "$OUT/probe_$c.log")"
       done ;;
   11) branch onedraw && cd /tmp/onedraw && export FA4_SM120_CACHE_DIR=/tmp/probe-cache-b
-      for c in base whole_tiles d64_full; do python3 "$root/benchmarks/explore/race_probe.py" --case "$c" > /dev/null 2>&1 \
+      for c in base whole_tiles d64_full; do python3 benchmarks/explore/race_probe.py --case "$c" > /dev/null 2>&1 \
         || echo "$c failed"; done
       for c in base whole_tiles d64_full; do
         timeout 100 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 4 \
-          python3 "$root/benchmarks/explore/race_probe.py" --case "$c" > "$OUT/probe_$c.log" 2>&1
+          python3 benchmarks/explore/race_probe.py --case "$c" > "$OUT/probe_$c.log" 2>&1
         echo "$c: $(grep -c 'case .*: done' "$OUT/probe_$c.log") done, $(grep 'RACECHECK SUMMARY' "$OUT/probe_$c.log")"
       done
       unset FA4_SM120_CACHE_DIR
