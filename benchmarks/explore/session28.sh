@@ -25,6 +25,8 @@
 #    time: dropout, deterministic, whole tiles, MHA; and its d64 case), on main, ~4 min
 # 11: on the one-draw branch with barrier PZ a full barrier (both groups at the same barrier count per step): the
 #    race_probe cases, then memcheck + racecheck + synccheck of the dropout family, ~6 min
+# 12: racecheck (race_probe base, whole_tiles) and synccheck (base) of the one-draw branch (group 0: P0 + arrive PZ)
+#    and of the same with one more group-1 barrier (both groups at the same barrier count per step), ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -99,5 +101,18 @@ case "$part" in
       timeout 300 python3 tools/sanitize.py --families dropout --tools memcheck racecheck synccheck --jobs 3 \
         --json "$OUT/sanitizer_dropout.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_dropout.txt" 2>&1
       tail -5 "$OUT/sanitizer_dropout.txt" ;;
-  *) echo "part 1-11" ;;
+  12) for b in onedraw onedraw3; do
+        branch "$b"
+        (cd "/tmp/$b" && export FA4_SM120_CACHE_DIR="/tmp/probe-$b"
+         for c in base whole_tiles; do python3 benchmarks/explore/race_probe.py --case "$c" > /dev/null 2>&1 || echo "$c failed"; done
+         for c in base whole_tiles; do
+           timeout 90 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 4 \
+             python3 benchmarks/explore/race_probe.py --case "$c" > "$OUT/probe_${b}_$c.log" 2>&1
+           echo "$b $c racecheck: $(grep -c 'case .*: done' "$OUT/probe_${b}_$c.log") done, $(grep 'RACECHECK SUMMARY' "$OUT/probe_${b}_$c.log")"
+         done
+         timeout 90 compute-sanitizer --tool synccheck --print-limit 4 python3 benchmarks/explore/race_probe.py --case base \
+           > "$OUT/sync_${b}.log" 2>&1
+         echo "$b base synccheck: $(grep -c 'case .*: done' "$OUT/sync_${b}.log") done, $(grep 'ERROR SUMMARY' "$OUT/sync_${b}.log")")
+      done ;;
+  *) echo "part 1-12" ;;
 esac
