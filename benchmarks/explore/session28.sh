@@ -27,6 +27,10 @@
 #    race_probe cases, then memcheck + racecheck + synccheck of the dropout family, ~6 min
 # 12: racecheck (race_probe base, whole_tiles) and synccheck (base) of the one-draw branch (group 0: P0 + arrive PZ)
 #    and of the same with one more group-1 barrier (both groups at the same barrier count per step), ~5 min
+# 13: branch onedraw-rs128 (_br/final.patch: the one-draw role split with equal barrier counts, and d64 causal /
+#    window dropout on the 64x128 role split): the dropout GPU suite, then bench_dropout d64 / d128 at SM120
+#    occupancy for main, rolesplit-one-draw (_br/onedraw.patch) and the final branch in one call, ~8 min
+# 14: memcheck + racecheck + synccheck of the dropout and bwd_rolesplit families on the final branch, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -114,5 +118,15 @@ case "$part" in
            > "$OUT/sync_${b}.log" 2>&1
          echo "$b base synccheck: $(grep -c 'case .*: done' "$OUT/sync_${b}.log") done, $(grep 'ERROR SUMMARY' "$OUT/sync_${b}.log")")
       done ;;
-  *) echo "part 1-12" ;;
+  13) branch final && (cd /tmp/final && shards 300 tests/test_dropout_gpu.py)
+      branch onedraw
+      for t in "$root" /tmp/onedraw /tmp/final; do
+        echo "== $t"
+        (cd "$t/benchmarks" && timeout 130 python3 bench_dropout.py --occupancy sm120 --cases d64 d128 \
+           --out "$OUT/dropout_$(basename "$t").json" 2>&1 | grep -v -i warn | tail -4)
+      done ;;
+  14) branch final && cd /tmp/final && timeout 400 python3 tools/sanitize.py --families dropout bwd_rolesplit \
+        --tools memcheck racecheck synccheck --jobs 3 --json "$OUT/sanitizer_dropout.json" --log-dir "$OUT/sanlog" \
+        > "$OUT/sanitizer_dropout.txt" 2>&1; tail -8 "$OUT/sanitizer_dropout.txt" ;;
+  *) echo "part 1-14" ;;
 esac
