@@ -16,8 +16,8 @@ Per step (query block m of query head g), with named barriers (``bar.arrive`` fo
 P reaches group 1 in 16 bits (dS = P16 (dP - D'), as the same computation in the input dtype forms it); masked
 entries arrive as P = 0, so group 1 needs no mask, and a mask_mod runs in group 0 beside the element mask (on a
 block-sparse walk's mask-list tiles only). Dropout: group 0 alone draws the tile's keep flags; group 1 takes the
-undropped P from sP and arrives on barrier PREAD, group 0 rewrites sP as P z (z = keep / (1 - p)) for dV,
-both groups meet at barrier PZ, and group 1 reads P z back and forms dS = P z dP - P D' (= P (dP z - D')) with no
+undropped P from sP and arrives on barrier PREAD, group 0 rewrites sP as P z (z = keep / (1 - p)) for dV and
+arrives on barrier PZ, and group 1 reads P z back and forms dS = P z dP - P D' (= P (dP z - D')) with no
 flags of its own (both groups drawing the same flags, as before 2026-11-26, spent the Philox work twice per
 tile; group 1, which holds dP beside P, has no registers for the draws). Not with softcap or a
 score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with head_dim !=
@@ -168,13 +168,12 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             cute.arch.barrier_arrive(barrier_id=_BAR_P, number_of_threads=2 * _GROUP)
             if const_expr(self.spec.dropout):
                 # dropout: group 1 has taken the undropped P (barrier PREAD); sP now holds P z for dV and for
-                # group 1. Barrier PZ is a full barrier of both groups (group 1 waits there already): it orders the
-                # P z writes for group 0's own dV as well, and keeps both groups at the same number of barriers
-                # per step (racecheck, which reported hazards across CTA barriers while they differed, session 28)
+                # group 1 (barrier PZ)
                 cute.arch.barrier(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
                 self.dropped_p(ctx, S_rc, head, m, n_block)
                 cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(sP))
-                cute.arch.barrier(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
+                cute.arch.barrier(barrier_id=_BAR_P0, number_of_threads=_GROUP)
+                cute.arch.barrier_arrive(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
             acc_kv = self.gemm(acc_kv, ops_kv, None, sdo)
             cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=2 * _GROUP)
             if const_expr(cfg.stages_do == 1):  # group 1 is past dP (it arrived after dS), group 0 past dV
