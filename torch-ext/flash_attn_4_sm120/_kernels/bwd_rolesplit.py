@@ -19,7 +19,9 @@ block-sparse walk's mask-list tiles only). Dropout: group 0 alone draws the tile
 undropped P from sP and arrives on barrier PREAD, group 0 rewrites sP as P z (z = keep / (1 - p)) for dV and
 arrives on barrier PZ, and group 1 reads P z back and forms dS = P z dP - P D' (= P (dP z - D')) with no
 flags of its own (both groups drawing the same flags, as before 2026-11-26, spent the Philox work twice per
-tile; group 1, which holds dP beside P, has no registers for the draws). Not with softcap or a
+tile; group 1, which holds dP beside P, has no registers for the draws). Each group passes the same number of
+barriers per step (group 1 one of its own after reading P z): compute-sanitizer's racecheck pairs barriers by
+count and reported hazards across the CTA barrier while the counts differed. Not with softcap or a
 score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with head_dim !=
 head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
 Deterministic mode: thread 128 (group 1) polls the query block's counter before barrier dS1, which holds group 1
@@ -200,6 +202,9 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                 cute.arch.barrier(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
                 pz16 = cute.make_rmem_tensor_like(acc, self.dtype)
                 cute.copy(r2s, thr_r2s.partition_D(sP), thr_r2s.retile(pz16))
+                # group 1's own barrier: both groups pass the same number of barriers per step (racecheck, whose
+                # model pairs them by count, reported RAW hazards across the CTA barrier without it; session 28)
+                cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)
                 pz_rc = acc_rows_cols(convert(pz16, Float32))
                 for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
                     for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
