@@ -23,12 +23,11 @@ def test_every_class_has_dropout_configs(d, dv, causal):
     cfg = bwd_config.select_bwd_config(bspec, SM120)
     assert not bwd_config.bwd_config_problems(bspec, cfg, SM120)
     # the role split at d128 and d64 (both warp groups draw the tile's keep flags; group 0 rewrites sP as P z for dV
-    # after group 1 has taken the undropped P): d64's 64x128 table entry, or its 64x64 dropout entry where the flags
-    # do not fit beside the causal mask
+    # after group 1 has taken the undropped P): d64's 64x128 table entry, causal included
     cls = bwd_config.bwd_head_dim_class(bspec)
     assert cfg.role_split == (d == dv and cls in (64, 128))
     if cls == 64 and d == dv:
-        assert cfg.tile_n == (64 if causal else 128)
+        assert cfg.tile_n == 128
 
 
 def test_dropout_refuses_packed_and_persistent_tiles():

@@ -131,7 +131,10 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         dkv_regs = cfg.tile_n * (bwd_padded_head_dim(spec.head_dim, cfg) + bwd_padded_head_dim(spec.head_dim_v, cfg)) \
             // cfg.num_threads
         extra = spec.causal or spec.local or spec.softcap or spec.mods is not None
-        if s_regs >= 32 and (extra or s_regs + dkv_regs > 96):
+        # the role split draws the flags in both groups beside one S-sized tile each, out of the group branch
+        # (``dropped_p`` / ``dropped_ds``): sm_120a gate, 2026-11-26, d32-d64 on the 64x128 role split with the
+        # causal mask, a window or varlen: 223-255 registers, no local memory in the shipped cubin
+        if s_regs >= 32 and (extra or s_regs + dkv_regs > 96) and not cfg.role_split:
             out.append(f"dropout beside {s_regs} S registers per thread and an element mask, softcap or mods, or "
                        f"{dkv_regs} dK / dV accumulator registers, spills")
     # d256's class tile (dQ on one warp along the rows) kept one local word beside the walk and a mask_mod, and beside
@@ -252,8 +255,8 @@ BWD_TABLE_FALLBACK = {
 }
 
 
-#: Dropout specs whose class tile cannot hold the keep flags (the predicate's dropout rule: d64's 64x128 role split
-#: beside the causal mask's limits): the 64x64 role split, whose groups each hold one S-sized tile and one of dK / dV
+#: Dropout specs whose class tile cannot hold the keep flags (since the 64x128 role split holds them at d64 with the
+#: causal mask or a window: varlen d64 dropout, which prefers the heavy 8-warp tile that cannot): the 64x64 role split, whose groups each hold one S-sized tile and one of dK / dV
 #: (d64: 126-130 registers without dropout). Measured 2026-11-26 (``dropout_h100_2026-11-26.json``, against the
 #: former 4-warp table tile without dropout): d64 causal fwd+bwd with dropout 0.1 1.15x the time without.
 BWD_TABLE_DROPOUT = {

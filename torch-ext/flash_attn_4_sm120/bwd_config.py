@@ -131,7 +131,10 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         dkv_regs = cfg.tile_n * (bwd_padded_head_dim(spec.head_dim, cfg) + bwd_padded_head_dim(spec.head_dim_v, cfg)) \
             // cfg.num_threads
         extra = spec.causal or spec.local or spec.softcap or spec.mods is not None
-        if s_regs >= 32 and (extra or s_regs + dkv_regs > 96):
+        # the role split draws the flags in group 0 only, beside its one S-sized tile, out of the group branch
+        # (``dropped_p``): sm_120a gate, 2026-11-26, d40-d64 on the 64x128 role split, full, causal, a window or
+        # deterministic: 243-255 registers, no local memory in the shipped cubin
+        if s_regs >= 32 and (extra or s_regs + dkv_regs > 96) and not cfg.role_split:
             out.append(f"dropout beside {s_regs} S registers per thread and an element mask, softcap or mods, or "
                        f"{dkv_regs} dK / dV accumulator registers, spills")
     # d256's class tile (dQ on one warp along the rows) kept one local word beside the walk and a mask_mod, and beside
@@ -252,10 +255,10 @@ BWD_TABLE_FALLBACK = {
 }
 
 
-#: Dropout specs whose class tile cannot hold the keep flags (the predicate's dropout rule: d64's 64x128 role split
-#: beside the causal mask's limits): the 64x64 role split, whose groups each hold one S-sized tile and one of dK / dV
-#: (d64: 126-130 registers without dropout). Measured 2026-11-26 (``dropout_h100_2026-11-26.json``, against the
-#: former 4-warp table tile without dropout): d64 causal fwd+bwd with dropout 0.1 1.15x the time without.
+#: Dropout specs the class's entries cannot run: d64 varlen (its heavy 8-warp tile cannot hold the keep flags beside
+#: 32 S registers per thread: the predicate's dropout rule) takes the 64x64 role split, whose groups each hold one
+#: S-sized tile and one of dK / dV. d64 causal and windowed dropout ran here too until the 64x128 role split drew
+#: the flags in one group only (session 28).
 BWD_TABLE_DROPOUT = {
     64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
 }
