@@ -131,9 +131,9 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         dkv_regs = cfg.tile_n * (bwd_padded_head_dim(spec.head_dim, cfg) + bwd_padded_head_dim(spec.head_dim_v, cfg)) \
             // cfg.num_threads
         extra = spec.causal or spec.local or spec.softcap or spec.mods is not None
-        # the role split draws the flags in both groups beside one S-sized tile each, out of the group branch
-        # (``dropped_p`` / ``dropped_ds``): sm_120a gate, 2026-11-26, d32-d64 on the 64x128 role split with the
-        # causal mask, a window or varlen: 223-255 registers, no local memory in the shipped cubin
+        # the role split draws the flags in group 0 only, beside its one S-sized tile, out of the group branch
+        # (``dropped_p``): sm_120a gate, 2026-11-26, d40-d64 on the 64x128 role split, full, causal, a window or
+        # deterministic: 243-255 registers, no local memory in the shipped cubin
         if s_regs >= 32 and (extra or s_regs + dkv_regs > 96) and not cfg.role_split:
             out.append(f"dropout beside {s_regs} S registers per thread and an element mask, softcap or mods, or "
                        f"{dkv_regs} dK / dV accumulator registers, spills")
@@ -255,10 +255,10 @@ BWD_TABLE_FALLBACK = {
 }
 
 
-#: Dropout specs whose class tile cannot hold the keep flags (since the 64x128 role split holds them at d64 with the
-#: causal mask or a window: varlen d64 dropout, which prefers the heavy 8-warp tile that cannot): the 64x64 role split, whose groups each hold one S-sized tile and one of dK / dV
-#: (d64: 126-130 registers without dropout). Measured 2026-11-26 (``dropout_h100_2026-11-26.json``, against the
-#: former 4-warp table tile without dropout): d64 causal fwd+bwd with dropout 0.1 1.15x the time without.
+#: Dropout specs the class's entries cannot run: d64 varlen (its heavy 8-warp tile cannot hold the keep flags beside
+#: 32 S registers per thread: the predicate's dropout rule) takes the 64x64 role split, whose groups each hold one
+#: S-sized tile and one of dK / dV. d64 causal and windowed dropout ran here too until the 64x128 role split drew
+#: the flags in one group only (session 28).
 BWD_TABLE_DROPOUT = {
     64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
 }

@@ -15,9 +15,13 @@ Per step (query block m of query head g), with named barriers (``bar.arrive`` fo
   all 8 warps:          dQ_m = dS K into the fp32 accumulator (``dq_accum``); wait for the next tiles; CTA barrier.
 P reaches group 1 in 16 bits (dS = P16 (dP - D'), as the same computation in the input dtype forms it); masked
 entries arrive as P = 0, so group 1 needs no mask, and a mask_mod runs in group 0 beside the element mask (on a
-block-sparse walk's mask-list tiles only). Dropout: both groups draw the tile's keep flags (their fragments have
-the same coordinates); group 1 takes the undropped P from sP and arrives on barrier PREAD, after which group 0
-rewrites sP as P z (z = keep / (1 - p)) for dV and group 1 forms dS = P (dP z - D'). Not with softcap or a
+block-sparse walk's mask-list tiles only). Dropout: group 0 alone draws the tile's keep flags; group 1 takes the
+undropped P from sP and arrives on barrier PREAD, group 0 rewrites sP as P z (z = keep / (1 - p)) for dV and
+arrives on barrier PZ, and group 1 reads P z back and forms dS = P z dP - P D' (= P (dP z - D')) with no
+flags of its own (both groups drawing the same flags, as before 2026-11-26, spent the Philox work twice per
+tile; group 1, which holds dP beside P, has no registers for the draws). Each group passes the same number of
+barriers per step (group 1 one of its own after reading P z): compute-sanitizer's racecheck pairs barriers by
+count and reported hazards across the CTA barrier while the counts differed. Not with softcap or a
 score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with head_dim !=
 head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
 Deterministic mode: thread 128 (group 1) polls the query block's counter before barrier dS1, which holds group 1
@@ -43,7 +47,7 @@ from .tile_io import load_rows
 
 _GROUP = 128  # threads per warp group
 # named barriers (0 is the CTA barrier)
-_BAR_P, _BAR_P0, _BAR_DS, _BAR_DS1, _BAR_PREAD = 1, 2, 3, 4, 5
+_BAR_P, _BAR_P0, _BAR_DS, _BAR_DS1, _BAR_PREAD, _BAR_PZ = 1, 2, 3, 4, 5, 6
 
 
 
@@ -165,11 +169,13 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             cute.arch.barrier(barrier_id=_BAR_P0, number_of_threads=_GROUP)
             cute.arch.barrier_arrive(barrier_id=_BAR_P, number_of_threads=2 * _GROUP)
             if const_expr(self.spec.dropout):
-                # dropout: group 1 has taken the undropped P (barrier PREAD); sP now holds P z for dV
+                # dropout: group 1 has taken the undropped P (barrier PREAD); sP now holds P z for dV and for
+                # group 1 (barrier PZ)
                 cute.arch.barrier(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
                 self.dropped_p(ctx, S_rc, head, m, n_block)
                 cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(sP))
                 cute.arch.barrier(barrier_id=_BAR_P0, number_of_threads=_GROUP)
+                cute.arch.barrier_arrive(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
             acc_kv = self.gemm(acc_kv, ops_kv, None, sdo)
             cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=2 * _GROUP)
             if const_expr(cfg.stages_do == 1):  # group 1 is past dP (it arrived after dS), group 0 past dV
@@ -190,10 +196,19 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             p = convert(p16, Float32)
             p_rc, ds_rc = acc_rows_cols(p), acc_rows_cols(acc)
             if const_expr(self.spec.dropout):
-                # dropout: the undropped P is in registers (group 0 may now write P z); the same keep flags as
-                # group 0's (the same fragment coordinates), dS = P (dP z - D)
+                # dropout: the undropped P is in registers (group 0 may now write P z); P z from group 0 (barrier
+                # PZ), dS = P z dP - P D'
                 cute.arch.barrier_arrive(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
-                self.dropped_ds(ctx, ds_rc, p_rc, dsum, head, m, n_block)
+                cute.arch.barrier(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
+                pz16 = cute.make_rmem_tensor_like(acc, self.dtype)
+                cute.copy(r2s, thr_r2s.partition_D(sP), thr_r2s.retile(pz16))
+                # group 1's own barrier: both groups pass the same number of barriers per step (racecheck, whose
+                # model pairs them by count, reported RAW hazards across the CTA barrier without it; session 28)
+                cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)
+                pz_rc = acc_rows_cols(convert(pz16, Float32))
+                for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
+                    for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
+                        ds_rc[r, c] = pz_rc[r, c] * ds_rc[r, c] - p_rc[r, c] * dsum[r]
             else:
                 for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
                     for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
@@ -222,18 +237,6 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             r, c = keep.order[i]
             pz = S_rc[r, c] * ctx.dropout.scale
             S_rc[r, c] = pz if keep(r, c) else Float32(0.0)
-
-    @cute.jit
-    def dropped_ds(self, ctx: SimpleNamespace, ds_rc: cute.Tensor, p_rc: cute.Tensor, dsum: cute.Tensor, head, m,
-                   n_block):
-        """Group 1, dropout: dS = P (dP z - D) from the undropped P, with group 0's keep flags (the two groups'
-        fragments have the same coordinates, so the same draws)."""
-        keep = ctx.dropout.keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m, n_block * self.tile_n)
-        for i in cutlass.range_constexpr(len(keep.order)):
-            r, c = keep.order[i]
-            dpz = ds_rc[r, c] * ctx.dropout.scale
-            dpz = dpz if keep(r, c) else Float32(0.0)
-            ds_rc[r, c] = p_rc[r, c] * (dpz - dsum[r])
 
     @cute.jit
     def mask_mod_scores(self, ctx: SimpleNamespace, S_rc: cute.Tensor, tScS_rc: cute.Tensor, head, m, n_block):
