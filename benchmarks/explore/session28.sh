@@ -31,6 +31,7 @@
 #    window dropout on the 64x128 role split): the dropout GPU suite, then bench_dropout d64 / d128 at SM120
 #    occupancy for main, rolesplit-one-draw (_br/onedraw.patch) and the final branch in one call, ~8 min
 # 14: memcheck + racecheck + synccheck of the dropout and bwd_rolesplit families on the final branch, ~5 min
+# 15: (main, the final branch merged) bench_dropout d64 / d128 at the H100's own occupancy, ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -128,5 +129,7 @@ case "$part" in
   14) branch final && cd /tmp/final && timeout 400 python3 tools/sanitize.py --families dropout bwd_rolesplit \
         --tools memcheck racecheck synccheck --jobs 3 --json "$OUT/sanitizer_dropout.json" --log-dir "$OUT/sanlog" \
         > "$OUT/sanitizer_dropout.txt" 2>&1; tail -8 "$OUT/sanitizer_dropout.txt" ;;
-  *) echo "part 1-14" ;;
+  15) (cd benchmarks && timeout 300 python3 bench_dropout.py --occupancy h100 --cases d64 d128 \
+         --out "$OUT/dropout_h100occ.json" 2>&1 | grep -v -i warn | tail -5) ;;
+  *) echo "part 1-15" ;;
 esac
