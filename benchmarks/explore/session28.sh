@@ -32,6 +32,7 @@
 #    occupancy for main, rolesplit-one-draw (_br/onedraw.patch) and the final branch in one call, ~8 min
 # 14: memcheck + racecheck + synccheck of the dropout and bwd_rolesplit families on the final branch, ~5 min
 # 15: (main, the final branch merged) bench_dropout d64 / d128 at the H100's own occupancy, ~4 min
+# 16: part 2's bench_bwd d64 at the H100's occupancy and part 4's small MHA grids at d64, in one call, ~7 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -131,5 +132,10 @@ case "$part" in
         > "$OUT/sanitizer_dropout.txt" 2>&1; tail -8 "$OUT/sanitizer_dropout.txt" ;;
   15) (cd benchmarks && timeout 300 python3 bench_dropout.py --occupancy h100 --cases d64 d128 \
          --out "$OUT/dropout_h100occ.json" 2>&1 | grep -v -i warn | tail -5) ;;
-  *) echo "part 1-15" ;;
+  16) (cd benchmarks && timeout 250 python3 bench_bwd.py --occupancy h100 --cases d64 --out "$OUT/bwd_d64_h100.json" \
+         2>&1 | grep -v -i warn | tail -4)
+      timeout 200 python3 benchmarks/explore/deterministic_tiles.py --head-dim 64 --no-deterministic \
+        --shapes 1x2048x8x8 2x1024x16x16 1x1024x16x16 1x4096x16x16 --configs four_warp_64x64 \
+        --out "$OUT/bwd_tiles_d64_small.json" 2>&1 | grep -v -i warn | tail -16 ;;
+  *) echo "part 1-16" ;;
 esac
