@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Owed device calls after session 28, one part per call (each under the 10-minute limit). Unmerged branches travel
+# as patches onto main under _br/ (untracked; the device carry limit has no room for whole trees):
+#   git diff main d64-small-grid -- . ':!build' > _br/smallgrid.patch
+#   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session29.sh N", carry=[".kit_bench"])
+# 1: branch d64-small-grid: explore/small_grid_ab.py with CUDA-graph replays (GPU time only) and eager, the sub-wave
+#    rule against the table tile at the same shapes; merge if the graph timings show the sub-wave MHA and GQA
+#    grids faster and nothing slower, ~5 min
+# 2: tune_bwd over classes 64 and 96 with the role-split candidates (session 28's part 3, never run), ~9 min
+# 3: d96's table tile against its 8-warp and role-split 64x64 tiles (explore/deterministic_tiles.py --head-dim 96),
+#    ~5 min
+set -u
+cd "$(dirname "$0")/../.."
+root=$PWD
+part="${1:-1}"
+source benchmarks/explore/shards.sh
+branch() {  # branch NAME: a copy of the tree at /tmp/NAME with _br/NAME.patch applied
+  rm -rf "/tmp/$1" && mkdir "/tmp/$1" && tar -C "$root" --exclude=./.kit_bench --exclude=./.kit_client --exclude=./.venv --exclude=./.git -cf - . \
+    | tar -C "/tmp/$1" -xf - && (cd "/tmp/$1" && (git apply "$root/_br/$1.patch" || patch -p1 < "$root/_br/$1.patch"))
+}
+case "$part" in
+  1) branch smallgrid && cd /tmp/smallgrid
+     timeout 250 python3 benchmarks/explore/small_grid_ab.py --graph --out "$OUT/small_grid_ab_graph.json" 2>&1 \
+       | grep -v -i warn | tail -10
+     timeout 200 python3 benchmarks/explore/small_grid_ab.py --out "$OUT/small_grid_ab_eager.json" 2>&1 \
+       | grep -v -i warn | tail -10 ;;
+  2) timeout 560 python3 benchmarks/tune_bwd.py --conformance benchmarks/results/conformance_bwd_candidates_sm120a_2026-11-25.json \
+       --classes 64 96 --out "$OUT/tune_bwd.json" 2>&1 | grep -v -i warn | tail -30 ;;
+  3) timeout 300 python3 benchmarks/explore/deterministic_tiles.py --head-dim 96 \
+       --out "$OUT/bwd_tiles_d96.json" 2>&1 | grep -v -i warn | tail -24 ;;
+  *) echo "part 1-3" ;;
+esac
