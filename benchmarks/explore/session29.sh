@@ -14,10 +14,6 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 part="${1:-1}"
 source benchmarks/explore/shards.sh
-branch() {  # branch NAME: a copy of the tree at /tmp/NAME with _br/NAME.patch applied
-  rm -rf "/tmp/$1" && mkdir "/tmp/$1" && tar -C "$root" --exclude=./.kit_bench --exclude=./.kit_client --exclude=./.venv --exclude=./.git -cf - . \
-    | tar -C "/tmp/$1" -xf - && (cd "/tmp/$1" && (git apply "$root/_br/$1.patch" || patch -p1 < "$root/_br/$1.patch"))
-}
 case "$part" in
   1) branch smallgrid && cd /tmp/smallgrid
      timeout 250 python3 benchmarks/explore/small_grid_ab.py --graph --out "$OUT/small_grid_ab_graph.json" 2>&1 \
