@@ -1,0 +1,81 @@
+"""The role-split backward's two warp groups pass the same number of named barriers per step for every feature
+combination: compute-sanitizer's racecheck pairs barriers by count and reported thousands of hazards across the
+CTA barrier while the groups' counts differed (session 28, dropout: 6 against 5). A static check of the source of
+``FlashBwdRoleSplit.step`` (no compile): its ``if wg == 0`` branches, each trace-time ``const_expr`` branch taken
+as the spec and config say, and run-time branches required to pass equal counts on both sides."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import itertools
+import textwrap
+from types import SimpleNamespace
+
+import pytest
+
+from flash_attn_4_sm120._kernels import bwd_rolesplit
+
+_BARRIER_CALLS = {"barrier", "barrier_arrive"}
+
+
+def _step_tree() -> ast.FunctionDef:
+    src = textwrap.dedent(inspect.getsource(bwd_rolesplit.FlashBwdRoleSplit.step))
+    return ast.parse(src).body[0]
+
+
+def _is_barrier(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _BARRIER_CALLS
+            and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == "arch")
+
+
+def _const_expr_arg(test: ast.AST):
+    if isinstance(test, ast.Call) and isinstance(test.func, ast.Name) and test.func.id == "const_expr":
+        return test.args[0]
+    return None
+
+
+def _count(stmts, env) -> int:
+    """Barriers one thread passes through ``stmts`` (trace-time branches resolved by ``env``)."""
+    n = 0
+    for node in stmts:
+        if isinstance(node, ast.If):
+            arg = _const_expr_arg(node.test)
+            if arg is not None:
+                taken = eval(compile(ast.Expression(arg), "<step>", "eval"), {}, env)  # noqa: S307 (our source)
+                n += _count(node.body if taken else node.orelse, env)
+            else:
+                body, orelse = _count(node.body, env), _count(node.orelse, env)
+                assert body == orelse, f"run-time branch at line {node.lineno} passes {body} / {orelse} barriers"
+                n += body
+            continue
+        n += sum(1 for sub in ast.walk(node) if _is_barrier(sub))
+    return n
+
+
+def _group_branch(tree: ast.FunctionDef) -> ast.If:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and getattr(node.test.left, "id", "") == "wg":
+            return node
+    raise AssertionError("FlashBwdRoleSplit.step has no `if wg == 0` branch")
+
+
+@pytest.mark.parametrize("dropout,sparse,mods,stages_do,det", list(itertools.product(
+    [False, True], [False, True], [False, True], [1, 2], [False, True])))
+def test_both_groups_pass_the_same_number_of_barriers(dropout, sparse, mods, stages_do, det):
+    spec = SimpleNamespace(dropout=dropout, block_sparse=(128, 128) if sparse else None, mods=object() if mods else None)
+    env = {"self": SimpleNamespace(spec=spec), "cfg": SimpleNamespace(stages_do=stages_do),
+           "turn": (0, 0, 0) if det else None}
+    branch = _group_branch(_step_tree())
+    group0, group1 = _count(branch.body, env), _count(branch.orelse, env)
+    assert group0 == group1 > 0, f"group 0 passes {group0} barriers per step, group 1 {group1}"
+
+
+def test_the_check_sees_a_mismatch():
+    """An extra barrier in one group's branch is caught (the counter reads the code it should)."""
+    tree = _step_tree()
+    branch = _group_branch(tree)
+    extra = ast.parse("cute.arch.barrier(barrier_id=9, number_of_threads=128)").body[0]
+    env = {"self": SimpleNamespace(spec=SimpleNamespace(dropout=True, block_sparse=None, mods=None)),
+           "cfg": SimpleNamespace(stages_do=1), "turn": None}
+    assert _count(branch.body + [extra], env) == _count(branch.orelse, env) + 1
