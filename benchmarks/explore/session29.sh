@@ -2,6 +2,7 @@
 # Owed device calls after session 28, one part per call (each under the 10-minute limit). Unmerged branches travel
 # as patches onto main under _br/ (untracked; the device carry limit has no room for whole trees):
 #   git diff main d64-small-grid -- . ':!build' > _br/smallgrid.patch
+#   git diff main dropout-8bit -- . ':!build' > _br/byte.patch
 #   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session29.sh N", carry=[".kit_bench"])
 # 1: branch d64-small-grid: explore/small_grid_ab.py with CUDA-graph replays (GPU time only) and eager, the sub-wave
 #    rule against the table tile at the same shapes; merge if the graph timings show the sub-wave MHA and GQA
@@ -9,6 +10,9 @@
 # 2: tune_bwd over classes 64 and 96 with the role-split candidates (session 28's part 3, never run), ~9 min
 # 3: d96's table tile against its 8-warp and role-split 64x64 tiles (explore/deterministic_tiles.py --head-dim 96),
 #    ~5 min
+# 4: branch dropout-8bit (byte values: whole Philox calls in the backward's 32-column warp layouts): the dropout GPU
+#    suite, then bench_dropout at SM120 occupancy for main and the branch in one call, ~8 min
+# 5: branch dropout-8bit: memcheck + racecheck + synccheck of the dropout family, ~3 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -24,5 +28,14 @@ case "$part" in
        --classes 64 96 --out "$OUT/tune_bwd.json" 2>&1 | grep -v -i warn | tail -30 ;;
   3) timeout 300 python3 benchmarks/explore/deterministic_tiles.py --head-dim 96 \
        --out "$OUT/bwd_tiles_d96.json" 2>&1 | grep -v -i warn | tail -24 ;;
-  *) echo "part 1-3" ;;
+  4) branch byte && (cd /tmp/byte && shards 300 tests/test_dropout_gpu.py)
+     for t in "$root" /tmp/byte; do
+       echo "== $t"
+       (cd "$t/benchmarks" && timeout 130 python3 bench_dropout.py --occupancy sm120 --cases d64 d128 \
+          --out "$OUT/dropout_$(basename "$t").json" 2>&1 | grep -v -i warn | tail -4)
+     done ;;
+  5) branch byte && cd /tmp/byte && timeout 400 python3 tools/sanitize.py --families dropout \
+       --tools memcheck racecheck synccheck --jobs 3 --json "$OUT/sanitizer_dropout.json" --log-dir "$OUT/sanlog" \
+       > "$OUT/sanitizer_dropout.txt" 2>&1; tail -6 "$OUT/sanitizer_dropout.txt" ;;
+  *) echo "part 1-5" ;;
 esac
