@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Owed device calls after session 28, one part per call (each under the 10-minute limit). Unmerged branches travel
 # as patches onto main under _br/ (untracked; the device carry limit has no room for whole trees):
-#   git diff main d64-small-grid -- . ':!build' > _br/smallgrid.patch
-#   git diff main dropout-8bit -- . ':!build' > _br/byte.patch
+#   git diff $(git merge-base main d64-small-grid) d64-small-grid -- . ':!build' > _br/smallgrid.patch
+#   git diff $(git merge-base main dropout-8bit) dropout-8bit -- . ':!build' > _br/byte.patch
+# (the branches' own changes only; rebase them on main first if a patch does not apply)
 #   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session29.sh N", carry=[".kit_bench"])
 # 1: branch d64-small-grid: explore/small_grid_ab.py with CUDA-graph replays (GPU time only) and eager, the sub-wave
 #    rule against the table tile at the same shapes; merge if the graph timings show the sub-wave MHA and GQA
