@@ -55,17 +55,24 @@ def _count(stmts, env) -> int:
 
 def _group_branch(tree: ast.FunctionDef) -> ast.If:
     for node in ast.walk(tree):
-        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and getattr(node.test.left, "id", "") == "wg":
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) \
+                and getattr(node.test.left, "id", "") == "wg":
             return node
     raise AssertionError("FlashBwdRoleSplit.step has no `if wg == 0` branch")
+
+
+def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False) -> dict:
+    """The names step's ``const_expr`` conditions read, for one feature combination."""
+    spec = SimpleNamespace(dropout=dropout, block_sparse=(128, 128) if sparse else None,
+                           mods=object() if mods else None)
+    return {"self": SimpleNamespace(spec=spec), "cfg": SimpleNamespace(stages_do=stages_do),
+            "turn": (0, 0, 0) if det else None}
 
 
 @pytest.mark.parametrize("dropout,sparse,mods,stages_do,det", list(itertools.product(
     [False, True], [False, True], [False, True], [1, 2], [False, True])))
 def test_both_groups_pass_the_same_number_of_barriers(dropout, sparse, mods, stages_do, det):
-    spec = SimpleNamespace(dropout=dropout, block_sparse=(128, 128) if sparse else None, mods=object() if mods else None)
-    env = {"self": SimpleNamespace(spec=spec), "cfg": SimpleNamespace(stages_do=stages_do),
-           "turn": (0, 0, 0) if det else None}
+    env = _env(dropout, sparse, mods, stages_do, det)
     branch = _group_branch(_step_tree())
     group0, group1 = _count(branch.body, env), _count(branch.orelse, env)
     assert group0 == group1 > 0, f"group 0 passes {group0} barriers per step, group 1 {group1}"
@@ -76,6 +83,5 @@ def test_the_check_sees_a_mismatch():
     tree = _step_tree()
     branch = _group_branch(tree)
     extra = ast.parse("cute.arch.barrier(barrier_id=9, number_of_threads=128)").body[0]
-    env = {"self": SimpleNamespace(spec=SimpleNamespace(dropout=True, block_sparse=None, mods=None)),
-           "cfg": SimpleNamespace(stages_do=1), "turn": None}
+    env = _env(dropout=True)
     assert _count(branch.body + [extra], env) == _count(branch.orelse, env) + 1

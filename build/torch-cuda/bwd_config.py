@@ -257,8 +257,8 @@ BWD_TABLE_FALLBACK = {
 
 #: Dropout specs the class's entries cannot run: d64 varlen with the causal mask or a window (its heavy 8-warp tile
 #: cannot hold the keep flags beside 32 S registers per thread and the mask: the predicate's dropout rule) takes the
-#: 64x64 role split, whose groups each hold one S-sized tile and one of dK / dV. d64 causal and windowed dropout ran here too until the 64x128 role split drew
-#: the flags in one group only (session 28).
+#: 64x64 role split, whose groups each hold one S-sized tile and one of dK / dV. d64 causal and windowed dropout
+#: ran here too until the 64x128 role split drew the flags in one group only (session 28).
 BWD_TABLE_DROPOUT = {
     64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
 }
