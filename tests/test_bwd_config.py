@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from flash_attn_4_sm120._kernels import block_info
-from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BwdConfig,
+from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BWD_TABLE_UNSPLIT, BwdConfig,
                                            bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes,
                                            candidate_bwd_configs, dispatchable_bwd, select_bwd_config)
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
@@ -80,6 +80,21 @@ def test_selection_falls_back_when_the_table_entry_cannot_run(monkeypatch):
         select_bwd_config.cache_clear()
 
 
+def test_d96_role_split_and_its_alternatives():
+    """d96's entry is the role split; a plain spec it cannot run (head dims unequal once padded to 32) takes the
+    4-warp tile, heavy specs the 8-warp one, dropout stays on the role split (its own rule), and with unequal
+    head dims dropout goes past the 4-warp tile (too many registers beside the keep flags) to the 8-warp one."""
+    rs, unsplit, heavy = BWD_TABLE[96], BWD_TABLE_UNSPLIT[96], BWD_TABLE_HEAVY[96]
+    assert rs.role_split and not unsplit.role_split and unsplit.num_warps == 4 and heavy.num_warps == 8
+    cases = {BwdSpec("bf16", 96, 96, True): rs, BwdSpec("bf16", 72, 72, False, local=True, deterministic=True): rs,
+             BwdSpec("bf16", 80, 96, False): rs, BwdSpec("bf16", 96, 48, True): unsplit,
+             BwdSpec("bf16", 64, 96, False): unsplit, BwdSpec("bf16", 96, 96, True, softcap=True): heavy,
+             BwdSpec("bf16", 96, 96, False, varlen_q=True): heavy, BwdSpec("bf16", 96, 96, True, dropout=True): rs,
+             BwdSpec("bf16", 96, 48, False, dropout=True): heavy}
+    for spec, cfg in cases.items():
+        assert select_bwd_config(spec, SM120) == cfg, spec
+
+
 def test_dispatchable_covers_every_class_and_mask():
     pairs = dispatchable_bwd(SM120)
     # every entry is compiled by the gate: the dispatchable specs', or the flex cases' (mods reach FALLBACK[64]),
@@ -88,7 +103,8 @@ def test_dispatchable_covers_every_class_and_mask():
 
     gated = {cfg for _, cfg in pairs} | {c.config for c in compiler.flex_cases(SM120) + compiler.sparse_cases(SM120)
                                          if isinstance(c, compiler.BwdCase)}
-    assert gated == set(BWD_TABLE.values()) | set(BWD_TABLE_HEAVY.values()) | set(BWD_TABLE_FALLBACK.values())
+    assert gated == (set(BWD_TABLE.values()) | set(BWD_TABLE_HEAVY.values()) | set(BWD_TABLE_FALLBACK.values())
+                     | set(BWD_TABLE_UNSPLIT.values()))
     assert {(s.causal, s.local) for s, _ in pairs} == {(False, False), (True, False), (False, True)}
     assert any(s.softcap for s, _ in pairs) and any(s.varlen_q and s.seqused_k for s, _ in pairs)
 

@@ -56,7 +56,7 @@ def run_dense(b, sq, sk, hq, hkv, d, dv, dtype=torch.bfloat16, causal=False, win
     assert_close_grads(got, ref, pt, dtype, f"b{b} sq{sq} sk{sk} h{hq}/{hkv} d{d}x{dv} {features} sink={sink}")
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_bwd_basic(d, causal, dtype):
@@ -64,7 +64,7 @@ def test_bwd_basic(d, causal, dtype):
 
 
 @pytest.mark.parametrize("d,dv", [(40, 40), (72, 72), (96, 96), (112, 112), (192, 192), (192, 128), (200, 200),
-                                  (256, 256), (8, 8), (128, 64)])
+                                  (256, 256), (8, 8), (128, 64), (96, 64)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_head_dims(d, dv, causal):
     run_dense(1, 177, 177, 2, 1, d, dv, causal=causal)
@@ -84,7 +84,7 @@ def test_bwd_gqa(hq, hkv):
 
 
 @pytest.mark.parametrize("window", [(32, 0), (16, 16), (None, 8), (64, None), (0, 0), (5, -3)])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 def test_bwd_windows(window, d):
     run_dense(2, 300, 300, 4, 2, d, d, window_size=window)
     run_dense(1, 200, 333, 2, 2, d, d, window_size=window)
@@ -96,7 +96,7 @@ def test_bwd_softcap(d, causal):
     run_dense(2, 190, 190, 4, 2, d, d, causal=causal, softcap=15.0)
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 @pytest.mark.parametrize("window", [(None, None), (32, 0)])
 def test_bwd_sink(d, window):
     run_dense(2, 190, 190, 4, 2, d, d, window_size=window, sink=True)
@@ -165,7 +165,7 @@ def test_bwd_varlen_seqused_window_softcap_sink():
                used_q=[90, 0, 200, 33], used_k=[120, 10, 250, 7])
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 @pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window_size=(96, 32))],
                          ids=["full", "causal", "window"])
 def test_bwd_deterministic_is_correct(d, mask):

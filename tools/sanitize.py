@@ -134,7 +134,8 @@ def _varlen_runs(num_splits, pack_gqa, grad=False, deterministic=False):
 def _bwd_runs(deterministic=False, role_split=False):
     """The backward (preprocess, main kernel, postprocess): dense GQA calls per head-dim class (full, causal, a
     window with a negative bound, softcap, a sink) and the varlen metadata cases of ``_varlen_runs``;
-    ``role_split`` patches the d64 / d128 table entries to the role-split kernel (named barriers)."""
+    ``role_split`` patches the d64 / d128 table entries to the 64x64 role-split kernel (named barriers; d96's
+    entry is that tile)."""
     import dataclasses
 
     import torch
@@ -148,7 +149,7 @@ def _bwd_runs(deterministic=False, role_split=False):
         bwd_config.BWD_TABLE[128] = cfg
         backward.clear_caches()
     torch.manual_seed(2)
-    for d in (64, 128) if role_split else (64, 128, 192, 256):
+    for d in (64, 96, 128) if role_split else (64, 96, 128, 192, 256):
         q = torch.randn(2, 333, 6, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         k = torch.randn(2, 517, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         v = torch.randn(2, 517, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
@@ -390,14 +391,15 @@ def _sparse_runs():
 
 
 def _dropout_runs():
-    """Dropout (issue 20): forward and backward at odd lengths on the d64 / d128 / d256 tiles (one-stage, ping-pong,
-    two-stage), causal and not, varlen with an empty sequence, and the deterministic backward."""
+    """Dropout (issue 20): forward and backward at odd lengths on the d64 / d96 / d128 / d256 tiles (one-stage,
+    ping-pong, two-stage, the role splits), causal and not, varlen with an empty sequence, and the deterministic
+    backward."""
     import torch
 
     import flash_attn_4_sm120 as fa
 
     for d, sq, sk, causal in ((128, 333, 517, True), (64, 700, 300, False), (256, 300, 701, True),
-                              (128, 1000, 1000, False)):
+                              (128, 1000, 1000, False), (96, 517, 333, True)):
         q = torch.randn(2, sq, 4, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         k = torch.randn(2, sk, 2, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         out, _ = fa.flash_attn_func(q, k, k, causal=causal, dropout_p=0.2, dropout_seed=7,

@@ -14,6 +14,9 @@
 # 4: branch dropout-8bit (byte values: whole Philox calls in the backward's 32-column warp layouts): the dropout GPU
 #    suite, then bench_dropout at SM120 occupancy for main and the branch in one call, ~8 min
 # 5: branch dropout-8bit: memcheck + racecheck + synccheck of the dropout family, ~3 min
+# 6: d96's table entry on the 64x64 role split (main): the backward GPU suite and the dropout suite, then bench_bwd's
+#    d96 rows at both occupancies, ~8 min
+# 7: memcheck + racecheck + synccheck of bwd, bwd_det, bwd_rolesplit and dropout (d96 added to each), ~6 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -38,5 +41,11 @@ case "$part" in
   5) branch byte && cd /tmp/byte && timeout 400 python3 tools/sanitize.py --families dropout \
        --tools memcheck racecheck synccheck --jobs 3 --json "$OUT/sanitizer_dropout.json" --log-dir "$OUT/sanlog" \
        > "$OUT/sanitizer_dropout.txt" 2>&1; tail -6 "$OUT/sanitizer_dropout.txt" ;;
-  *) echo "part 1-5" ;;
+  6) shards 330 tests/test_bwd_gpu.py tests/test_dropout_gpu.py
+     (cd benchmarks && timeout 200 python3 bench_bwd.py --occupancy both --cases d96 --out "$OUT/bwd_d96.json" 2>&1 \
+       | grep -v -i warn | tail -8) ;;
+  7) timeout 560 python3 tools/sanitize.py --families bwd bwd_det bwd_rolesplit dropout \
+       --tools memcheck racecheck synccheck --jobs 4 --json "$OUT/sanitizer_bwd_d96.json" --log-dir "$OUT/sanlog" \
+       > "$OUT/sanitizer_bwd_d96.txt" 2>&1; tail -16 "$OUT/sanitizer_bwd_d96.txt" ;;
+  *) echo "part 1-7" ;;
 esac

@@ -5,8 +5,8 @@ Only the main one has a tile choice: ``BwdConfig`` (a query block of ``tile_m`` 
 of ``tile_n`` keys, ``num_warps`` warps, Q and dO stages, and how the warps split each of the three GEMM
 shapes). ``bwd_config_problems`` is THE validity predicate: the table, the conformance gate and the
 tests call it. ``BWD_TABLE`` is the dispatcher's choice per head-dim class (``BWD_TABLE_HEAVY`` for
-specs with softcap or varlen where the class's tile has no registers to spare, ``BWD_TABLE_FALLBACK`` for
-specs the class's entry cannot run at all).
+specs with softcap or varlen where the class's tile has no registers to spare, ``BWD_TABLE_UNSPLIT``,
+``BWD_TABLE_DROPOUT`` and ``BWD_TABLE_FALLBACK`` for specs the class's entry cannot run at all).
 """
 
 from __future__ import annotations
@@ -227,9 +227,12 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: the 4-warp one). d64 since 2026-11-26 (``explore/deterministic_tiles.py``, ``deterministic_tiles_h100_2026-11-26
 #: .json``, SM120 occupancy): the 64x128 role split (128 keys per CTA, 91 KB) runs 1.30-1.42x the 4-warp tile's
 #: speed, default and deterministic, at 4x4096 32/8 and 2x4096 16/4, full and causal (255 / 227 TFLOPS at 4x4096).
+#: d96 since 2026-11-26 (``deterministic_tiles_d96_h100_2026-11-26.json``, the same shapes): the 64x64 role split
+#: (since it draws dropout once and passes equal barrier counts) takes 0.95x the 4-warp tile's time at 4x4096 full
+#: and causal and at 2x4096 full, 1.01x at 2x4096 causal; deterministic 0.88 / 0.92x / 0.89x / 0.94x.
 BWD_TABLE = {
     64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
-    96: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+    96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True),
     192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
     256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, dq_chunks=2, dkv_chunks=2),
@@ -241,6 +244,13 @@ BWD_TABLE = {
 BWD_TABLE_HEAVY = {
     64: BwdConfig(64, 128, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=8, dq_warps_m=4),
     96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
+}
+
+#: Plain specs (not heavy) a class's role split cannot run (head_dim != head_dim_v) where its heavy tile is not their
+#: fastest: d96's 4-warp 64x64 tile, the table's until 2026-11-26 (the 8-warp heavy tile took 1.17x its time, causal
+#: 2x4096 16/4, ``tune_bwd_d64_d96_h100_2026-11-26.json``; with dropout the predicate refuses it).
+BWD_TABLE_UNSPLIT = {
+    96: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
 }
 
 #: Specs the class's entries cannot run (the predicate says why): at d128 the role split takes neither softcap
@@ -279,11 +289,14 @@ def bwd_head_dim_class(spec: BwdSpec) -> int:
 def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
     """The table's config for ``spec``: a heavy spec (softcap, varlen) takes its class's ``BWD_TABLE_HEAVY``
     entry where there is one; a spec the chosen entry cannot run (a role-split entry and softcap) falls back to
-    the other, then to ``BWD_TABLE_FALLBACK``'s. Raises if none fits (a table or predicate bug)."""
+    the other (a plain spec first to ``BWD_TABLE_UNSPLIT``'s, a dropout spec to ``BWD_TABLE_DROPOUT``'s), then to
+    ``BWD_TABLE_FALLBACK``'s. Raises if none fits (a table or predicate bug)."""
     cls = bwd_head_dim_class(spec)
     order = [BWD_TABLE[cls]] + ([BWD_TABLE_HEAVY[cls]] if cls in BWD_TABLE_HEAVY else [])
     if _is_heavy(spec):
         order.reverse()
+    elif cls in BWD_TABLE_UNSPLIT:
+        order.insert(1, BWD_TABLE_UNSPLIT[cls])
     if spec.dropout and cls in BWD_TABLE_DROPOUT:
         order.insert(1, BWD_TABLE_DROPOUT[cls])
     order += [BWD_TABLE_FALLBACK[cls]] if cls in BWD_TABLE_FALLBACK else []
