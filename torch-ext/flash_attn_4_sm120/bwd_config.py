@@ -248,7 +248,7 @@ BWD_TABLE_HEAVY = {
 
 #: Plain specs (not heavy) a class's role split cannot run (head_dim != head_dim_v) where its heavy tile is not their
 #: fastest: d96's 4-warp 64x64 tile, the table's until 2026-11-26 (the 8-warp heavy tile took 1.17x its time, causal
-#: 2x4096 16/4, ``tune_bwd_d64_d96_h100_2026-11-26.json``; with dropout the predicate refuses it).
+#: 2x4096 16/4, ``tune_bwd_d64_d96_h100_2026-11-26.json.gz``; with dropout the predicate refuses it).
 BWD_TABLE_UNSPLIT = {
     96: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
 }
