@@ -17,6 +17,8 @@
 # 6: d96's table entry on the 64x64 role split (main): the backward GPU suite and the dropout suite, then bench_bwd's
 #    d96 rows at both occupancies, ~8 min
 # 7: memcheck + racecheck + synccheck of bwd, bwd_det, bwd_rolesplit and dropout (d96 added to each), ~6 min
+# 8: dropout's cost per kernel (explore/dropout_kernels.py: torch.profiler GPU times, d64 / d128 full, causal and
+#    a window, d64 also on the 64x64 role split), ~3 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -47,5 +49,7 @@ case "$part" in
   7) timeout 560 python3 tools/sanitize.py --families bwd bwd_det bwd_rolesplit dropout \
        --tools memcheck racecheck synccheck --jobs 4 --json "$OUT/sanitizer_bwd_d96.json" --log-dir "$OUT/sanlog" \
        > "$OUT/sanitizer_bwd_d96.txt" 2>&1; tail -16 "$OUT/sanitizer_bwd_d96.txt" ;;
-  *) echo "part 1-7" ;;
+  8) timeout 400 python3 benchmarks/explore/dropout_kernels.py --rs64 --out "$OUT/dropout_kernels.json" 2>&1 \
+       | grep -v -i warn | tail -12 ;;
+  *) echo "part 1-8" ;;
 esac
