@@ -25,6 +25,8 @@ def main():
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--shape", default="4,4096,32,8", help="batch,seqlen,heads_q,heads_kv")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--dropout", type=float, default=0.0, help="dropout_p (seeded)")
+    ap.add_argument("--window", type=int, default=None, help="a (left, 0) window instead of --causal")
     args = ap.parse_args()
     b, s, hq, hkv = (int(x) for x in args.shape.split(","))
     d, dv = args.head_dim, args.head_dim_v or args.head_dim
@@ -33,7 +35,9 @@ def main():
     k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     v = torch.randn(b, s, hkv, dv, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     dout = torch.randn(b, s, hq, dv, dtype=torch.bfloat16, device="cuda")
-    out = fa.flash_attn_func(q, k, v, causal=args.causal)[0]
+    window = (args.window, 0) if args.window is not None else (None, None)
+    out = fa.flash_attn_func(q, k, v, causal=args.causal, window_size=window, dropout_p=args.dropout,
+                             dropout_seed=1234 if args.dropout else None)[0]
     for _ in range(args.runs):
         torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     torch.cuda.synchronize()

@@ -19,6 +19,8 @@
 # 7: memcheck + racecheck + synccheck of bwd, bwd_det, bwd_rolesplit and dropout (d96 added to each), ~6 min
 # 8: dropout's cost per kernel (explore/dropout_kernels.py: torch.profiler GPU times, d64 / d128 full, causal and
 #    a window, d64 also on the 64x64 role split), ~3 min
+# 9: ncu of the d64 backward's main kernel (the 64x128 role split) full / causal / window, with and without
+#    dropout: duration, instructions, stall reasons (explore/profile_bwd.py), ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -51,5 +53,15 @@ case "$part" in
        > "$OUT/sanitizer_bwd_d96.txt" 2>&1; tail -16 "$OUT/sanitizer_bwd_d96.txt" ;;
   8) timeout 400 python3 benchmarks/explore/dropout_kernels.py --rs64 --out "$OUT/dropout_kernels.json" 2>&1 \
        | grep -v -i warn | tail -12 ;;
-  *) echo "part 1-8" ;;
+  9) for m in full causal window; do
+       for p in 0 0.1; do
+         case $m in full) a="";; causal) a="--causal";; window) a="--window 1024";; esac
+         FA4_SM120_OCCUPANCY=model timeout 100 ncu --kernel-name regex:RoleSplit --launch-skip 1 --launch-count 1 \
+           --section SpeedOfLight --section WarpStateStats --section InstructionStats --section LaunchStats \
+           --section Occupancy --page raw --csv python3 benchmarks/explore/profile_bwd.py --head-dim 64 $a \
+           --dropout $p > "$OUT/ncu_d64_${m}_p$p.csv" 2>/dev/null
+         echo "$m p=$p: $(wc -l < "$OUT/ncu_d64_${m}_p$p.csv") lines"
+       done
+     done ;;
+  *) echo "part 1-9" ;;
 esac
