@@ -10,7 +10,8 @@ import torch
 from flash_attn_4_sm120._kernels import block_info
 from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BWD_TABLE_UNSPLIT, BwdConfig,
                                            bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes,
-                                           candidate_bwd_configs, dispatchable_bwd, select_bwd_config)
+                                           bwd_tile_band, candidate_bwd_configs, dispatchable_bwd,
+                                           select_bwd_config)
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
 from flash_attn_4_sm120.problem import BwdSpec, FwdSpec
 from reference import visible
@@ -107,6 +108,21 @@ def test_dispatchable_covers_every_class_and_mask():
                      | set(BWD_TABLE_UNSPLIT.values()))
     assert {(s.causal, s.local) for s, _ in pairs} == {(False, False), (True, False), (False, True)}
     assert any(s.softcap for s, _ in pairs) and any(s.varlen_q and s.seqused_k for s, _ in pairs)
+
+
+def test_causal_key_block_order_and_its_band():
+    """Causal specs run their key blocks longest first in bands (not deterministic ones: their key blocks must
+    launch highest first; not windows or block-sparse lists); a band holds the pairs whose Q, dO and dQ
+    accumulator rows fit half the L2, at least one."""
+    assert BwdSpec("bf16", 64, 64, True).longest_first
+    for spec in (BwdSpec("bf16", 64, 64, False), BwdSpec("bf16", 64, 64, True, deterministic=True),
+                 BwdSpec("bf16", 64, 64, True, local=True), BwdSpec("bf16", 64, 64, True, block_sparse=(128, 128))):
+        assert not spec.longest_first, spec
+    l2 = 50 * 2**20
+    pair = 4096 * 4 * ((64 + 64) * 2 + 64 * 4)  # d64, 4 query heads per KV head: 8 MiB
+    assert bwd_tile_band(l2, 4096, 64, 64, 4) == int(l2 * 0.5) // pair == 3
+    assert bwd_tile_band(l2, 1024, 64, 64, 4) == 12 and bwd_tile_band(l2, 2**20, 256, 256, 8) == 1
+    assert bwd_tile_band(0, 4096, 64, 64, 4) == 1
 
 
 def test_paged_forward_has_no_backward_spec():

@@ -172,6 +172,18 @@ def test_bwd_deterministic_is_correct(d, mask):
     run_dense(2, 333, 333, 4, 2, d, d, deterministic=True, **mask)
 
 
+@pytest.mark.parametrize("band", [1, 3, 1000])
+def test_bwd_causal_key_block_bands(band, monkeypatch):
+    """The causal key-block order (``tile_scheduler.KeyBlockScheduler``) visits every key block of every (batch,
+    KV head) pair once whatever the band: one pair per band (the former order), 3 (a short last band: 2 x 5
+    pairs), more than there are pairs; dense and varlen (key blocks past a sequence's end exit)."""
+    from flash_attn_4_sm120 import backward
+
+    monkeypatch.setattr(backward, "bwd_tile_band", lambda *a: band)
+    run_dense(2, 300, 333, 10, 5, 64, 64, causal=True)
+    run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 128, causal=True)
+
+
 def test_bwd_deterministic_varlen_is_correct():
     run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 128, causal=True, sink=True, deterministic=True)
     run_varlen([100, 64, 257, 33], [120, 70, 257, 40], 4, 2, 64, window_size=(40, 8), used_q=[90, 0, 200, 33],

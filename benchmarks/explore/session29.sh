@@ -21,6 +21,8 @@
 #    a window, d64 also on the 64x64 role split), ~3 min
 # 9: ncu of the d64 backward's main kernel (the 64x128 role split) full / causal / window, with and without
 #    dropout: duration, instructions, stall reasons (explore/profile_bwd.py), ~5 min
+# 10: the causal key-block order's bands (explore/bwd_band.py, CUDA-graph times per band), then the backward GPU
+#    suite, ~9 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -63,5 +65,7 @@ case "$part" in
          echo "$m p=$p: $(wc -l < "$OUT/ncu_d64_${m}_p$p.csv") lines"
        done
      done ;;
-  *) echo "part 1-9" ;;
+  10) timeout 330 python3 benchmarks/explore/bwd_band.py --out "$OUT/bwd_band.json" 2>&1 | grep -v -i warn | tail -12
+      shards 240 tests/test_bwd_gpu.py ;;
+  *) echo "part 1-10" ;;
 esac

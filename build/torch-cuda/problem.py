@@ -126,6 +126,15 @@ class BwdSpec:
     #: issue 20: the forward's dropout: the backward regenerates its keep mask (``_kernels/dropout_mask``)
     dropout: bool = False
 
+    @property
+    def longest_first(self) -> bool:
+        """Whether the main kernel's key blocks run in the banded longest-first order
+        (``_kernels/tile_scheduler.KeyBlockScheduler``): under a causal mask key block n is visited by the query
+        blocks from its diagonal on, so the CTAs' lengths fall with n. Not in deterministic mode (its key blocks
+        launch highest first: a CTA waits only on CTAs launched before it), under a window (lengths about equal)
+        or with block-sparse lists (lengths from the lists)."""
+        return self.causal and not self.local and not self.deterministic and self.block_sparse is None
+
     @staticmethod
     def of(spec: "FwdSpec", has_dlse: bool = False, deterministic: bool = False) -> "BwdSpec":
         if spec.page_size:

@@ -25,7 +25,7 @@ import torch
 
 from . import block_sparse, compiler
 from .bwd_config import (ROW_PAD, bwd_config_problems, bwd_group_split, bwd_padded_head_dim, bwd_smem_bytes,
-                          select_bwd_config)
+                          bwd_tile_band, select_bwd_config)
 from .config import STATIC_SMEM_BYTES
 from .problem import LOG2_E, BwdSpec, FwdShape, FwdSpec
 
@@ -81,12 +81,14 @@ def _split_spec(bspec: BwdSpec, split: int) -> BwdSpec:
 
 
 def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, params, varlen, sink_dtype,
-            model, target: str, device_smem, deterministic: bool = False, grads=None, num_sms: int = 0) -> tuple:
+            model, target: str, device_smem, deterministic: bool = False, grads=None, num_sms: int = 0,
+            l2_bytes: int = 0) -> tuple:
     """Gradients of a validated forward call (see the module docstring). ``varlen`` is the forward's
     (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table) or None; ``sink_dtype`` the learnable
     sink's dtype (None without a sink); ``deterministic``: bitwise-reproducible dQ (a zeroed int32
     counter per query block orders its key blocks' additions); ``grads``: (dq, dk, dv) to write into (contiguous,
-    shaped like q, k, v), else fresh ones; ``num_sms``: the device's, for the group split (0: never split)."""
+    shaped like q, k, v), else fresh ones; ``num_sms``: the device's, for the group split (0: never split);
+    ``l2_bytes``: the device's L2, for the causal key-block order's bands (0: one pair per band)."""
     cu_q, cu_k, used_q, used_k, _ = varlen or (None, None, None, None, None)
     bspec = BwdSpec.of(spec, has_dlse=dlse is not None, deterministic=deterministic)
     if grads is None:
@@ -143,10 +145,14 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
         lists = block_sparse.cached_backward_lists(params.sparse, bspec.block_sparse, shape.num_heads,
                                                    shape.num_heads_kv, shape.seqlen_q, shape.seqlen_k, cfg.tile_m,
                                                    cfg.tile_n)
+    band = 1  # causal key blocks run longest first in bands of (batch, KV head) pairs sized to the L2
+    if bspec.longest_first:
+        band = bwd_tile_band(l2_bytes, shape.seqlen_q, spec.head_dim, spec.head_dim_v,
+                             shape.num_heads // shape.num_heads_kv // split)
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
     main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk_part, dv_part, params.softmax_scale, params.scale_log2,
          params.softcap_scale, params.window_left, params.window_right, cu_q, cu_k, used_q, used_k, shape.seqlen_k,
-         *compiler.aux_args(params.aux), *compiler.sparse_args(lists), params.rng)
+         band, *compiler.aux_args(params.aux), *compiler.sparse_args(lists), params.rng)
     post(dq_acc, dq, params.softmax_scale, cu_q, used_q, max_q)
     if split > 1:
         for part, full in ((dk_part, dk), (dv_part, dv)):  # one reduction kernel each, fp32 accumulation

@@ -274,6 +274,19 @@ BWD_TABLE_DROPOUT = {
 }
 
 
+#: Share of the device's L2 one band of the causal key-block order may fill (``bwd_tile_band``).
+BWD_L2_BAND_SHARE = 0.5
+
+
+def bwd_tile_band(l2_bytes: int, seqlen_q: int, head_dim: int, head_dim_v: int, group: int) -> int:
+    """(batch, KV head) pairs per band of the main kernel's causal longest-first key-block order
+    (``_kernels/tile_scheduler.KeyBlockScheduler``): as many as keep the rows every CTA of a pair walks -- Q and
+    dO of its ``group`` query heads (16-bit) and their fp32 dQ accumulator -- within ``BWD_L2_BAND_SHARE`` of
+    the L2; at least 1."""
+    pair_bytes = max(1, seqlen_q) * max(1, group) * ((head_dim + head_dim_v) * BYTES_PER_ELEM + head_dim * 4)
+    return max(1, int(l2_bytes * BWD_L2_BAND_SHARE) // pair_bytes)
+
+
 def _is_heavy(spec: BwdSpec) -> bool:
     # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spilled 16-168 B (sm_120a gate,
     # 2026-11-26)

@@ -349,7 +349,7 @@ def _fake_bwd_args(spec: BwdSpec, config: BwdConfig):
     used_k = _fake_vector(cutlass.Int32, cute.sym_int()) if spec.seqused_k else None
     return (q, k, v, do, lse2, dsum, dq_acc, sem, dk, dv, cutlass.Float32(1.0), cutlass.Float32(1.0),
             cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0), cu_q, cu_k, used_q, used_k, cutlass.Int32(0),
-            *_fake_aux(spec.mods), *_fake_sparse((*spec.block_sparse, True) if spec.block_sparse else None),
+            cutlass.Int32(1), *_fake_aux(spec.mods), *_fake_sparse((*spec.block_sparse, True) if spec.block_sparse else None),
             _fake_rng(spec.dropout), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
@@ -357,7 +357,9 @@ def compile_bwd(spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target:
                 check_valid: bool = True, launch_smem: int = 0):
     """Trace and compile the backward main kernel; returns ``fn(q, k, v, dout, lse2, dsum, dq_accum, semaphores,
     dk, dv, softmax_scale, scale_log2, softcap_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k,
-    seqused_q, seqused_k, max_seqlen_k, aux0, aux1, aux2, aux3)`` taking torch tensors (TVM FFI, current stream)."""
+    seqused_q, seqused_k, max_seqlen_k, band, aux0, aux1, aux2, aux3, block-sparse lists, rng)`` taking torch tensors
+    (TVM FFI, current stream); ``band``: (batch, KV head) pairs per band of the causal longest-first key-block order
+    (``bwd_config.bwd_tile_band``), ignored by other specs."""
     import cutlass.cute as cute
 
     from ._kernels.bwd_multistage import FlashBwdMultistage

@@ -390,7 +390,7 @@ def _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, sink_dtyp
     model, target = _model_and_target(q.device.index, *_env()[:2])
     return backward.run_bwd(q, k, v, out, dout, lse, dlse, spec, shape, params, varlen, sink_dtype, model, target,
                             device_smem(q.device.index, _env()[2]), deterministic, grads=grads,
-                            num_sms=_num_sms(q.device.index))
+                            num_sms=_num_sms(q.device.index), l2_bytes=_l2_bytes(q.device.index))
 
 
 def _dtype_of(sink: Optional[torch.Tensor]):

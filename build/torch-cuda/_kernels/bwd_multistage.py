@@ -67,6 +67,7 @@ from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .grid_dependency import enter_grid
 from .mask import mask_scores
 from .seqlen_info import num_batches, num_heads, sequence_heads, workspace_row
+from .tile_scheduler import KeyBlockScheduler
 from .tile_io import column_predicate, load_rows, store_rows, zero_masked_cols
 
 
@@ -160,6 +161,7 @@ class FlashBwdMultistage:
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
         max_seqlen_k: Int32,
+        band: Int32,
         mAux0: Optional[cute.Tensor],
         mAux1: Optional[cute.Tensor],
         mAux2: Optional[cute.Tensor],
@@ -178,11 +180,12 @@ class FlashBwdMultistage:
         packed_k = mCuSeqlensK is not None
         seqlen_k = max_seqlen_k if const_expr(packed_k) else mK.shape[1]
         # a CTA row per dK / dV head: the KV heads, each ``group_split`` times (partial heads, summed by the host)
-        grid = (cute.ceil_div(seqlen_k, self.tile_n), num_heads(mK, packed_k) * self.spec.group_split,
-                num_batches(mK, mCuSeqlensK))
+        grid = KeyBlockScheduler(self.spec.longest_first).grid(
+            cute.ceil_div(seqlen_k, self.tile_n), num_heads(mK, packed_k) * self.spec.group_split,
+            num_batches(mK, mCuSeqlensK))
         self.kernel(
             mQ, mK, mV, mdO, mLSE2, mD, mdQacc, mSem, mdK, mdV, softmax_scale, scale_log2, softcap_scale,
-            window_left, window_right, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK,
+            window_left, window_right, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, band,
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sP_layout,
             self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq, mAux0, mAux1, mAux2, mAux3,
             mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng,
@@ -220,6 +223,7 @@ class FlashBwdMultistage:
         mCuSeqlensK: Optional[cute.Tensor],
         mSeqUsedQ: Optional[cute.Tensor],
         mSeqUsedK: Optional[cute.Tensor],
+        band: Int32,
         sQ_layout: cute.ComposedLayout,
         sdO_layout: cute.ComposedLayout,
         sK_layout: cute.ComposedLayout,
@@ -244,9 +248,11 @@ class FlashBwdMultistage:
         self.aux_tensors = aux_list(mAux0, mAux1, mAux2, mAux3)  # the mods' aux tensors (None without)
         enter_grid(self.model.has_pdl)  # the preprocess's LSE2 / D' and the zeroed accumulator
         tidx, _, _ = cute.arch.thread_idx()
-        n_block, head_kv, batch = cute.arch.block_idx()  # head_kv: the dK / dV (partial) head this CTA writes
         packed_q = mCuSeqlensQ is not None
         split = self.spec.group_split
+        # head_kv: the dK / dV (partial) head this CTA writes
+        n_block, head_kv, batch = KeyBlockScheduler(self.spec.longest_first).tile(
+            num_heads(mK, mCuSeqlensK is not None) * split, num_batches(mK, mCuSeqlensK), band)
         group = num_heads(mQ, packed_q) // num_heads(mK, mCuSeqlensK is not None)
         if const_expr(split > 1):
             group = group // split  # the query heads this CTA walks

@@ -13,7 +13,8 @@ of fewer than 128 rows keep the per-pair order: ``config.banded_tile_order``). W
 M tile fastest, every pair started its longest tile at a different point in the wave (H100 at SM120
 occupancy, 2026-11-24: causal 2x4096 32/8 +11-14% at d64-d96 and +5-7% at d128-d192, 4x1024 +9-16%).
 ``PersistentTileScheduler`` launches at most one CTA per SM and hands each CTA a sequence of tiles in
-M-fastest order.
+M-fastest order. ``KeyBlockScheduler`` is the backward's: one CTA per (key block, KV head, batch), its causal
+key blocks in the same banded longest-first order.
 """
 
 import cutlass
@@ -42,13 +43,8 @@ class SingleTileScheduler:
         head) pairs per band of the longest-first order (masked tiles only; at least 1)."""
         bx, by, bz = cute.arch.block_idx()
         if cutlass.const_expr(self.banded):
-            pairs = cute.arch.grid_dim()[0] // num_m_blocks
-            first = bx // (band * num_m_blocks) * band  # the band's first pair
-            width = cutlass.min(band, pairs - first)  # pairs in this band (the last one may be short)
-            rest = bx - first * num_m_blocks
-            m_from_end = rest // width
-            pair = first + rest - m_from_end * width
-            bx, by, bz = num_m_blocks - 1 - m_from_end, pair % num_heads, pair // num_heads
+            m_from_end, by, bz = banded_coords(bx, num_m_blocks, num_heads, band)
+            bx = num_m_blocks - 1 - m_from_end
         elif cutlass.const_expr(self.reverse_m):
             bx = cute.arch.grid_dim()[0] - 1 - bx
         split = 0
@@ -56,6 +52,43 @@ class SingleTileScheduler:
             split = bz % num_splits
             bz = bz // num_splits
         return bx, by, bz, split
+
+
+class KeyBlockScheduler:
+    """The backward's CTA -> (key block, dK / dV head, batch). Key blocks fastest by default: a (batch, head)
+    pair's CTAs run together and share its Q, dO and dQ accumulator in L2. Under a causal mask key block n is
+    visited by the query blocks at and past its diagonal, so the first key block is the longest; ``banded``
+    (``BwdSpec.longest_first``): the forward's banded longest-first order, key block 0 of every pair of a band,
+    then key block 1, ..., in a one-dimensional grid (the band sized to the L2 by ``bwd_config.bwd_tile_band``)."""
+
+    def __init__(self, banded: cutlass.Constexpr[bool]):
+        self.banded = banded
+
+    def grid(self, num_n_blocks, num_heads, batches):
+        if self.banded:
+            return (num_n_blocks * num_heads * batches, 1, 1)
+        return (num_n_blocks, num_heads, batches)
+
+    @cute.jit
+    def tile(self, num_heads, batches, band):
+        """(n_block, head, batch) of this CTA; ``band``: pairs per band (at least 1, banded only)."""
+        bx, by, bz = cute.arch.block_idx()
+        if cutlass.const_expr(self.banded):
+            bx, by, bz = banded_coords(bx, cute.arch.grid_dim()[0] // (num_heads * batches), num_heads, band)
+        return bx, by, bz
+
+
+@cute.jit
+def banded_coords(bx, num_blocks, num_heads, band):
+    """(block index in the longest-first order, head, batch) of linear CTA index ``bx`` in the banded order:
+    bands of ``band`` (batch, head) pairs, each running its pairs' first blocks, then their second, ..."""
+    pairs = cute.arch.grid_dim()[0] // num_blocks
+    first = bx // (band * num_blocks) * band  # the band's first pair
+    width = cutlass.min(band, pairs - first)  # pairs in this band (the last one may be short)
+    rest = bx - first * num_blocks
+    block = rest // width
+    pair = first + rest - block * width
+    return block, pair % num_heads, pair // num_heads
 
 
 class PersistentTileScheduler:
