@@ -118,11 +118,16 @@ def test_causal_key_block_order_and_its_band():
     for spec in (BwdSpec("bf16", 64, 64, False), BwdSpec("bf16", 64, 64, True, deterministic=True),
                  BwdSpec("bf16", 64, 64, True, local=True), BwdSpec("bf16", 64, 64, True, block_sparse=(128, 128))):
         assert not spec.longest_first, spec
-    l2 = 50 * 2**20
-    pair = 4096 * 4 * ((64 + 64) * 2 + 64 * 4)  # d64, 4 query heads per KV head: 8 MiB
-    assert bwd_tile_band(l2, 4096, 64, 64, 4) == int(l2 * 0.5) // pair == 3
-    assert bwd_tile_band(l2, 1024, 64, 64, 4) == 12 and bwd_tile_band(l2, 2**20, 256, 256, 8) == 1
-    assert bwd_tile_band(0, 4096, 64, 64, 4) == 1
+    # the schedule model (H100 sizes: 132 SMs at one CTA each, 50 MB of L2), causal 4x4096 32/8 with 4 query
+    # heads per KV head: d64 (64x128 tiles, 8 MiB of rows per pair) takes 4 pairs per band (32 pairs: 3 and 6
+    # leave a short last band); d128 (64x64, 16 MiB per pair) is capped at 2 by the L2; d256 2x4096 16/16 has no
+    # imbalance the order removes (its key blocks' CTAs are many and short): 1
+    l2, slots = 50 * 2**20, 132
+    assert bwd_tile_band(l2, 4096, 4096, 64, 64, 64, 128, 4, 32, slots) == 4
+    assert bwd_tile_band(l2, 4096, 4096, 128, 128, 64, 64, 4, 32, slots) == 2
+    assert bwd_tile_band(l2, 4096, 4096, 256, 256, 32, 32, 1, 32, slots) == 1
+    assert bwd_tile_band(2**20, 4096, 4096, 64, 64, 64, 128, 4, 32, slots) == 1  # one pair's rows exceed the L2
+    assert bwd_tile_band(l2, 4096, 4096, 64, 64, 64, 128, 4, 1, slots) == 1  # one pair
 
 
 def test_paged_forward_has_no_backward_spec():

@@ -1,7 +1,8 @@
 """The backward's causal key-block order (``tile_scheduler.KeyBlockScheduler``, ``bwd_config.bwd_tile_band``): GPU
 time of the backward (CUDA-graph replays) per band size at causal shapes, same run. Band 1 is exactly the
 former order (every key block of one (batch, KV head) pair, then the next pair); larger bands run key block 0 of
-the band's pairs first, then key block 1, ... (longest first). Rows with dropout time forward + backward.
+the band's pairs first, then key block 1, ... (longest first); "rule" is the package's choice (its band in
+``rule_band``). Rows with dropout time forward + backward.
 
     python benchmarks/explore/bwd_band.py [--out bwd_band.json]
 """
@@ -65,13 +66,19 @@ def main():
     for shape in SHAPES:
         b, s, hq, hkv, d, p = shape
         run = timer(*shape)
-        row = {"shape": list(shape), "rule_band": rule(l2, s, d, d, hq // hkv), "ms": {}}
+        row = {"shape": list(shape), "ms": {}}
+
+        def recorded(*a, row=row):
+            row["rule_band"] = rule(*a)
+            return row["rule_band"]
+        backward.bwd_tile_band = recorded
+        row["ms"]["rule"] = run()
         for band in BANDS:
             backward.bwd_tile_band = lambda *a, band=band: band
             row["ms"][band] = run()
         backward.bwd_tile_band = rule
         base = row["ms"][1]
-        print(f"{b}x{s} {hq}/{hkv} d{d} p={p} (rule band {row['rule_band']}): band 1 {base:.3f} ms; "
+        print(f"{b}x{s} {hq}/{hkv} d{d} p={p} (rule band {row.get('rule_band')}): band 1 {base:.3f} ms; "
               + " ".join(f"{k}: {v / base:.3f}" for k, v in row["ms"].items() if k != 1), flush=True)
         rows.append(row)
         if args.out:

@@ -23,6 +23,9 @@
 #    dropout: duration, instructions, stall reasons (explore/profile_bwd.py), ~5 min
 # 10: the causal key-block order's bands (explore/bwd_band.py, CUDA-graph times per band), then the backward GPU
 #    suite, ~9 min
+# 11: after the band rule (the schedule model): bwd_band.py again (with the rule's row), bench_bwd's causal rows
+#    and bench_dropout's d64 causal at SM120 occupancy, ~7 min
+# 12: the backward GPU tests (causal and the band test) and memcheck + racecheck of the bwd family, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -67,5 +70,14 @@ case "$part" in
      done ;;
   10) timeout 330 python3 benchmarks/explore/bwd_band.py --out "$OUT/bwd_band.json" 2>&1 | grep -v -i warn | tail -12
       shards 240 tests/test_bwd_gpu.py ;;
-  *) echo "part 1-10" ;;
+  11) timeout 200 python3 benchmarks/explore/bwd_band.py --out "$OUT/bwd_band.json" 2>&1 | grep -v -i warn | tail -12
+      (cd benchmarks && timeout 260 python3 bench_bwd.py --occupancy sm120 --cases causal --out "$OUT/bwd_causal.json" \
+         2>&1 | grep -v -i warn | tail -10
+       timeout 100 python3 bench_dropout.py --occupancy sm120 --cases "d64 causal" --out "$OUT/dropout_d64c.json" \
+         2>&1 | grep -v -i warn | tail -2) ;;
+  12) shards 200 tests/test_bwd_gpu.py -k "causal or band or gqa or varlen"
+      timeout 300 python3 tools/sanitize.py --families bwd --tools memcheck racecheck --jobs 2 \
+        --json "$OUT/sanitizer_bwd_band.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_bwd_band.txt" 2>&1
+      tail -4 "$OUT/sanitizer_bwd_band.txt" ;;
+  *) echo "part 1-12" ;;
 esac

@@ -274,19 +274,6 @@ BWD_TABLE_DROPOUT = {
 }
 
 
-#: Share of the device's L2 one band of the causal key-block order may fill (``bwd_tile_band``).
-BWD_L2_BAND_SHARE = 0.5
-
-
-def bwd_tile_band(l2_bytes: int, seqlen_q: int, head_dim: int, head_dim_v: int, group: int) -> int:
-    """(batch, KV head) pairs per band of the main kernel's causal longest-first key-block order
-    (``_kernels/tile_scheduler.KeyBlockScheduler``): as many as keep the rows every CTA of a pair walks -- Q and
-    dO of its ``group`` query heads (16-bit) and their fp32 dQ accumulator -- within ``BWD_L2_BAND_SHARE`` of
-    the L2; at least 1."""
-    pair_bytes = max(1, seqlen_q) * max(1, group) * ((head_dim + head_dim_v) * BYTES_PER_ELEM + head_dim * 4)
-    return max(1, int(l2_bytes * BWD_L2_BAND_SHARE) // pair_bytes)
-
-
 def _is_heavy(spec: BwdSpec) -> bool:
     # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spilled 16-168 B (sm_120a gate,
     # 2026-11-26)
@@ -431,24 +418,76 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
     query head its own KV head (1.28x; the model: 1.28x); 4 x 1024 32/8 1.11x (model 1.03-1.07x); 8 x 1024 16/4
     d64 1.10x (1.07x)."""
     num_n = -(-seqlen_k // tile_n)
-    num_m = -(-seqlen_q // tile_m)
-    if group <= 1 or slots <= 0 or num_n <= 0 or num_m <= 0:
+    if group <= 1 or slots <= 0 or num_n <= 0 or seqlen_q <= 0:
         return 1
     if num_n * heads_kv * batch >= GROUP_SPLIT_MIN_WAVES * slots:
         return 1
-    import heapq
-
-    # the first query block that sees key block n: its first key's diagonal row (bottom-right aligned)
-    visits = [num_m - min(num_m, max(0, (n * tile_n - (seqlen_k - seqlen_q)) // tile_m)) if causal else num_m
-              for n in range(num_n)]
+    visits = _visits(seqlen_q, seqlen_k, tile_m, tile_n, causal)
     splits = [1] + [s for s in GROUP_SPLITS if group % s == 0]
-    times = []
-    for s in splits:
-        works = [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
-        free = [0.0] * slots
-        for _ in range(heads_kv * s * batch):
-            for w in works:
-                heapq.heapreplace(free, free[0] + w)
-        times.append(max(free))
+    times = [_makespan([(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits], heads_kv * s * batch, 1, slots)
+             for s in splits]
     best = min(range(len(splits)), key=lambda i: (times[i], splits[i]))
     return splits[best] if times[0] > times[best] * (1 + GROUP_SPLIT_SLACK) else 1
+
+
+def _visits(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool) -> list:
+    """Query blocks each key block's CTA visits: all, or under a causal mask those from the diagonal row of its
+    first key on (bottom-right aligned)."""
+    num_m = -(-seqlen_q // tile_m)
+    if not causal:
+        return [num_m] * -(-seqlen_k // tile_n)
+    return [num_m - min(num_m, max(0, (n * tile_n - (seqlen_k - seqlen_q)) // tile_m))
+            for n in range(-(-seqlen_k // tile_n))]
+
+
+def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
+    """The greedy schedule's makespan of ``pairs`` (batch, KV head) pairs of CTAs taking ``works[n]`` step times
+    at key block n on ``slots`` CTA slots, started in launch order: bands of ``band`` pairs, key block slowest
+    within a band (``tile_scheduler.banded_coords``; band 1: every key block of a pair, then the next pair)."""
+    import heapq
+
+    free = [0.0] * slots
+    for first in range(0, pairs, band):
+        width = min(band, pairs - first)
+        for w in works:
+            for _ in range(width):
+                heapq.heapreplace(free, free[0] + w)
+    return max(free)
+
+
+#: Share of the device's L2 the rows one band's CTAs walk may fill (``bwd_tile_band``): H100, SM120 occupancy,
+#: causal (bwd_band_h100_2026-11-26.json): d128 4x4096 32/8 ran 0.96x with bands of 2 and 4 pairs (34 / 67 MB of
+#: rows against a 50 MB L2) and 1.02x with all 32 in one; 8x2048 16/16 d128 0.98x with 16 (34 MB), 1.70x with
+#: all 128 (268 MB); d256 2x4096 16/16 1.01-1.02x with 2-4 (16-34 MB), 1.24x with all.
+BWD_L2_BAND_SHARE = 1.0
+#: The smallest band whose modelled time is within this share of the best is taken (more pairs per band hold
+#: more rows in the L2: d64 4x4096 32/8 ran 0.89x with 4 pairs, 0.90x with 8, 0.91x with 16, modelled equal).
+BWD_BAND_SLACK = 0.01
+
+
+@lru_cache(maxsize=4096)
+def bwd_tile_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, head_dim_v: int, tile_m: int,
+                  tile_n: int, heads: int, pairs: int, slots: int) -> int:
+    """(batch, KV head) pairs per band of the main kernel's causal key-block order
+    (``_kernels/tile_scheduler.KeyBlockScheduler``). Key block n of a causal pair visits the query blocks from
+    its diagonal on, so the pair's first CTAs are its longest; one pair after another (band 1), each wave ends
+    on a few long CTAs started late. Bands of pairs run their key blocks 0 first, then 1, ...: longest first.
+    The band is the smallest whose modelled time (``_makespan``: ``heads`` query heads per CTA, each visit one
+    step, ``GROUP_SPLIT_FIXED_STEPS`` per CTA, ``slots`` CTA slots) is within ``BWD_BAND_SLACK`` of the best
+    among the bands whose rows -- Q and dO of ``heads`` query heads (16-bit) and their fp32 dQ accumulator, per
+    pair -- fit ``BWD_L2_BAND_SHARE`` of the L2. The model reproduces the measured pattern: with 32 pairs,
+    bands of 3 and 6 leave a short last band and gain little, 4 and 8 the most (H100, SM120 occupancy, causal
+    d64 4x4096 32/8: 0.97x / 1.01x against 0.89x / 0.90x; model 0.99x / 1.01x against 0.88x / 0.88x)."""
+    pair_bytes = max(1, seqlen_q) * max(1, heads) * ((head_dim + head_dim_v) * BYTES_PER_ELEM + head_dim * 4)
+    cap = min(pairs, max(1, int(l2_bytes * BWD_L2_BAND_SHARE) // pair_bytes), BWD_MAX_BAND)
+    if cap <= 1 or slots <= 0 or seqlen_q <= 0 or seqlen_k <= 0:
+        return 1
+    works = [heads * v + GROUP_SPLIT_FIXED_STEPS for v in _visits(seqlen_q, seqlen_k, tile_m, tile_n, True)]
+    times = {band: _makespan(works, pairs, band, slots) for band in range(1, cap + 1)}
+    best = min(times.values())
+    return min(band for band, t in times.items() if t <= best * (1 + BWD_BAND_SLACK))
+
+
+#: Bands the model weighs at most (its host time grows with each; bands of 4 to 16 pairs balanced every causal
+#: grid measured).
+BWD_MAX_BAND = 16

@@ -75,6 +75,15 @@ def _group_split(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int) -> i
     return split
 
 
+def _tile_band(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_bytes: int, split: int) -> int:
+    """``bwd_config.bwd_tile_band`` for this call (the main kernel's CTAs per SM of the model on ``num_sms``
+    SMs; ``split``: the group split the call runs)."""
+    slots = num_sms * model.ctas_per_sm(bwd_smem_bytes(bspec, cfg) + STATIC_SMEM_BYTES)
+    return bwd_tile_band(l2_bytes, shape.seqlen_q, shape.seqlen_k, bspec.head_dim, bspec.head_dim_v, cfg.tile_m,
+                         cfg.tile_n, shape.num_heads // shape.num_heads_kv // split,
+                         shape.num_heads_kv * split * shape.batch, slots)
+
+
 @functools.lru_cache(maxsize=None)
 def _split_spec(bspec: BwdSpec, split: int) -> BwdSpec:
     return dataclasses.replace(bspec, group_split=split)
@@ -145,10 +154,9 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
         lists = block_sparse.cached_backward_lists(params.sparse, bspec.block_sparse, shape.num_heads,
                                                    shape.num_heads_kv, shape.seqlen_q, shape.seqlen_k, cfg.tile_m,
                                                    cfg.tile_n)
-    band = 1  # causal key blocks run longest first in bands of (batch, KV head) pairs sized to the L2
-    if bspec.longest_first:
-        band = bwd_tile_band(l2_bytes, shape.seqlen_q, spec.head_dim, spec.head_dim_v,
-                             shape.num_heads // shape.num_heads_kv // split)
+    band = 1  # causal key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
+    if bspec.longest_first and num_sms:
+        band = _tile_band(bspec, cfg, shape, model, num_sms, l2_bytes, split)
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
     main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk_part, dv_part, params.softmax_scale, params.scale_log2,
          params.softcap_scale, params.window_left, params.window_right, cu_q, cu_k, used_q, used_k, shape.seqlen_k,
