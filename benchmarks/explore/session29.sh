@@ -26,6 +26,8 @@
 # 11: after the band rule (the schedule model): bwd_band.py again (with the rule's row), bench_bwd's causal rows
 #    and bench_dropout's d64 causal at SM120 occupancy, ~7 min
 # 12: the backward GPU tests (causal and the band test) and memcheck + racecheck of the bwd family, ~5 min
+# 13: bench_bwd's causal rows at the H100's own occupancy and bench_dropout at SM120 occupancy (every case), after
+#    the banded order, ~7 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -79,5 +81,10 @@ case "$part" in
       timeout 300 python3 tools/sanitize.py --families bwd --tools memcheck racecheck --jobs 2 \
         --json "$OUT/sanitizer_bwd_band.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_bwd_band.txt" 2>&1
       tail -4 "$OUT/sanitizer_bwd_band.txt" ;;
-  *) echo "part 1-12" ;;
+  13) cd benchmarks
+      timeout 280 python3 bench_bwd.py --occupancy h100 --cases causal --out "$OUT/bwd_causal_h100.json" 2>&1 \
+        | grep -v -i warn | grep "\[" | tail -10
+      timeout 290 python3 bench_dropout.py --occupancy sm120 --out "$OUT/dropout.json" 2>&1 | grep -v -i warn \
+        | grep "\[" | tail -8 ;;
+  *) echo "part 1-13" ;;
 esac
