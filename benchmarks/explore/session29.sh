@@ -28,6 +28,8 @@
 # 12: the backward GPU tests (causal and the band test) and memcheck + racecheck of the bwd family, ~5 min
 # 13: bench_bwd's causal rows at the H100's own occupancy and bench_dropout at SM120 occupancy (every case), after
 #    the banded order, ~7 min
+# 14: carry=[".kit_client"] (source .kit_client/device-setup.sh): the training-step timing at 4 x 2048 (llama, plain;
+#    40 steps, as train_timing_s2048_h100_2026-11-25.json) after the d96 and causal-order changes, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -86,5 +88,7 @@ case "$part" in
         | grep -v -i warn | grep "\[" | tail -10
       timeout 290 python3 bench_dropout.py --occupancy sm120 --out "$OUT/dropout.json" 2>&1 | grep -v -i warn \
         | grep "\[" | tail -8 ;;
-  *) echo "part 1-13" ;;
+  14) timeout 540 python3 tools/train_check.py --steps 40 --seq 2048 --batch 4 --models llama plain \
+        --out "$OUT/train_timing_s2048.json" 2>&1 | grep -v -i warn | tail -12 ;;
+  *) echo "part 1-14" ;;
 esac
