@@ -9,7 +9,7 @@ import torch
 
 from flash_attn_4_sm120._kernels import block_info
 from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BWD_TABLE_UNSPLIT, BwdConfig,
-                                           bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes,
+                                           bwd_banded, bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes,
                                            bwd_tile_band, candidate_bwd_configs, dispatchable_bwd,
                                            select_bwd_config)
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
@@ -115,6 +115,9 @@ def test_causal_key_block_order_and_its_band():
     launch highest first; not windows or block-sparse lists); a band holds the pairs whose Q, dO and dQ
     accumulator rows fit half the L2, at least one."""
     assert BwdSpec("bf16", 64, 64, True).longest_first
+    for d, banded in ((64, True), (96, True), (128, True), (192, True), (256, False)):  # d256: 32-key tiles
+        spec = BwdSpec("bf16", d, d, True)
+        assert bwd_banded(spec, select_bwd_config(spec, SM120)) is banded, d
     for spec in (BwdSpec("bf16", 64, 64, False), BwdSpec("bf16", 64, 64, True, deterministic=True),
                  BwdSpec("bf16", 64, 64, True, local=True), BwdSpec("bf16", 64, 64, True, block_sparse=(128, 128))):
         assert not spec.longest_first, spec

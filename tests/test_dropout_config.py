@@ -22,10 +22,10 @@ def test_every_class_has_dropout_configs(d, dv, causal):
     bspec = BwdSpec("bf16", d, dv, causal, dropout=True)
     cfg = bwd_config.select_bwd_config(bspec, SM120)
     assert not bwd_config.bwd_config_problems(bspec, cfg, SM120)
-    # the role split at d128 and d64 (group 0 draws the tile's keep flags and rewrites sP as P z for dV after group 1
-    # has taken the undropped P; group 1 reads P z back): d64's 64x128 table entry, causal included
+    # the role split at d64, d96 and d128 (group 0 draws the tile's keep flags and rewrites sP as P z for dV after
+    # group 1 has taken the undropped P; group 1 reads P z back): d64's 64x128 table entry, causal included
     cls = bwd_config.bwd_head_dim_class(bspec)
-    assert cfg.role_split == (d == dv and cls in (64, 128))
+    assert cfg.role_split == (d == dv and cls in (64, 96, 128))
     if cls == 64 and d == dv:
         assert cfg.tile_n == 128
 

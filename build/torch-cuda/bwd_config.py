@@ -455,6 +455,20 @@ def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
     return max(free)
 
 
+#: Causal key tiles of at least this many keys run in the banded longest-first order (``bwd_banded``).
+BWD_BANDED_MIN_TILE_N = 64
+
+
+def bwd_banded(spec: BwdSpec, cfg: BwdConfig) -> bool:
+    """Whether the main kernel runs ``spec``'s key blocks in the banded longest-first order
+    (``_kernels/tile_scheduler.KeyBlockScheduler``; ``BwdSpec.longest_first``). Tiles of fewer than
+    ``BWD_BANDED_MIN_TILE_N`` keys keep the per-pair order: their CTAs are many and short (d256's 32x32 tile: 128
+    key blocks per pair at 4096 keys), the model finds no imbalance to remove, the band rule took 1 there and bands
+    of 2-16 ran 1.01-1.18x slower (``bwd_band_h100_2026-11-26.json``); and its varlen and group-split kernels,
+    at 255 registers, spilled 8 B with the order's index arithmetic (sm_120a gate, 2026-11-26)."""
+    return spec.longest_first and cfg.tile_n >= BWD_BANDED_MIN_TILE_N
+
+
 #: Share of the device's L2 the rows one band's CTAs walk may fill (``bwd_tile_band``): H100, SM120 occupancy,
 #: causal (bwd_band_h100_2026-11-26.json): d128 4x4096 32/8 ran 0.96x with bands of 2 and 4 pairs (34 / 67 MB of
 #: rows against a 50 MB L2) and 1.02x with all 32 in one; 8x2048 16/16 d128 0.98x with 16 (34 MB), 1.70x with

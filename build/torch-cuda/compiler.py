@@ -349,7 +349,8 @@ def _fake_bwd_args(spec: BwdSpec, config: BwdConfig):
     used_k = _fake_vector(cutlass.Int32, cute.sym_int()) if spec.seqused_k else None
     return (q, k, v, do, lse2, dsum, dq_acc, sem, dk, dv, cutlass.Float32(1.0), cutlass.Float32(1.0),
             cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0), cu_q, cu_k, used_q, used_k, cutlass.Int32(0),
-            cutlass.Int32(1), *_fake_aux(spec.mods), *_fake_sparse((*spec.block_sparse, True) if spec.block_sparse else None),
+            cutlass.Int32(1), *_fake_aux(spec.mods),
+            *_fake_sparse((*spec.block_sparse, True) if spec.block_sparse else None),
             _fake_rng(spec.dropout), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 

@@ -24,8 +24,8 @@ from typing import Optional
 import torch
 
 from . import block_sparse, compiler
-from .bwd_config import (ROW_PAD, bwd_config_problems, bwd_group_split, bwd_padded_head_dim, bwd_smem_bytes,
-                          bwd_tile_band, select_bwd_config)
+from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_group_split, bwd_padded_head_dim,
+                          bwd_smem_bytes, bwd_tile_band, select_bwd_config)
 from .config import STATIC_SMEM_BYTES
 from .problem import LOG2_E, BwdSpec, FwdShape, FwdSpec
 
@@ -155,7 +155,7 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
                                                    shape.num_heads_kv, shape.seqlen_q, shape.seqlen_k, cfg.tile_m,
                                                    cfg.tile_n)
     band = 1  # causal key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
-    if bspec.longest_first and num_sms:
+    if bwd_banded(bspec, cfg) and num_sms:
         band = _tile_band(bspec, cfg, shape, model, num_sms, l2_bytes, split)
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
     main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk_part, dv_part, params.softmax_scale, params.scale_log2,

@@ -53,7 +53,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
 from .. import flex
-from ..bwd_config import BwdConfig, bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes
+from ..bwd_config import BwdConfig, bwd_banded, bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
@@ -180,7 +180,7 @@ class FlashBwdMultistage:
         packed_k = mCuSeqlensK is not None
         seqlen_k = max_seqlen_k if const_expr(packed_k) else mK.shape[1]
         # a CTA row per dK / dV head: the KV heads, each ``group_split`` times (partial heads, summed by the host)
-        grid = KeyBlockScheduler(self.spec.longest_first).grid(
+        grid = KeyBlockScheduler(bwd_banded(self.spec, self.config)).grid(
             cute.ceil_div(seqlen_k, self.tile_n), num_heads(mK, packed_k) * self.spec.group_split,
             num_batches(mK, mCuSeqlensK))
         self.kernel(
@@ -250,10 +250,11 @@ class FlashBwdMultistage:
         tidx, _, _ = cute.arch.thread_idx()
         packed_q = mCuSeqlensQ is not None
         split = self.spec.group_split
+        heads_kv = num_heads(mK, mCuSeqlensK is not None)
         # head_kv: the dK / dV (partial) head this CTA writes
-        n_block, head_kv, batch = KeyBlockScheduler(self.spec.longest_first).tile(
-            num_heads(mK, mCuSeqlensK is not None) * split, num_batches(mK, mCuSeqlensK), band)
-        group = num_heads(mQ, packed_q) // num_heads(mK, mCuSeqlensK is not None)
+        n_block, head_kv, batch = KeyBlockScheduler(bwd_banded(self.spec, self.config)).tile(
+            heads_kv * split, num_batches(mK, mCuSeqlensK), band)
+        group = num_heads(mQ, packed_q) // heads_kv
         if const_expr(split > 1):
             group = group // split  # the query heads this CTA walks
         mK_s, seqlen_k = sequence_heads(mK, batch, mCuSeqlensK, mSeqUsedK)
