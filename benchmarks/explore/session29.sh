@@ -30,6 +30,7 @@
 #    the banded order, ~7 min
 # 14: carry=[".kit_client"] (source .kit_client/device-setup.sh): the training-step timing at 4 x 2048 (llama, plain;
 #    40 steps, as train_timing_s2048_h100_2026-11-25.json) after the d96 and causal-order changes, ~5 min
+# 15: after d256's exclusion from the banded order: the backward GPU tests at d256 and the band test, ~3 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -90,5 +91,6 @@ case "$part" in
         | grep "\[" | tail -8 ;;
   14) timeout 540 python3 tools/train_check.py --steps 40 --seq 2048 --batch 4 --models llama plain \
         --out "$OUT/train_timing_s2048.json" 2>&1 | grep -v -i warn | tail -12 ;;
-  *) echo "part 1-14" ;;
+  15) shards 200 tests/test_bwd_gpu.py -k "256 or band" ;;
+  *) echo "part 1-15" ;;
 esac
