@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Owed device calls after session 29, one part per call (each under the 10-minute limit). Unmerged branches travel
+# as patches onto main under _br/ (untracked; make them first, rebasing the branch on main if one does not apply):
+#   git diff $(git merge-base main det-banded) det-banded -- . ':!build' > _br/detband.patch
+#   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session30.sh N", carry=[".kit_bench"])
+# 1: branch det-banded (the deterministic causal backward in the banded order, highest first in each band; model:
+#    d64 4x4096 32/8 1.158 -> 1.143 of the bound at its band 4): the backward GPU tests (deterministic, causal,
+#    band), then bench_bwd's causal rows at SM120 occupancy for main and the branch in one call (the
+#    ours_deterministic column), ~9 min; merge if deterministic causal is faster and nothing else moves
+# 2: branch det-banded: memcheck + racecheck + synccheck of bwd_det, ~3 min
+# 3: carry=[".kit_client"] (source .kit_client/device-setup.sh): the training-step timing at 4 x 2048 (session 29's
+#    part 14 ran on a slow host: SDPA +57% against 2026-11-25), ~2 min
+set -u
+cd "$(dirname "$0")/../.."
+root=$PWD
+part="${1:-1}"
+source benchmarks/explore/shards.sh
+case "$part" in
+  1) branch detband && (cd /tmp/detband && shards 260 tests/test_bwd_gpu.py -k "determin or causal or band")
+     for t in "$root" /tmp/detband; do
+       echo "== $t"
+       (cd "$t/benchmarks" && timeout 140 python3 bench_bwd.py --occupancy sm120 --cases 4x4096_32/8_causal \
+          --out "$OUT/bwd_det_$(basename "$t").json" 2>&1 | grep -v -i warn | grep "\[" | tail -4)
+     done ;;
+  2) branch detband && cd /tmp/detband && timeout 400 python3 tools/sanitize.py --families bwd_det \
+       --tools memcheck racecheck synccheck --jobs 3 --json "$OUT/sanitizer_bwd_det.json" --log-dir "$OUT/sanlog" \
+       > "$OUT/sanitizer_bwd_det.txt" 2>&1; tail -6 "$OUT/sanitizer_bwd_det.txt" ;;
+  3) timeout 540 python3 tools/train_check.py --steps 40 --seq 2048 --batch 4 --models llama plain \
+       --out "$OUT/train_timing_s2048.json" 2>&1 | grep -v -i warn | tail -12 ;;
+  *) echo "part 1-3" ;;
+esac
