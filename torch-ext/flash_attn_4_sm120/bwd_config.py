@@ -479,7 +479,6 @@ BWD_L2_BAND_SHARE = 1.0
 BWD_BAND_SLACK = 0.01
 
 
-@lru_cache(maxsize=4096)
 def bwd_tile_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, head_dim_v: int, tile_m: int,
                   tile_n: int, heads: int, pairs: int, slots: int) -> int:
     """(batch, KV head) pairs per band of the main kernel's causal key-block order
@@ -492,6 +491,16 @@ def bwd_tile_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, he
     pair -- fit ``BWD_L2_BAND_SHARE`` of the L2. The model reproduces the measured pattern: with 32 pairs,
     bands of 3 and 6 leave a short last band and gain little, 4 and 8 the most (H100, SM120 occupancy, causal
     d64 4x4096 32/8: 0.97x / 1.01x against 0.89x / 0.90x; model 0.99x / 1.01x against 0.88x / 0.88x)."""
+    # the model on lengths rounded up to whole tiles: varlen calls (max_seqlen per batch) share few cache entries
+    unit = max(tile_m, tile_n)
+    return _modelled_band(l2_bytes, -(-seqlen_q // unit) * unit, -(-seqlen_k // unit) * unit, head_dim, head_dim_v,
+                          tile_m, tile_n, heads, pairs, slots)
+
+
+@lru_cache(maxsize=4096)
+def _modelled_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, head_dim_v: int, tile_m: int,
+                   tile_n: int, heads: int, pairs: int, slots: int) -> int:
+    """``bwd_tile_band`` on tile-rounded lengths (its host time: 1-9 ms per new entry at 32-128 pairs)."""
     pair_bytes = max(1, seqlen_q) * max(1, heads) * ((head_dim + head_dim_v) * BYTES_PER_ELEM + head_dim * 4)
     cap = min(pairs, max(1, int(l2_bytes * BWD_L2_BAND_SHARE) // pair_bytes), BWD_MAX_BAND)
     if cap <= 1 or slots <= 0 or seqlen_q <= 0 or seqlen_k <= 0:
