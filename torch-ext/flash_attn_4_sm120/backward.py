@@ -52,7 +52,7 @@ def _kernels(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int,
 
 def clear_caches() -> None:
     """Forget the chosen configs and kernels (tests and the tuner patch the tables)."""
-    for cached in (select_bwd_config, _main_kernel, _kernels, _group_split):
+    for cached in (select_bwd_config, _main_kernel, _kernels, _group_split, _slots):
         cached.cache_clear()
 
 
@@ -61,15 +61,20 @@ def _grad_like(t: torch.Tensor, zero: bool) -> torch.Tensor:
         torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
+@functools.lru_cache(maxsize=256)
+def _slots(bspec: BwdSpec, cfg, model, num_sms: int) -> int:
+    """CTA slots of the main kernel on ``num_sms`` SMs at the model's CTAs per SM (the schedule models' input)."""
+    return num_sms * model.ctas_per_sm(bwd_smem_bytes(bspec, cfg) + STATIC_SMEM_BYTES)
+
+
 @functools.lru_cache(maxsize=4096)
 def _group_split(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int) -> int:
     """``bwd_config.bwd_group_split`` for this call: the model's CTAs per SM of the main kernel on ``num_sms``
     SMs; a window counts as unmasked (every query block visited: the even case, which splits least). Memoized
     (a training step repeats its shapes; host time counts at small ones)."""
-    slots = num_sms * model.ctas_per_sm(bwd_smem_bytes(bspec, cfg) + STATIC_SMEM_BYTES)
     split = bwd_group_split(shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n, shape.num_heads_kv,
                             shape.num_heads // shape.num_heads_kv, shape.batch, bspec.causal and not bspec.local,
-                            slots)
+                            _slots(bspec, cfg, model, num_sms))
     if split > 1 and bwd_config_problems(_split_spec(bspec, split), cfg, model):
         return 1  # the predicate keeps this spec unsplit
     return split
@@ -78,10 +83,9 @@ def _group_split(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int) -> i
 def _tile_band(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_bytes: int, split: int) -> int:
     """``bwd_config.bwd_tile_band`` for this call (the main kernel's CTAs per SM of the model on ``num_sms``
     SMs; ``split``: the group split the call runs)."""
-    slots = num_sms * model.ctas_per_sm(bwd_smem_bytes(bspec, cfg) + STATIC_SMEM_BYTES)
     return bwd_tile_band(l2_bytes, shape.seqlen_q, shape.seqlen_k, bspec.head_dim, bspec.head_dim_v, cfg.tile_m,
                          cfg.tile_n, shape.num_heads // shape.num_heads_kv // split,
-                         shape.num_heads_kv * split * shape.batch, slots)
+                         shape.num_heads_kv * split * shape.batch, _slots(bspec, cfg, model, num_sms))
 
 
 @functools.lru_cache(maxsize=None)

@@ -97,6 +97,7 @@ class FlashBwdMultistage:
         self.tile_m = config.tile_m
         self.tile_n = config.tile_n
         self.num_threads = config.num_threads
+        self.key_blocks = KeyBlockScheduler(bwd_banded(spec, config))  # the grid's order of key blocks
         #: dynamic smem to launch with when larger than the kernel's own (occupancy on a larger part)
         self.launch_smem = 0
 
@@ -180,7 +181,7 @@ class FlashBwdMultistage:
         packed_k = mCuSeqlensK is not None
         seqlen_k = max_seqlen_k if const_expr(packed_k) else mK.shape[1]
         # a CTA row per dK / dV head: the KV heads, each ``group_split`` times (partial heads, summed by the host)
-        grid = KeyBlockScheduler(bwd_banded(self.spec, self.config)).grid(
+        grid = self.key_blocks.grid(
             cute.ceil_div(seqlen_k, self.tile_n), num_heads(mK, packed_k) * self.spec.group_split,
             num_batches(mK, mCuSeqlensK))
         self.kernel(
@@ -252,7 +253,7 @@ class FlashBwdMultistage:
         split = self.spec.group_split
         heads_kv = num_heads(mK, mCuSeqlensK is not None)
         # head_kv: the dK / dV (partial) head this CTA writes
-        n_block, head_kv, batch = KeyBlockScheduler(bwd_banded(self.spec, self.config)).tile(
+        n_block, head_kv, batch = self.key_blocks.tile(
             heads_kv * split, num_batches(mK, mCuSeqlensK), band)
         group = num_heads(mQ, packed_q) // heads_kv
         if const_expr(split > 1):
