@@ -112,8 +112,9 @@ def test_dispatchable_covers_every_class_and_mask():
 
 def test_causal_key_block_order_and_its_band():
     """Causal specs run their key blocks longest first in bands (not deterministic ones: their key blocks must
-    launch highest first; not windows or block-sparse lists); a band holds the pairs whose Q, dO and dQ
-    accumulator rows fit half the L2, at least one."""
+    launch highest first; not windows or block-sparse lists; not key tiles under 64 keys); the band is the
+    smallest the schedule model finds within 1% of its best among bands whose Q, dO and dQ accumulator rows fit
+    the L2, at least one."""
     assert BwdSpec("bf16", 64, 64, True).longest_first
     for d, banded in ((64, True), (96, True), (128, True), (192, True), (256, False)):  # d256: 32-key tiles
         spec = BwdSpec("bf16", d, d, True)
