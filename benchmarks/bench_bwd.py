@@ -5,7 +5,7 @@ forward + backward, with ``timing.median_ms`` and the occupancy rules of ``bench
 sm120 = every kernel at an SM120's CTAs per SM, h100 = the H100's own). TFLOPS use the house convention:
 backward = 2.5x the forward's 4 * b * h * sq * sk * d (half with causal), forward + backward = 3.5x.
 
-    python benchmarks/bench_bwd.py --out results.json [--cases d128] [--occupancy both|sm120|h100]
+    python benchmarks/bench_bwd.py --out results.json [--cases d128] [--occupancy both|sm120|h100] [--impls ours ...]
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from bench_fwd import (OCCUPANCY_METHOD, fa, save_result, time_parts, training_args,  # noqa: E402
+from bench_fwd import (OCCUPANCY_METHOD, fa, save_result, select_impls, time_parts, training_args,  # noqa: E402
                        training_inputs, upstream_fa4)  # (sets FLASH_ATTENTION_ARCH first)
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -72,6 +72,7 @@ def main():
     up = upstream()
     if up is not None:
         impls["fa4_sm120_path"] = up
+    impls = select_impls(impls, args.impls)
     rows = []
     for name, b, sq, sk, hq, hkv, d, dv, causal in CASES:
         if args.cases and not any(s in name for s in args.cases):

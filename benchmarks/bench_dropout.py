@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from bench_fwd import (fa, fwd_and_grad_parts, save_result, time_parts, training_args,  # noqa: E402
+from bench_fwd import (fa, fwd_and_grad_parts, save_result, select_impls, time_parts, training_args,  # noqa: E402
                        training_inputs)  # (puts torch-ext on the path)
 
 P = 0.1
@@ -54,6 +54,7 @@ def main():
             parts = fwd_and_grad_parts(*training_inputs(b, s, s, hq, hkv, d, d))
             impls = {"ours": ours(0.0, causal), "ours_dropout": ours(P, causal),
                      "sdpa_flash_fa2": fa2(0.0, causal), "sdpa_flash_fa2_dropout": fa2(P, causal)}
+            impls = select_impls(impls, args.impls)
             flops = 4 * b * hq * s * s * d * (0.5 if causal else 1.0)
             row = {"case": name, "shape": [b, s, hq, hkv, d], "causal": causal, "dropout_p": P}
             time_parts(row, impls, parts, occupancies, model, flops, PEERS)
@@ -61,8 +62,9 @@ def main():
                 res = row["results" if occ == "sm120" else "results_h100"]
                 cells = [f"{i}=" + "/".join(f"{r[p]['ms']:.2f}" if "ms" in r.get(p, {}) else "-"
                                             for p in ("fwd", "fwd_bwd")) + "ms" for i, r in res.items()]
-                ratio = {p: res["ours_dropout"][p]["ms"] / res["ours"][p]["ms"] for p in ("fwd", "fwd_bwd")
-                         if "ms" in res["ours_dropout"].get(p, {}) and "ms" in res["ours"].get(p, {})}
+                base, drop = res.get("ours", {}), res.get("ours_dropout", {})
+                ratio = {p: drop[p]["ms"] / base[p]["ms"] for p in ("fwd", "fwd_bwd")
+                         if "ms" in drop.get(p, {}) and "ms" in base.get(p, {})}
                 row.setdefault("dropout_cost", {})[occ] = ratio
                 print(f"{name:12s} [{occ}] fwd/fwd+bwd " + " ".join(cells)
                       + " | dropout x" + "/".join(f"{r:.3f}" for r in ratio.values()), flush=True)

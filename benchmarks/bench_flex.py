@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import torch
 
-from bench_fwd import (fa, fwd_and_grad_parts, save_result, time_parts, training_args,  # noqa: E402
+from bench_fwd import (fa, fwd_and_grad_parts, save_result, select_impls, time_parts, training_args,  # noqa: E402
                        training_inputs)  # (puts torch-ext on the path)
 from flash_attn_4_sm120 import block_sparse  # noqa: E402
 from flash_attn_4_sm120 import flex_examples as fx  # noqa: E402
@@ -142,6 +142,7 @@ def main():
         if "varlen_docs" not in kwargs:
             impls["flex_attention"] = flex_call(ex, s)
             impls["flex_attention_sm120"] = flex_call(ex, s, SM120_FLEX_OPTIONS)
+        impls = select_impls(impls, args.impls)
         row = {"case": name, "shape": list(SHAPE)}
         time_parts(row, impls, parts, occupancies, model, flops, PEERS)
         for occ in occupancies:

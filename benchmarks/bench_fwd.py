@@ -139,15 +139,21 @@ def time_parts(row: dict, impls: dict, parts: dict, occupancies, model, flops: f
 
 
 def training_args() -> argparse.Namespace:
-    """The training benchmarks' command line (``--out``, ``--cases``, ``--occupancy``), with ``occupancies``: the
-    occupancies to time, in order."""
+    """The training benchmarks' command line (``--out``, ``--cases``, ``--occupancy``, ``--impls``), with
+    ``occupancies``: the occupancies to time, in order."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--cases", nargs="*", help="only the cases whose names contain one of these strings")
     ap.add_argument("--occupancy", choices=("both", "sm120", "h100"), default="both")
+    ap.add_argument("--impls", nargs="*", help="only these implementations (an A/B of two trees needs no peers)")
     args = ap.parse_args()
     args.occupancies = ("sm120", "h100") if args.occupancy == "both" else (args.occupancy,)
     return args
+
+
+def select_impls(impls: dict, names) -> dict:
+    """``impls`` restricted to ``--impls``' names (all of them when none were given)."""
+    return {name: fn for name, fn in impls.items() if not names or name in names}
 
 
 def training_inputs(b: int, sq: int, sk: int, hq: int, hkv: int, d: int, dv: int) -> tuple:
