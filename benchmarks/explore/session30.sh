@@ -10,6 +10,10 @@
 # 2: branch det-banded: memcheck + racecheck + synccheck of bwd_det, ~3 min
 # 3: carry=[".kit_client"] (source .kit_client/device-setup.sh): the training-step timing at 4 x 2048 (session 29's
 #    part 14 ran on a slow host: SDPA +57% against 2026-11-25), ~2 min
+# 4: branch det-release (the deterministic turn released a step later, under the next step's first GEMM): the
+#    deterministic backward GPU tests, then bench_bwd's ours / ours_deterministic at SM120 occupancy, every case,
+#    main and the branch in one call, ~6 min
+# 5: branch det-release: memcheck + racecheck + synccheck of bwd_det, ~3 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -27,5 +31,14 @@ case "$part" in
        > "$OUT/sanitizer_bwd_det.txt" 2>&1; tail -6 "$OUT/sanitizer_bwd_det.txt" ;;
   3) timeout 540 python3 tools/train_check.py --steps 40 --seq 2048 --batch 4 --models llama plain \
        --out "$OUT/train_timing_s2048.json" 2>&1 | grep -v -i warn | tail -12 ;;
-  *) echo "part 1-3" ;;
+  4) branch detrelease && (cd /tmp/detrelease && shards 140 tests/test_bwd_gpu.py -k "determin")
+     for t in "$root" /tmp/detrelease; do
+       echo "== $t"
+       (cd "$t/benchmarks" && timeout 215 python3 bench_bwd.py --occupancy sm120 --impls ours ours_deterministic \
+          --out "$OUT/bwd_det_$(basename "$t").json" 2>&1 | grep -v -i warn | grep "\[" | tail -10)
+     done ;;
+  5) branch detrelease && cd /tmp/detrelease && timeout 400 python3 tools/sanitize.py --families bwd_det \
+       --tools memcheck racecheck synccheck --jobs 3 --json "$OUT/sanitizer_bwd_det.json" --log-dir "$OUT/sanlog" \
+       > "$OUT/sanitizer_bwd_det.txt" 2>&1; tail -6 "$OUT/sanitizer_bwd_det.txt" ;;
+  *) echo "part 1-5" ;;
 esac
