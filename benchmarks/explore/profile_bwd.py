@@ -27,6 +27,7 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--dropout", type=float, default=0.0, help="dropout_p (seeded)")
     ap.add_argument("--window", type=int, default=None, help="a (left, 0) window instead of --causal")
+    ap.add_argument("--deterministic", action="store_true")
     args = ap.parse_args()
     b, s, hq, hkv = (int(x) for x in args.shape.split(","))
     d, dv = args.head_dim, args.head_dim_v or args.head_dim
@@ -37,7 +38,7 @@ def main():
     dout = torch.randn(b, s, hq, dv, dtype=torch.bfloat16, device="cuda")
     window = (args.window, 0) if args.window is not None else (None, None)
     out = fa.flash_attn_func(q, k, v, causal=args.causal, window_size=window, dropout_p=args.dropout,
-                             dropout_seed=1234 if args.dropout else None)[0]
+                             dropout_seed=1234 if args.dropout else None, deterministic=args.deterministic)[0]
     for _ in range(args.runs):
         torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
     torch.cuda.synchronize()

@@ -14,6 +14,10 @@
 #    deterministic backward GPU tests, then bench_bwd's ours / ours_deterministic at SM120 occupancy, every case,
 #    main and the branch in one call, ~6 min
 # 5: branch det-release: memcheck + racecheck + synccheck of bwd_det, ~3 min
+# 6: where the deterministic mode's time goes: probes (untracked patches: ``nowait`` skips the turn's wait,
+#    timing only; ``hifirst`` runs the default mode's key blocks highest first, per pair, as the deterministic
+#    mode launches them) against main in one call, ours / ours_deterministic; then Nsight Compute's source page
+#    (warp stall samples per SASS line) of main's d64 causal backward, default and deterministic, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -40,5 +44,19 @@ case "$part" in
   5) branch detrelease && cd /tmp/detrelease && timeout 400 python3 tools/sanitize.py --families bwd_det \
        --tools memcheck racecheck synccheck --jobs 3 --json "$OUT/sanitizer_bwd_det.json" --log-dir "$OUT/sanlog" \
        > "$OUT/sanitizer_bwd_det.txt" 2>&1; tail -6 "$OUT/sanitizer_bwd_det.txt" ;;
-  *) echo "part 1-5" ;;
+  6) for p in nowait hifirst; do branch $p; done
+     for t in "$root" /tmp/nowait /tmp/hifirst; do
+       echo "== $t"
+       (cd "$t/benchmarks" && timeout 120 python3 bench_bwd.py --occupancy sm120 --impls ours ours_deterministic \
+          --cases d64_4x4096_32/8_causal d128_4x4096_32/8 d192 --out "$OUT/bwd_probe_$(basename "$t").json" 2>&1 \
+          | grep -v -i warn | grep "\[" | tail -5)
+     done
+     for det in "" --deterministic; do
+       timeout 100 ncu --kernel-name regex:RoleSplit --launch-skip 1 --launch-count 1 --section SourceCounters \
+         --section WarpStateStats --section SpeedOfLight -o /tmp/rep$det -f python3 benchmarks/explore/profile_bwd.py \
+         --head-dim 64 --causal $det > /dev/null 2>&1
+       ncu -i /tmp/rep$det.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/src_d64c$det.csv.gz"
+       ncu -i /tmp/rep$det.ncu-rep --page details --csv 2>/dev/null > "$OUT/details_d64c$det.csv"
+     done; ls -la "$OUT" ;;
+  *) echo "part 1-6" ;;
 esac
