@@ -18,6 +18,9 @@
 #    timing only; ``hifirst`` runs the default mode's key blocks highest first, per pair, as the deterministic
 #    mode launches them) against main in one call, ours / ours_deterministic; then Nsight Compute's source page
 #    (warp stall samples per SASS line) of main's d64 causal backward, default and deterministic, ~8 min
+# 7: branches det-release (now: group 1 reads the turn and releases the previous step's in its wait for P) and
+#    det-relaxed (its turn reads relaxed: no L1 invalidation): deterministic GPU tests on both, then
+#    ours / ours_deterministic at SM120 occupancy, every case, main and both branches in one call, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -58,5 +61,13 @@ case "$part" in
        ncu -i /tmp/rep$det.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/src_d64c$det.csv.gz"
        ncu -i /tmp/rep$det.ncu-rep --page details --csv 2>/dev/null > "$OUT/details_d64c$det.csv"
      done; ls -la "$OUT" ;;
-  *) echo "part 1-6" ;;
+  7) for p in detrelease detrelaxed; do
+       branch $p && (cd /tmp/$p && shards 100 tests/test_bwd_gpu.py -k "determin"; cp "$OUT/tests_7.txt" "$OUT/tests_7_$p.txt")
+     done
+     for t in "$root" /tmp/detrelease /tmp/detrelaxed; do
+       echo "== $t"
+       (cd "$t/benchmarks" && timeout 150 python3 bench_bwd.py --occupancy sm120 --impls ours ours_deterministic \
+          --out "$OUT/bwd_det_$(basename "$t").json" 2>&1 | grep -v -i warn | grep "\[" | tail -10)
+     done ;;
+  *) echo "part 1-7" ;;
 esac
