@@ -449,13 +449,14 @@ class FlashBwdMultistage:
     def block_turn(self, ctx: SimpleNamespace, head, m, mSem, mCuSeqlensQ, poll_tidx):
         """(the forward's block range of query block m, the deterministic mode's turn or None). The turn is
         (counter, this key block's rank, the first acquire read by the thread whose ``poll_tidx`` is 0, in flight
-        under the step's first MMAs)."""
+        under the step's first MMAs; None with ``poll_tidx`` None: the caller reads, ``read_turn``)."""
         ranges = block_info.block_range(m, ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.spec.causal,
                                         self.spec.local, ctx.window_left, ctx.window_right)
         turn = None
         if const_expr(self.spec.deterministic):
             sem = semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q)
-            turn = (sem, ranges[3] - 1 - ctx.n_block, read_turn(sem, poll_tidx))
+            turn = (sem, ranges[3] - 1 - ctx.n_block,
+                    read_turn(sem, poll_tidx) if const_expr(poll_tidx is not None) else None)
         return ranges, turn
 
     @cute.jit

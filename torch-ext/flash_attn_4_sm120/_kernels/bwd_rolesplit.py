@@ -24,8 +24,10 @@ barriers per step (group 1 one of its own after reading P z): compute-sanitizer'
 count and reported hazards across the CTA barrier while the counts differed. Not with softcap or a
 score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with head_dim !=
 head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
-Deterministic mode: thread 128 (group 1) polls the query block's counter before barrier dS1, which holds group 1
-and, through arrive dS, group 0, before any reduction; thread 0 releases after the step's last barrier.
+Deterministic mode: thread 128 (group 1) reads the query block's counter after dP and polls it before barrier
+dS1, which holds group 1 and, through arrive dS, group 0, before any reduction; thread 160 (group 1) releases it
+in the next step, after dP (``pass_previous_turn``), when the reductions the step's last barrier ordered have
+completed: both in group 1's wait for P, off group 0's critical path.
 """
 
 from types import SimpleNamespace
@@ -37,7 +39,7 @@ from cutlass.cute.nvgpu import cpasync
 
 from .. import flex
 from .bwd_multistage import FlashBwdMultistage
-from .dq_accum import pass_turn, wait_turn, warp_tiled_mma
+from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
 from .flex_mods import FlexMods, apply_mods
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
@@ -48,6 +50,7 @@ from .tile_io import load_rows
 _GROUP = 128  # threads per warp group
 # named barriers (0 is the CTA barrier)
 _BAR_P, _BAR_P0, _BAR_DS, _BAR_DS1, _BAR_PREAD, _BAR_PZ = 1, 2, 3, 4, 5, 6
+_RELEASE = _GROUP + 32  # deterministic mode: the thread that passes the turn on (warp 5, group 1)
 
 
 
@@ -104,12 +107,23 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                   seqlen_q - m * self.tile_m)
 
     @cute.jit
+    def pass_previous_turn(self, ctx: SimpleNamespace, it, mSem, mCuSeqlensQ, release_tidx):
+        """Deterministic mode: the thread whose ``release_tidx`` is 0 releases the query block of step ``it - 1``
+        (none at step 0): after the CTA barrier that ended step ``it - 1``, which orders every thread's
+        reductions of that step before the release."""
+        if it > 0:
+            head, m = self.step_coords(ctx, it - 1)
+            pass_turn(semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q), release_tidx)
+
+    @cute.jit
     def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
         acc_kv = cute.make_rmem_tensor(ctx.thr_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_kv.fill(0.0)
         for it in cutlass.range(num_steps, unroll=1):
             acc_kv = self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ, acc_kv)
         ctx.acc_kv = acc_kv
+        if const_expr(self.spec.deterministic):
+            self.pass_previous_turn(ctx, num_steps, mSem, mCuSeqlensQ, ctx.tidx - _RELEASE)  # the last step's
 
     @cute.jit
     def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
@@ -120,7 +134,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         if has_next:
             self.load_q_do(ctx, sm, it + 1, True, cfg.stages_do == 2)
         cute.arch.cp_async_commit_group()
-        ranges, turn = self.block_turn(ctx, head, m, mSem, mCuSeqlensQ, ctx.tidx - _GROUP)  # thread 128 polls
+        ranges, turn = self.block_turn(ctx, head, m, mSem, mCuSeqlensQ, None)  # group 1 reads after dP
         # plain locals for the branches (see the class docstring)
         sQ, sdO, sK, sV, sP, sdS = sm.sQ, sm.sdO, sm.sK, sm.sV, sm.sP, sm.sdS
         sQt, sdOt, sPt, sdSt = sm.sQt, sm.sdOt, sm.sPt, sm.sdSt
@@ -190,6 +204,14 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             for r in cutlass.range_constexpr(num_rows):
                 dsum[r] = gD[m * self.tile_m + tScS_rc[r, 0][0]]
             acc = self.gemm(acc, ops_dp, sdo, None)
+            seen = None
+            if const_expr(turn is not None):
+                # deterministic: in group 1's wait for P (its slack), warp 5 releases the previous step's query
+                # block and thread 128 reads this one's counter: the release's MEMBAR and the acquire's L1
+                # invalidation stall warps that would wait anyway (at the step's ends they held group 0, the
+                # critical path: ncu, session 30)
+                self.pass_previous_turn(ctx, it, mSem, mCuSeqlensQ, tidx - _RELEASE)
+                seen = read_turn(turn[0], tidx - _GROUP)
             cute.arch.barrier(barrier_id=_BAR_P, number_of_threads=2 * _GROUP)
             p16 = cute.make_rmem_tensor_like(acc, self.dtype)
             cute.copy(r2s, thr_r2s.partition_D(sP), thr_r2s.retile(p16))
@@ -215,7 +237,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                         ds_rc[r, c] = p_rc[r, c] * (ds_rc[r, c] - dsum[r])
             cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(sdS))
             if const_expr(turn is not None):
-                wait_turn(turn[0], turn[1], turn[2], tidx - _GROUP)  # barrier dS1 holds group 1 until ours
+                wait_turn(turn[0], turn[1], seen, tidx - _GROUP)  # barrier dS1 holds group 1 until ours
             cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)
             cute.arch.barrier_arrive(barrier_id=_BAR_DS, number_of_threads=2 * _GROUP)
             acc_kv = self.gemm(acc_kv, ops_kv, None, sq)
@@ -224,8 +246,6 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         # e. The next step's tiles have landed; every warp is done with sP, sdS and this step's stages.
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
-        if const_expr(turn is not None):
-            pass_turn(turn[0], ctx.tidx)
         return acc_kv
 
     @cute.jit
