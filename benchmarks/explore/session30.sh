@@ -21,6 +21,10 @@
 # 7: branches det-release (now: group 1 reads the turn and releases the previous step's in its wait for P) and
 #    det-relaxed (its turn reads relaxed: no L1 invalidation): deterministic GPU tests on both, then
 #    ours / ours_deterministic at SM120 occupancy, every case, main and both branches in one call, ~8 min
+# 8: after the deterministic role split's turn moved into group 1's slack (main): bench_bwd, both occupancies, every
+#    implementation (the README's backward table), ~9 min
+# 9: memcheck + racecheck + synccheck of bwd_det and bwd_rolesplit, then the backward GPU tests of the
+#    deterministic mode and the role split, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -69,5 +73,11 @@ case "$part" in
        (cd "$t/benchmarks" && timeout 150 python3 bench_bwd.py --occupancy sm120 --impls ours ours_deterministic \
           --out "$OUT/bwd_det_$(basename "$t").json" 2>&1 | grep -v -i warn | grep "\[" | tail -10)
      done ;;
-  *) echo "part 1-7" ;;
+  8) (cd benchmarks && timeout 570 python3 bench_bwd.py --occupancy both --out "$OUT/bwd.json" 2>&1 \
+       | grep -v -i warn | grep "\[" | tail -20) ;;
+  9) timeout 330 python3 tools/sanitize.py --families bwd_det bwd_rolesplit --tools memcheck racecheck synccheck \
+       --jobs 3 --json "$OUT/sanitizer_bwd_det.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_bwd_det.txt" 2>&1
+     tail -8 "$OUT/sanitizer_bwd_det.txt"
+     shards 200 tests/test_bwd_gpu.py -k "determin or role or dropout" ;;
+  *) echo "part 1-9" ;;
 esac
