@@ -26,6 +26,9 @@
 # 9: memcheck + racecheck + synccheck of bwd_det and bwd_rolesplit, then the backward GPU tests of the
 #    deterministic mode and the role split, ~5 min
 # 10: racecheck of bwd_det and bwd_rolesplit (part 9's ran out of time behind a 248 s cold compile), ~8 min
+# 11: branch det-ms-late (the 8-warp kernel's deterministic release from the last warp; thread 0's warp reads the
+#    turn): deterministic GPU tests at d192 / d256, then ours / ours_deterministic at d192 and d256, main and the
+#    branch, ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -83,5 +86,11 @@ case "$part" in
   10) timeout 580 python3 tools/sanitize.py --families bwd_det bwd_rolesplit --tools racecheck \
        --jobs 2 --json "$OUT/sanitizer_bwd_det_race.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_bwd_det_race.txt" 2>&1
       tail -4 "$OUT/sanitizer_bwd_det_race.txt" ;;
-  *) echo "part 1-10" ;;
+  11) branch detmslate && (cd /tmp/detmslate && shards 150 tests/test_bwd_gpu.py -k "determin and (192 or 256)")
+      for t in "$root" /tmp/detmslate; do
+        echo "== $t"
+        (cd "$t/benchmarks" && timeout 120 python3 bench_bwd.py --occupancy sm120 --impls ours ours_deterministic \
+           --cases d192 d256 --out "$OUT/bwd_det_$(basename "$t").json" 2>&1 | grep -v -i warn | grep "\[" | tail -3)
+      done ;;
+  *) echo "part 1-11" ;;
 esac
