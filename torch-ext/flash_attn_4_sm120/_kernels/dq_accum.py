@@ -83,11 +83,11 @@ def load_fragment(acc: cute.Tensor, ptr: cute.Pointer, tidx, num_threads: cutlas
 # ------------------------------------------------------------------------------------------------
 # Deterministic mode: the key blocks that visit a query block add their dQ in a fixed order. One int32
 # counter per (sequence, head, query block) starts at 0; key block n waits until it reads its rank,
-# adds, and increments it (the role split a step later, in a group's slack: the release waits for the
-# reductions and the acquire invalidates L1, each stalling its warp). Rank = (last visiting key block) - n: the highest key block goes first, so
-# with the grid's key blocks launched in descending order a CTA only ever waits on one launched
-# before it (forward progress), and a causal or windowed CTA's first query block, where it is the
-# highest visitor, never waits.
+# adds, and increments it (the role split a step later, in a warp group's slack: the release waits for
+# the reductions and the acquire invalidates L1, each stalling its warp). Rank = (last visiting key
+# block) - n: the highest key block goes first, so with the grid's key blocks launched in descending
+# order a CTA only ever waits on one launched before it (forward progress), and a causal or windowed
+# CTA's first query block, where it is the highest visitor, never waits.
 # ------------------------------------------------------------------------------------------------
 @cute.jit
 def semaphore_ptr(mSem: cute.Tensor, batch, head, m, tile_m: cutlass.Constexpr[int], mCuSeqlensQ, total_q):

@@ -429,7 +429,6 @@ class FlashFwdMultistage:
                 sV_layout, sO_layout), scheduler=scheduler, tma_atom_K=tma_atom_K, mK_tma=mK_tma,
                 tma_atom_V=tma_atom_V, mV_tma=mV_tma, num_m_blocks=num_m_blocks))
         else:
-            stages = self.config.num_stages
             tidx, _, _ = cute.arch.thread_idx()
             pack = self.spec.pack_gqa
             heads_q = num_heads(mQ, mCuSeqlensQ is not None)
