@@ -29,6 +29,10 @@
 # 11: branch det-ms-late (the 8-warp kernel's deterministic release from the last warp; thread 0's warp reads the
 #    turn): deterministic GPU tests at d192 / d256, then ours / ours_deterministic at d192 and d256, main and the
 #    branch, ~4 min
+# 12: branch sparse-banded (the block-sparse backward's key blocks longest first in bands): the block-sparse GPU
+#     tests, then bench_flex's flag and list rows at SM120 occupancy, main (ours only) and the branch (with
+#     FlexAttention), ~8 min
+# 13: branch sparse-banded: memcheck + racecheck of the sparse family, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -92,5 +96,13 @@ case "$part" in
         (cd "$t/benchmarks" && timeout 120 python3 bench_bwd.py --occupancy sm120 --impls ours ours_deterministic \
            --cases d192 d256 --out "$OUT/bwd_det_$(basename "$t").json" 2>&1 | grep -v -i warn | grep "\[" | tail -3)
       done ;;
-  *) echo "part 1-11" ;;
+  12) branch sparseband && (cd /tmp/sparseband && shards 150 tests/test_block_sparse_gpu.py)
+      (cd benchmarks && timeout 150 python3 bench_flex.py --occupancy sm120 --impls ours --cases "causal flag" \
+         "block sparse" --out "$OUT/flex_main.json" 2>&1 | grep -v -i warn | grep "\[" | tail -6)
+      (cd /tmp/sparseband/benchmarks && timeout 240 python3 bench_flex.py --occupancy sm120 --cases "causal flag" \
+         "block sparse" --out "$OUT/flex_sparseband.json" 2>&1 | grep -v -i warn | grep "\[" | tail -6) ;;
+  13) branch sparseband && cd /tmp/sparseband && timeout 500 python3 tools/sanitize.py --families sparse \
+        --tools memcheck racecheck --jobs 2 --json "$OUT/sanitizer_sparse.json" --log-dir "$OUT/sanlog" \
+        > "$OUT/sanitizer_sparse.txt" 2>&1; tail -4 "$OUT/sanitizer_sparse.txt" ;;
+  *) echo "part 1-13" ;;
 esac
