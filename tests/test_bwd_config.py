@@ -111,16 +111,19 @@ def test_dispatchable_covers_every_class_and_mask():
 
 
 def test_causal_key_block_order_and_its_band():
-    """Causal specs run their key blocks longest first in bands (not deterministic ones: their key blocks must
-    launch highest first; not windows or block-sparse lists; not key tiles under 64 keys); the band is the
-    smallest the schedule model finds within 1% of its best among bands whose Q, dO and dQ accumulator rows fit
-    the L2, at least one."""
+    """Causal specs and block-sparse lists run their key blocks longest first in bands (not deterministic ones:
+    their key blocks must launch highest first; not windows without lists; not key tiles under 64 keys); the band
+    is the smallest the schedule model finds within 1% of its best among bands whose Q, dO and dQ accumulator rows
+    fit the L2, at least one."""
     assert BwdSpec("bf16", 64, 64, True).longest_first
+    for spec in (BwdSpec("bf16", 64, 64, False, block_sparse=(128, 128)),
+                 BwdSpec("bf16", 128, 128, True, local=True, block_sparse=(128, 128))):
+        assert spec.longest_first and bwd_banded(spec, select_bwd_config(spec, SM120)), spec
     for d, banded in ((64, True), (96, True), (128, True), (192, True), (256, False)):  # d256: 32-key tiles
         spec = BwdSpec("bf16", d, d, True)
         assert bwd_banded(spec, select_bwd_config(spec, SM120)) is banded, d
     for spec in (BwdSpec("bf16", 64, 64, False), BwdSpec("bf16", 64, 64, True, deterministic=True),
-                 BwdSpec("bf16", 64, 64, True, local=True), BwdSpec("bf16", 64, 64, True, block_sparse=(128, 128))):
+                 BwdSpec("bf16", 64, 64, True, local=True)):
         assert not spec.longest_first, spec
     # the schedule model (H100 sizes: 132 SMs at one CTA each, 50 MB of L2), causal 4x4096 32/8 with 4 query
     # heads per KV head: d64 (64x128 tiles, 8 MiB of rows per pair) takes 4 pairs per band (32 pairs: 3 and 6

@@ -490,7 +490,9 @@ def bwd_tile_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, he
     among the bands whose rows -- Q and dO of ``heads`` query heads (16-bit) and their fp32 dQ accumulator, per
     pair -- fit ``BWD_L2_BAND_SHARE`` of the L2. The model reproduces the measured pattern: with 32 pairs,
     bands of 3 and 6 leave a short last band and gain little, 4 and 8 the most (H100, SM120 occupancy, causal
-    d64 4x4096 32/8: 0.97x / 1.01x against 0.89x / 0.90x; model 0.99x / 1.01x against 0.88x / 0.88x)."""
+    d64 4x4096 32/8: 0.97x / 1.01x against 0.89x / 0.90x; model 0.99x / 1.01x against 0.88x / 0.88x).
+    Block-sparse lists (on the device; their lengths are not read back) take the causal model's band: right for
+    the causal-like patterns, harmless for lists of equal lengths (any band whose rows fit the L2)."""
     # the model on lengths rounded up to whole tiles: varlen calls (max_seqlen per batch) share few cache entries
     unit = max(tile_m, tile_n)
     return _modelled_band(l2_bytes, -(-seqlen_q // unit) * unit, -(-seqlen_k // unit) * unit, head_dim, head_dim_v,

@@ -130,10 +130,14 @@ class BwdSpec:
     def longest_first(self) -> bool:
         """Whether the main kernel's key blocks run in the banded longest-first order
         (``_kernels/tile_scheduler.KeyBlockScheduler``): under a causal mask key block n is visited by the query
-        blocks from its diagonal on, so the CTAs' lengths fall with n. Not in deterministic mode (its key blocks
-        launch highest first: a CTA waits only on CTAs launched before it), under a window (lengths about equal)
-        or with block-sparse lists (lengths from the lists)."""
-        return self.causal and not self.local and not self.deterministic and self.block_sparse is None
+        blocks from its diagonal on, so the CTAs' lengths fall with n; block-sparse lists too, as in the forward
+        (their usual patterns -- causal, prefix-LM, chunked or sliding windows as mask_mods -- fall with n as
+        causal does; lists of equal lengths lose nothing by the order). Not in deterministic mode (its key blocks
+        launch highest first: a CTA waits only on CTAs launched before it) nor under a window without lists
+        (lengths about equal)."""
+        if self.deterministic:
+            return False
+        return self.block_sparse is not None or (self.causal and not self.local)
 
     @staticmethod
     def of(spec: "FwdSpec", has_dlse: bool = False, deterministic: bool = False) -> "BwdSpec":
