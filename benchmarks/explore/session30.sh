@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
+# Session 30 ran parts 1, 3 (twice), 4, 6-13; 2 and 5 not run (their branches were not merged). Results: notes/perf.md,
+# session 30.
 # Owed device calls after session 29, one part per call (each under the 10-minute limit). Unmerged branches travel
 # as patches onto main under _br/ (untracked; make them first, rebasing the branch on main if one does not apply):
 #   git diff $(git merge-base main det-banded) det-banded -- . ':!build' > _br/detband.patch
