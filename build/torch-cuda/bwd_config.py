@@ -455,7 +455,8 @@ def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
     return max(free)
 
 
-#: Causal key tiles of at least this many keys run in the banded longest-first order (``bwd_banded``).
+#: Key tiles of at least this many keys run in the banded longest-first order where the spec asks for it
+#: (``bwd_banded``: causal masks and block-sparse lists).
 BWD_BANDED_MIN_TILE_N = 64
 
 
@@ -481,7 +482,7 @@ BWD_BAND_SLACK = 0.01
 
 def bwd_tile_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, head_dim_v: int, tile_m: int,
                   tile_n: int, heads: int, pairs: int, slots: int) -> int:
-    """(batch, KV head) pairs per band of the main kernel's causal key-block order
+    """(batch, KV head) pairs per band of the main kernel's longest-first key-block order
     (``_kernels/tile_scheduler.KeyBlockScheduler``). Key block n of a causal pair visits the query blocks from
     its diagonal on, so the pair's first CTAs are its longest; one pair after another (band 1), each wave ends
     on a few long CTAs started late. Bands of pairs run their key blocks 0 first, then 1, ...: longest first.

@@ -101,7 +101,7 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
     sink's dtype (None without a sink); ``deterministic``: bitwise-reproducible dQ (a zeroed int32
     counter per query block orders its key blocks' additions); ``grads``: (dq, dk, dv) to write into (contiguous,
     shaped like q, k, v), else fresh ones; ``num_sms``: the device's, for the group split (0: never split);
-    ``l2_bytes``: the device's L2, for the causal key-block order's bands (0: one pair per band)."""
+    ``l2_bytes``: the device's L2, for the longest-first key-block order's bands (0: one pair per band)."""
     cu_q, cu_k, used_q, used_k, _ = varlen or (None, None, None, None, None)
     bspec = BwdSpec.of(spec, has_dlse=dlse is not None, deterministic=deterministic)
     if grads is None:
@@ -158,7 +158,7 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
         lists = block_sparse.cached_backward_lists(params.sparse, bspec.block_sparse, shape.num_heads,
                                                    shape.num_heads_kv, shape.seqlen_q, shape.seqlen_k, cfg.tile_m,
                                                    cfg.tile_n)
-    band = 1  # causal key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
+    band = 1  # causal / block-sparse key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
     if bwd_banded(bspec, cfg) and num_sms:
         band = _tile_band(bspec, cfg, shape, model, num_sms, l2_bytes, split)
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)

@@ -14,7 +14,7 @@ M tile fastest, every pair started its longest tile at a different point in the 
 occupancy, 2026-11-24: causal 2x4096 32/8 +11-14% at d64-d96 and +5-7% at d128-d192, 4x1024 +9-16%).
 ``PersistentTileScheduler`` launches at most one CTA per SM and hands each CTA a sequence of tiles in
 M-fastest order. ``KeyBlockScheduler`` is the backward's: one CTA per (key block, KV head, batch), its causal
-key blocks in the same banded longest-first order.
+and block-sparse key blocks in the same banded longest-first order.
 """
 
 import cutlass
