@@ -8,7 +8,7 @@ import torch
 import flash_attn_4_sm120 as fa
 from flash_attn_4_sm120 import interface
 from flash_attn_4_sm120.execution_model import OCCUPANCY_ENV
-from reference import attention_ref, varlen_batch
+from reference import attention_grads_ref, attention_ref, varlen_batch
 
 
 def _qkv(device="cpu", b=2, sq=5, sk=9, hq=4, hkv=2, d=64, dtype=torch.bfloat16):
@@ -41,7 +41,8 @@ def test_equal_calls_share_a_key_and_every_checked_fact_changes_it(monkeypatch):
 
 
 @pytest.mark.parametrize("make", [
-    pytest.param(lambda q, k, v: (q.transpose(1, 2), k, v, None, None), id="non-contiguous"),
+    pytest.param(lambda q, k, v: (q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v, None, None),
+                 id="last-dim-strided"),
     pytest.param(lambda q, k, v: (torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape), k, v, None, None),
                  id="misaligned"),
     pytest.param(lambda q, k, v: ("q", k, v, None, None), id="not-a-tensor"),
@@ -52,6 +53,20 @@ def test_equal_calls_share_a_key_and_every_checked_fact_changes_it(monkeypatch):
 def test_calls_it_cannot_describe_get_no_key(make):
     q, k, v, sink, scale = make(*_qkv())
     assert _key(q, k, v, sink=sink, scale=scale) is None
+
+
+def test_a_view_the_kernels_read_in_place_gets_a_key_of_its_strides():
+    """(batch, heads, seqlen, d) transposed to (batch, seqlen, heads, d), as transformers passes q / k / v: read in
+    place (``kernel_layout``), remembered under its strides, apart from the contiguous layout's key."""
+    q, k, v = _qkv()
+    qt, kt, vt = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    key = _key(qt, kt, vt)
+    assert key is not None and key != _key(q, k, v) and key == _key(*(t.transpose(1, 2).contiguous().transpose(1, 2)
+                                                                       for t in (q, k, v)))
+    odd = torch.empty(2, 5, 4, 72, dtype=q.dtype)[..., :64]  # rows of 72 elements: 16-byte multiples, read in place
+    assert _key(odd, k, v) is not None and _key(odd, k, v) != key
+    odd = torch.empty(2, 5, 4, 68, dtype=q.dtype)[..., :64]  # rows of 68 elements (136 bytes): copied first
+    assert _key(odd, k, v) is None
 
 
 @pytest.mark.parametrize("window", [(torch.tensor(3), 0), (np.int64(3), 0), (True, 0)], ids=["tensor", "numpy", "bool"])
@@ -126,8 +141,12 @@ def test_what_dispatch_reads_makes_a_new_plan(monkeypatch):
     monkeypatch.setenv(OCCUPANCY_ENV, "device")
     fa.flash_attn_func(q, k, v)
     assert len(validations) == 4 and len(interface._PLANS) == 4
-    fa.flash_attn_func(q.transpose(1, 2).contiguous().transpose(1, 2), k, v)  # copied first: never remembered
+    fa.flash_attn_func(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v)  # copied first: never remembered
     assert len(validations) == 5 and len(interface._PLANS) == 4
+    strided = q.transpose(1, 2).contiguous().transpose(1, 2)  # read in place: remembered under its strides
+    out = fa.flash_attn_func(strided, k, v)[0]
+    assert torch.equal(out, fa.flash_attn_func(strided, k, v)[0]) and torch.equal(out, fa.flash_attn_func(q, k, v)[0])
+    assert len(validations) == 6 and len(interface._PLANS) == 5
 
 
 @pytest.mark.gpu
@@ -147,6 +166,58 @@ def test_gradients_and_misses_of_metadata_take_the_checked_path(monkeypatch):
         fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_seqlen_q=33, max_seqlen_k=64, check_metadata=True)
     assert len(validations) == 6
     qg = q.clone().requires_grad_()
-    # a gradient goes through autograd, never through a plan
+    # a gradient goes through autograd from the remembered plan: no validation
     fa.flash_attn_varlen_func(qg, k, v, cu_q, cu_k, max_seqlen_q=33, max_seqlen_k=64)[0].sum().backward()
-    assert qg.grad is not None and len(validations) == 7
+    assert qg.grad is not None and len(validations) == 6
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("layout", ["contiguous", "transposed"])
+@pytest.mark.parametrize("features", [
+    pytest.param({"causal": True}, id="causal"),
+    pytest.param({"learnable_sink": "sink", "window_size": (40, 0)}, id="sink-window"),
+    pytest.param({"softcap": 15.0, "varlen": True}, id="varlen-softcap"),
+])
+def test_a_repeated_training_call_runs_its_plan_with_the_same_gradients(monkeypatch, features, layout):
+    """A training step's repeated calls (every layer) skip validation and dispatch: the forward through autograd
+    from the remembered plan, the backward's launch decisions memoized (``backward.bwd_launch``); the gradients
+    of the second call are the first's bit for bit (deterministic mode) and match the fp32 reference."""
+    monkeypatch.setattr(interface, "_PLANS", {})
+    validations = _count_validations(monkeypatch)
+    torch.manual_seed(0)
+    features = dict(features)
+    varlen = features.pop("varlen", False)
+    sink = torch.randn(6, device="cuda", requires_grad=True) if features.pop("learnable_sink", None) else None
+    if varlen:
+        q, k, v, cu_q, cu_k = varlen_batch([70, 0, 45], [131, 9, 64], 6, 2, 64)
+        extra = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=70, max_seqlen_k=131)
+        entry = fa.flash_attn_varlen_func
+    else:
+        q, k, v = _qkv("cuda", b=2, sq=70, sk=131, hq=6, hkv=2, d=64)
+        extra, entry = {}, fa.flash_attn_func
+    if layout == "transposed":  # (batch, heads, seqlen, d) storage, as a transformers attention layer passes it
+        q, k, v = (t.transpose(-2, -3).contiguous().transpose(-2, -3) for t in (q, k, v))
+    dout = torch.randn(*q.shape[:-1], v.shape[-1], dtype=q.dtype, device="cuda")
+
+    def grads(q, k, v):
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        out = entry(*leaves, deterministic=True, learnable_sink=sink, **features, **extra)[0]
+        return (out, *torch.autograd.grad(out, leaves + ([sink] if sink is not None else []), dout))
+
+    first = grads(q, k, v)
+    second = grads(q, k, v)
+    assert len(validations) == 1 and len(interface._PLANS) == 1
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+    if varlen:  # the same sequences through the checked path (the varlen backward's own tests hold it to fp32)
+        monkeypatch.setattr(interface, "_PLANS", {})
+        for a, b in zip(first, grads(*(t.contiguous() for t in (q, k, v)))):
+            assert torch.equal(a, b)
+        return
+    ref_features = dict(features, learnable_sink=sink.detach() if sink is not None else None)
+    ref = attention_grads_ref(q, k, v, dout, True, **dict(ref_features))
+    pt = attention_grads_ref(q, k, v, dout, False, **dict(ref_features))
+    for name, g, r, p in zip(("dq", "dk", "dv", "dsink"), first[1:], ref, pt):
+        if r is not None:
+            err, pt_err = ((x.float() - r.float()).abs().max().item() for x in (g, p))
+            assert err <= 2 * pt_err + 2e-3, f"{name}: {err:.3e} > 2 * {pt_err:.3e} + 2e-3"

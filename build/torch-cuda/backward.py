@@ -52,7 +52,7 @@ def _kernels(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int,
 
 def clear_caches() -> None:
     """Forget the chosen configs and kernels (tests and the tuner patch the tables)."""
-    for cached in (select_bwd_config, _main_kernel, _kernels, _group_split, _slots):
+    for cached in (select_bwd_config, _main_kernel, _kernels, _group_split, _slots, _bwd_spec, bwd_launch):
         cached.cache_clear()
 
 
@@ -93,6 +93,44 @@ def _split_spec(bspec: BwdSpec, split: int) -> BwdSpec:
     return dataclasses.replace(bspec, group_split=split)
 
 
+@functools.lru_cache(maxsize=1024)
+def _bwd_spec(spec: FwdSpec, has_dlse: bool, deterministic: bool) -> BwdSpec:
+    return BwdSpec.of(spec, has_dlse=has_dlse, deterministic=deterministic)
+
+
+@dataclasses.dataclass(frozen=True)
+class BwdLaunch:
+    """Every host decision of one backward call that depends only on its spec, shape and device: the kernels,
+    the tile, the group split and the key blocks' band, so that a training step's repeated shapes only
+    allocate and launch (``bwd_launch``)."""
+
+    pre: object
+    main: object
+    post: object
+    cfg: object
+    split: int  # the group split the main kernel runs (1: none)
+    band: int  # (batch, KV head) pairs per band of the longest-first key-block order (1: per pair)
+    dq_dim: int  # the fp32 dQ accumulator's padded head dim
+
+
+@functools.lru_cache(maxsize=4096)
+def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem: Optional[tuple[int, int]],
+               num_sms: int, l2_bytes: int) -> BwdLaunch:
+    """The ``BwdLaunch`` of ``bspec`` at ``shape`` (``run_bwd``'s arguments of the same names). Memoized (a
+    training step repeats its shapes; host time counts at small ones)."""
+    pre, main, post, cfg = _kernels(bspec, model, target, device_smem)
+    # A small grid splits each KV head's query-head group over `split` CTAs (the main kernel's spec), each
+    # writing a partial dK / dV head (KV head h's are heads h * split .. h * split + split - 1), summed in
+    # run_bwd in fp32 in a fixed order (deterministic mode holds). Block sparsity walks per-KV-head lists: never split.
+    split = _group_split(bspec, cfg, shape, model, num_sms) if num_sms and bspec.block_sparse is None else 1
+    if split > 1:
+        main = _main_kernel(_split_spec(bspec, split), model, target, device_smem)
+    band = 1  # causal / block-sparse key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
+    if bwd_banded(bspec, cfg) and num_sms:
+        band = _tile_band(bspec, cfg, shape, model, num_sms, l2_bytes, split)
+    return BwdLaunch(pre, main, post, cfg, split, band, bwd_padded_head_dim(bspec.head_dim, cfg))
+
+
 def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, params, varlen, sink_dtype,
             model, target: str, device_smem, deterministic: bool = False, grads=None, num_sms: int = 0,
             l2_bytes: int = 0) -> tuple:
@@ -103,7 +141,7 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
     shaped like q, k, v), else fresh ones; ``num_sms``: the device's, for the group split (0: never split);
     ``l2_bytes``: the device's L2, for the longest-first key-block order's bands (0: one pair per band)."""
     cu_q, cu_k, used_q, used_k, _ = varlen or (None, None, None, None, None)
-    bspec = BwdSpec.of(spec, has_dlse=dlse is not None, deterministic=deterministic)
+    bspec = _bwd_spec(spec, dlse is not None, deterministic)
     if grads is None:
         dq, dk, dv = _grad_like(q, spec.seqused_q), _grad_like(k, spec.seqused_k), _grad_like(v, spec.seqused_k)
     else:
@@ -123,7 +161,8 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
             heads_dim = 0 if spec.varlen_q else 1
             dsink.copy_(dlse.float().sum(dim=[i for i in range(dlse.dim()) if i != heads_dim]).to(sink_dtype))
         return dq, dk, dv, dsink
-    pre, main, post, cfg = _kernels(bspec, model, target, device_smem)
+    launch = bwd_launch(bspec, shape, model, target, device_smem, num_sms, l2_bytes)
+    cfg, split = launch.cfg, launch.split
     dout = dout if dout.is_contiguous() else dout.contiguous()
     heads = shape.num_heads
     if spec.varlen_q:
@@ -137,19 +176,13 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
     lse2 = (torch.full(ws_rows, math.inf, dtype=torch.float32, device=dev) if has_sink
             else torch.empty(ws_rows, dtype=torch.float32, device=dev))
     dsum = (torch.zeros if has_sink else torch.empty)(ws_rows, dtype=torch.float32, device=dev)
-    dq_acc = torch.zeros((*ws_rows, bwd_padded_head_dim(spec.head_dim, cfg)), dtype=torch.float32, device=dev)
+    dq_acc = torch.zeros((*ws_rows, launch.dq_dim), dtype=torch.float32, device=dev)
     # one counter per query block (packed: per tile_m workspace rows, dq_accum.semaphore_ptr)
     sem = (torch.zeros((*ws_rows[:-1], ws_rows[-1] // cfg.tile_m + 1), dtype=torch.int32, device=dev)
            if deterministic else None)
     max_q = shape.seqlen_q
-    # A small grid splits each KV head's query-head group over `split` CTAs (the main kernel's spec), each
-    # writing a partial dK / dV head (KV head h's are heads h * split .. h * split + split - 1), summed below
-    # in fp32 in a fixed order (deterministic mode holds).
-    # (block sparsity walks per-KV-head lists: never split)
-    split = _group_split(bspec, cfg, shape, model, num_sms) if num_sms and bspec.block_sparse is None else 1
     dk_part, dv_part = dk, dv
-    if split > 1:
-        main = _main_kernel(_split_spec(bspec, split), model, target, device_smem)
+    if split > 1:  # the group split's partial dK / dV heads (bwd_launch)
         alloc = torch.zeros if spec.seqused_k else torch.empty  # rows past a used length are not written
         dk_part, dv_part = (alloc((*t.shape[:-2], t.shape[-2] * split, t.shape[-1]), dtype=t.dtype, device=dev)
                             for t in (dk, dv))
@@ -158,13 +191,11 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
         lists = block_sparse.cached_backward_lists(params.sparse, bspec.block_sparse, shape.num_heads,
                                                    shape.num_heads_kv, shape.seqlen_q, shape.seqlen_k, cfg.tile_m,
                                                    cfg.tile_n)
-    band = 1  # causal / block-sparse key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
-    if bwd_banded(bspec, cfg) and num_sms:
-        band = _tile_band(bspec, cfg, shape, model, num_sms, l2_bytes, split)
+    pre, main, post = launch.pre, launch.main, launch.post
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
     main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk_part, dv_part, params.softmax_scale, params.scale_log2,
          params.softcap_scale, params.window_left, params.window_right, cu_q, cu_k, used_q, used_k, shape.seqlen_k,
-         band, *compiler.aux_args(params.aux), *compiler.sparse_args(lists), params.rng)
+         launch.band, *compiler.aux_args(params.aux), *compiler.sparse_args(lists), params.rng)
     post(dq_acc, dq, params.softmax_scale, cu_q, used_q, max_q)
     if split > 1:
         for part, full in ((dk_part, dk), (dv_part, dv)):  # one reduction kernel each, fp32 accumulation

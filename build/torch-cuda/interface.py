@@ -237,6 +237,9 @@ class _LaunchPlan:
     splits: int = 1
     max_ctas: int = 0
     band: int = 1
+    #: (spec, shape, params without the sink) of the validated call the plan was made for: a remembered call
+    #: replays them (its sink re-read), through autograd when a gradient is required
+    call: Optional[tuple] = None
 
     def run(self, q, k, v, sink, varlen, out=None, lse=None, aux=(), sparse=(), rng=None):
         device = q.device
@@ -387,10 +390,12 @@ def _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, sink_dtyp
     ``flash_attn_bwd`` all end here (``grads``: (dq, dk, dv) to write into)."""
     if dout is None:
         dout = torch.zeros_like(out)
-    model, target = _model_and_target(q.device.index, *_env()[:2])
+    index = q.device.index
+    dispatch_env, target_env, mode = _env()
+    model, target = _model_and_target(index, dispatch_env, target_env)
     return backward.run_bwd(q, k, v, out, dout, lse, dlse, spec, shape, params, varlen, sink_dtype, model, target,
-                            device_smem(q.device.index, _env()[2]), deterministic, grads=grads,
-                            num_sms=_num_sms(q.device.index), l2_bytes=_l2_bytes(q.device.index))
+                            device_smem(index, mode), deterministic, grads=grads, num_sms=_num_sms(index),
+                            l2_bytes=_l2_bytes(index))
 
 
 def _dtype_of(sink: Optional[torch.Tensor]):
@@ -486,8 +491,8 @@ class _FlashAttnFunc(torch.autograd.Function):
     the fp32 copy in ``params``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, spec, shape, params, varlen=None, num_splits=None, deterministic=False):
-        out, lse = _launch_fwd(q, k, v, spec, shape, params, varlen=varlen, num_splits=num_splits)
+    def forward(ctx, q, k, v, sink, spec, shape, params, varlen, plan, deterministic=False):
+        out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux, sparse=params.sparse, rng=params.rng)
         ctx.save_for_backward(q, k, v, out, lse, *(varlen or (None,) * 5))
         ctx.spec, ctx.shape, ctx.params, ctx.deterministic = spec, shape, params, deterministic
         ctx.sink_dtype = _dtype_of(sink)
@@ -646,19 +651,24 @@ def _needs_grad(q, k, v, sink=None) -> bool:
 
 
 def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None, sink=None, deterministic=False):
-    """The forward through autograd when a gradient is required, else launched directly; returns
-    ``(out, lse or None)`` (the LSE when asked for or needed by the backward). A direct launch's plan
-    is remembered under the call's ``key`` (``_call_key``) when it has one. ``sink``: the caller's
-    learnable sink (its gradient goes there)."""
-    needs_grad = _needs_grad(q, k, v, sink)
-    if needs_grad:
+    """The forward of a validated call (``_run_plan``) through its launch plan, the plan remembered under the
+    call's ``key`` (``_call_key``) when it has one. ``sink``: the caller's learnable sink (its gradient goes
+    there)."""
+    plan = _plan_for(q, v, spec, shape, params, None, num_splits, None)
+    if key is not None:
+        remember(key, dataclasses.replace(plan, call=(spec, shape, dataclasses.replace(params, sink=None))))
+    return _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic)
+
+
+def _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic):
+    """``plan`` run on the call's tensors, through autograd when a gradient is required; returns ``(out, lse or
+    None)`` (the LSE when asked for or needed by the backward)."""
+    if _needs_grad(q, k, v, sink):
         if spec.page_size:
             raise NotImplementedError(_refusal(("paged_kv", "backward")))
-        out, lse = _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, num_splits, deterministic)
-    else:
-        plan = remember(key, _plan_for(q, v, spec, shape, params, None, num_splits, None))
-        out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux, sparse=params.sparse, rng=params.rng)
-    return out, (lse if (return_lse or needs_grad) else None)
+        return _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, plan, deterministic)
+    out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux, sparse=params.sparse, rng=params.rng)
+    return out, (lse if return_lse else None)
 
 
 #: Launch plans of calls seen before, by ``_call_key``: a repeated call (every layer of a model, every
@@ -686,20 +696,25 @@ def remembered(key: Optional[tuple]):
 
 def _call_key(tensors, scalars, options) -> Optional[tuple]:
     """What validation and dispatch of a call read, as a hashable key, or None when the call cannot be
-    remembered: ``tensors`` (q, k, v, the sink, the metadata tensors; or None) must be contiguous, 16-byte
-    aligned tensors (others may be copied first: ``kernel_layout``); ``scalars`` must be plain Python
-    numbers or None (a tensor-valued scale or window is re-read every call). A key covers every fact
-    the checks look at (shape, dtype, device, contiguity, alignment), so a call with a remembered key
-    passes validation exactly as the call that stored it did."""
+    remembered: ``tensors`` (q, k, v, the sink, the metadata tensors; or None) must be 16-byte aligned tensors
+    the kernels read in place (contiguous, or strided with a contiguous last dimension and 16-byte row strides,
+    such as a transposed (batch, heads, seqlen, d) view; others are copied first: ``kernel_layout``);
+    ``scalars`` must be plain Python numbers or None (a tensor-valued scale or window is re-read every call). A
+    key covers every fact the checks look at (shape, dtype, device, strides, alignment), so a call with a
+    remembered key passes validation exactly as the call that stored it did."""
     key = [*options, _env()]
     try:
         for t in tensors:
             if t is None:
                 key.append(None)
-                continue
-            if not t.is_contiguous() or t.data_ptr() % 16:
+            elif t.data_ptr() % 16:
                 return None
-            key.append((t.shape, t.dtype, t.device))
+            elif t.is_contiguous():
+                key.append((t.shape, t.dtype, t.device))
+            elif t.dim() and t.stride(-1) == 1 and misaligned_row_dim(t) is None:
+                key.append((t.shape, t.dtype, t.device, t.stride()))
+            else:
+                return None
         for x in scalars:
             if type(x) not in _PLAIN:
                 return None
@@ -709,16 +724,19 @@ def _call_key(tensors, scalars, options) -> Optional[tuple]:
     return tuple(key)
 
 
-def _replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, varlen, return_lse):
+def _replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, varlen, return_lse, deterministic):
     """``(key, result)``: the call's ``_call_key`` (window bounds appended to ``scalars``), and the
-    remembered plan's ``(out, lse or None)`` when there is one, else None."""
+    remembered plan's ``(out, lse or None)`` (``_run_plan``: through autograd when a gradient is required) when
+    there is one, else None."""
     window = tuple(window_size) if isinstance(window_size, (tuple, list)) else (None, None, window_size)
     key = _call_key(tensors, (*scalars, *window), options)
     plan = remembered(key)
     if plan is None:
         return key, None
-    out, lse = plan.run(q, k, v, _plain_sink(learnable_sink), varlen)
-    return key, (out, lse if return_lse else None)
+    spec, shape, params = plan.call
+    if learnable_sink is not None:
+        params = dataclasses.replace(params, sink=_plain_sink(learnable_sink))
+    return key, _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, learnable_sink, deterministic)
 
 
 def _plain_sink(learnable_sink):
@@ -783,9 +801,10 @@ def flash_attn_func(
                            float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa, bool(deterministic), rng)
         return out, (lse if (return_lse or _needs_grad(q, k, v, learnable_sink)) else None)
     key = None
-    if rng is None and not _needs_grad(q, k, v, learnable_sink):
+    if rng is None:
         key, result = _replay((q, k, v, learnable_sink), (softmax_scale, softcap), window_size,
-                              ("dense", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink, None, return_lse)
+                              ("dense", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink, None, return_lse,
+                              bool(deterministic))
         if result is not None:
             return result
     q, k, v, spec, shape, params = _validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink,
@@ -859,12 +878,12 @@ def flash_attn_varlen_func(
     key = None
     # Remembered only when nothing is read from the device: the maxima given where a side is packed,
     # no host metadata check, no dropout (its slot is drawn per call).
-    if (rng is None and not _needs_grad(q, k, v, learnable_sink) and (cu_seqlens_q is None or max_seqlen_q is not None)
+    if (rng is None and (cu_seqlens_q is None or max_seqlen_q is not None)
             and (cu_seqlens_k is None or max_seqlen_k is not None) and not check_requested(check_metadata)):
         varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
         key, result = _replay((q, k, v, learnable_sink, *varlen), (max_seqlen_q, max_seqlen_k, softmax_scale, softcap),
                               window_size, ("varlen", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink,
-                              varlen, return_lse)
+                              varlen, return_lse, bool(deterministic))
         if result is not None:
             return result
     q, k, v = (kernel_layout(t) for t in (q, k, v))
