@@ -3,7 +3,7 @@ of back-to-back launches at a decode shape (GPU work ~50-100 us, queued, never w
 the loop), unsplit and split-KV, with and without the remembered launch plan, the paged varlen and
 KV-cache entries (with append and rotary), beside torch SDPA's (alone, and with the cache append and rotary an
 SDPA user runs in torch for the same step); a training forward + backward at a small causal GQA shape, ours and
-SDPA's; the median of 7 rounds that take the rows in turn; and cProfiles of the split, KV-cache and training
+SDPA's (ours also on transposed q / k / v, a transformers layer's layout); the median of 7 rounds that take the rows in turn; and cProfiles of the split, KV-cache and training
 paths.
 
     python benchmarks/overhead.py [--out overhead.json]
@@ -155,6 +155,14 @@ def main():
         return torch.autograd.grad(out, (qg, kg, vg), dog.transpose(1, 2))
 
     rows["train: flash_attn_func fwd + bwd (autograd)"] = ours_train
+    # the layout a transformers attention layer passes: (batch, heads, seqlen, d) storage seen as (b, s, h, d)
+    qs, ks, vs = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (qg, kg, vg))
+
+    def ours_train_strided():
+        out = fa.flash_attn_func(qs, ks, vs, causal=True)[0]
+        return torch.autograd.grad(out, (qs, ks, vs), dog)
+
+    rows["train: flash_attn_func fwd + bwd, transposed q/k/v"] = ours_train_strided
     rows["train: flash_attn_bwd (low level, into dq/dk/dv)"] = lambda: fa.flash_attn_bwd(
         dog, qg, kg, vg, og, lseg, causal=True, dq=grads[0], dk=grads[1], dv=grads[2])
     rows["train: torch SDPA flash fwd + bwd (autograd)"] = sdpa_train

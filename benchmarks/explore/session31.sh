@@ -4,6 +4,12 @@
 # 1: carry .kit_client: where the transformers Llama step's time goes, ours against SDPA-FA2 (host submit time
 #    against wall time, GPU busy time, host-device syncs, CPU ops, cProfile; profile_hf_step.py), then
 #    overhead.py's host microseconds per call (the training rows beside SDPA's), ~6 min
+# 2: carry .kit_client: after the training calls' remembered plans (main): the GPU tests of the plans, the
+#    backward (basic, GQA, sinks, varlen, deterministic, group split), the KV-cache entry and the transformers
+#    client, ~6 min
+# 3: carry .kit_client: A/B of the training calls' host work, main against the tree before it (_br/base.patch, the
+#    reverse diff of torch-ext and build): overhead.py twice each, interleaved, then the Llama step
+#    (profile_hf_step.py, ours) twice each, interleaved, SDPA-FA2 once between, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -12,5 +18,22 @@ source benchmarks/explore/shards.sh
 case "$part" in
   1) timeout 330 python3 benchmarks/explore/profile_hf_step.py --out "$OUT/hf_step.json" 2>&1 | grep -v -i warn
      timeout 220 python3 benchmarks/overhead.py --out "$OUT/overhead.json" 2>&1 | grep -v -i warn | head -30 ;;
-  *) echo "part 1" ;;
+  2) shards 380 tests/test_call_plans.py tests/test_kvcache_gpu.py tests/test_client_transformers_gpu.py \
+       "tests/test_bwd_gpu.py::test_bwd_basic" "tests/test_bwd_gpu.py::test_bwd_gqa" "tests/test_bwd_gpu.py::test_bwd_sink" \
+       "tests/test_bwd_gpu.py::test_bwd_varlen" -k "not large" ;;
+  3) branch base
+     for t in "$root" /tmp/base "$root" /tmp/base; do
+       echo "== overhead $t"
+       (cd "$t" && timeout 100 python3 benchmarks/overhead.py --out "$OUT/overhead_$(basename "$t")_$SECONDS.json" 2>&1 \
+          | grep "^train\|^torch SDPA flash  \|^flash_attn_func, unsplit  ")
+     done
+     for t in "$root" /tmp/base sdpa "$root" /tmp/base; do
+       if [ "$t" = sdpa ]; then
+         timeout 60 python3 benchmarks/explore/profile_hf_step.py --impls sdpa_fa2 --out "$OUT/hf_sdpa.json" 2>&1 | grep "^=="
+       else
+         (cd "$t" && timeout 60 python3 benchmarks/explore/profile_hf_step.py --impls ours \
+            --out "$OUT/hf_$(basename "$t")_$SECONDS.json" 2>&1 | grep "^==")
+       fi
+     done ;;
+  *) echo "part 1-3" ;;
 esac
