@@ -221,3 +221,56 @@ def test_a_repeated_training_call_runs_its_plan_with_the_same_gradients(monkeypa
         if r is not None:
             err, pt_err = ((x.float() - r.float()).abs().max().item() for x in (g, p))
             assert err <= 2 * pt_err + 2e-3, f"{name}: {err:.3e} > 2 * {pt_err:.3e} + 2e-3"
+
+
+@pytest.mark.gpu
+def test_the_custom_ops_remember_their_calls(monkeypatch):
+    """The forward and backward ops (what a ``torch.compile`` graph calls every step) validate a repeated call
+    once, and give what the checked eager entries give, bit for bit (deterministic backward)."""
+    monkeypatch.setattr(interface, "_PLANS", {})
+    validations = _count_validations(monkeypatch)
+    torch.manual_seed(0)
+    q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2)
+               for t in _qkv("cuda", b=2, sq=70, sk=131, hq=6, hkv=2, d=64))
+    sink = torch.randn(6, device="cuda")
+    fwd_args = (None, True, 32, 0, 0.0, sink, 0, None, True, None)
+    outs = [interface._fwd_op(q, k, v, *fwd_args) for _ in range(2)]
+    assert len(validations) == 1
+    out, lse = outs[0]
+    assert torch.equal(out, outs[1][0]) and torch.equal(lse, outs[1][1])
+    ref_out, ref_lse = fa.flash_attn_func(q, k, v, causal=True, window_size=(32, 0), learnable_sink=sink,
+                                          return_lse=True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    dout = torch.randn_like(out)
+    grads = [interface._bwd_op(dout, None, q, k, v, out, lse, None, True, 32, 0, 0.0, sink, True, None)
+             for _ in range(2)]
+    assert len(validations) == 3  # flash_attn_func above, then the backward op once
+    ref = fa.flash_attn_bwd(dout, q, k, v, out, lse, causal=True, window_size=(32, 0), learnable_sink=sink,
+                            deterministic=True)
+    for a, b, r in zip(*grads, ref):
+        assert torch.equal(a, b) and torch.equal(a, r)
+
+
+@pytest.mark.gpu
+def test_the_varlen_ops_remember_their_calls(monkeypatch):
+    monkeypatch.setattr(interface, "_PLANS", {})
+    validations = _count_validations(monkeypatch)
+    torch.manual_seed(0)
+    q, k, v, cu_q, cu_k = varlen_batch([70, 0, 45], [131, 9, 64], 6, 2, 64)
+    fwd_args = (cu_q, cu_k, None, None, 70, 131, None, True, None, None, 10.0, None, 0, None, None, None, True, None)
+    outs = [interface._varlen_op(q, k, v, *fwd_args) for _ in range(2)]
+    assert len(validations) == 1
+    out, lse = outs[0]
+    assert torch.equal(out, outs[1][0]) and torch.equal(lse, outs[1][1])
+    dout = torch.randn_like(out)
+    bwd_args = (cu_q, cu_k, None, None, 70, 131, None, True, None, None, 10.0, None, True, None)
+    grads = [interface._varlen_bwd_op(dout, None, q, k, v, out, lse, *bwd_args) for _ in range(2)]
+    assert len(validations) == 2
+    monkeypatch.setattr(interface, "_PLANS", {})  # the checked path, every call validated
+    ref_out, ref_lse = interface._varlen_op(q, k, v, cu_q, cu_k, None, None, None, None, None, True, None, None, 10.0,
+                                            None, 0, None, None, None, True, None)
+    ref = interface._varlen_bwd_op(dout, None, q, k, v, out, lse, cu_q, cu_k, None, None, None, None, None, True,
+                                   None, None, 10.0, None, True, None)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    for a, b, r in zip(*grads, ref):
+        assert torch.equal(a, b) and torch.equal(a, r)

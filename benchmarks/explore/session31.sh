@@ -10,6 +10,10 @@
 # 3: carry .kit_client: A/B of the training calls' host work, main against the tree before it (_br/base.patch, the
 #    reverse diff of torch-ext and build): overhead.py twice each, interleaved, then the Llama step
 #    (profile_hf_step.py, ours) twice each, interleaved, SDPA-FA2 once between, ~8 min
+# 4: carry .kit_client: after the custom ops remember their calls (main): the GPU tests of the plans, compile and
+#    graph capture, then bench_step.py (the training step with every attention in one process, steps alternated),
+#    Llama and plain, ~9 min
+# 5: carry .kit_client: bench_step.py on the tree before the session (_br/base.patch), ours and SDPA-FA2, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -35,5 +39,10 @@ case "$part" in
             --out "$OUT/hf_$(basename "$t")_$SECONDS.json" 2>&1 | grep "^==")
        fi
      done ;;
-  *) echo "part 1-3" ;;
+  4) shards 200 tests/test_call_plans.py tests/test_fwd_gpu.py tests/test_bwd_gpu.py tests/test_dropout_gpu.py \
+       -k "compile or graph or plan or remember"
+     timeout 360 python3 benchmarks/bench_step.py --out "$OUT/step.json" 2>&1 | grep -v -i warn | tail -8 ;;
+  5) branch base && cd /tmp/base && timeout 500 python3 benchmarks/bench_step.py --impls ours sdpa_fa2 \
+       --out "$OUT/step_base.json" 2>&1 | grep -v -i warn | tail -6 ;;
+  *) echo "part 1-5" ;;
 esac

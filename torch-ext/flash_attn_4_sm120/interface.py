@@ -349,8 +349,20 @@ def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
               learnable_sink: Optional[torch.Tensor], num_splits: int,
               pack_gqa: Optional[bool], deterministic: bool,
               rng: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    return _fwd_launch(q, k, v, softmax_scale, causal, (window_left, window_right), softcap, learnable_sink, None,
-                       None, pack_gqa, num_splits, rng)
+    """The forward op (``torch.compile`` graphs; autograd is the op's, ``_fwd_backward``): a repeated call runs
+    its remembered plan, as ``flash_attn_func`` does."""
+    key = None
+    if rng is None:
+        key, result = _replay((q, k, v, learnable_sink), (softmax_scale, softcap), (window_left, window_right),
+                              ("op", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink, None, True,
+                              deterministic, grad=False)
+        if result is not None:
+            return result
+    _check_options(num_splits, pack_gqa)
+    q, k, v, spec, shape, params = _validated(q, k, v, softmax_scale, causal, (window_left, window_right), softcap,
+                                              learnable_sink, rng)
+    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, True, key,
+                grad=False)
 
 
 def _fwd_fake(q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits,
@@ -368,12 +380,28 @@ def _varlen_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q
                  num_splits: int, pack_gqa: Optional[bool], check_metadata: Optional[bool],
                  page_table: Optional[torch.Tensor], deterministic: bool,
                  rng: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    key = None
+    if _varlen_rememberable(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_metadata, rng):
+        varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
+        key, result = _replay((q, k, v, learnable_sink, *varlen), (max_seqlen_q, max_seqlen_k, softmax_scale, softcap),
+                              (window_left, window_right), ("varlen op", bool(causal), num_splits, pack_gqa), q, k, v,
+                              learnable_sink, varlen, True, deterministic, grad=False)
+        if result is not None:
+            return result
+    _check_options(num_splits, pack_gqa)
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params, varlen = _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale,
         causal, (window_left, window_right), softcap, learnable_sink, check_metadata, page_table, rng)
-    return _launch_fwd(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params,
-                       varlen=varlen, num_splits=num_splits)
+    return _run(q, k, v, _with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, True, key,
+                grad=False)
+
+
+def _varlen_rememberable(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_metadata, rng) -> bool:
+    """Whether a varlen call can be remembered: nothing is read from the device (the maxima given where a side
+    is packed), no host metadata check, no dropout (its slot is drawn per call)."""
+    return (rng is None and (cu_seqlens_q is None or max_seqlen_q is not None)
+            and (cu_seqlens_k is None or max_seqlen_k is not None) and not check_requested(check_metadata))
 
 
 def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
@@ -412,11 +440,32 @@ def _bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
               window_left: Optional[int], window_right: Optional[int], softcap: float,
               learnable_sink: Optional[torch.Tensor], deterministic: bool,
               rng: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v, spec, shape, params = _validated(q, k, v, softmax_scale, causal, (window_left, window_right), softcap,
-                                              learnable_sink, rng)
+    key = _call_key((q, k, v, learnable_sink), (softmax_scale, softcap, window_left, window_right),
+                    ("bwd op", bool(causal), rng is None))
+    if remembered(key) is None:  # not remembered: q / k / v the kernels cannot read in place are copied
+        q, k, v = (kernel_layout(t) for t in (q, k, v))
+    spec, shape, params = _validated_once(key, learnable_sink, rng, lambda: _validated(
+        q, k, v, softmax_scale, causal, (window_left, window_right), softcap, learnable_sink, rng)[3:])
     dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, None, _dtype_of(learnable_sink),
                                deterministic)
     return dq, dk, dv, _dsink_out(dsink, q)
+
+
+def _validated_once(key, learnable_sink, rng, validate) -> tuple:
+    """``(spec, shape, params)`` of a backward op's call: ``validate()`` on the first call with ``key``
+    (``_call_key``; None: every call), remembered in the shared plans table (a training step repeats its calls)
+    with the per-call sink and dropout slot put back on later calls. The key's tensors are read in place, so
+    the caller's q / k / v are the kernels'."""
+    call = remembered(key)
+    if call is None:
+        call = validate()
+        if key is not None:
+            remember(key, (*call[:2], dataclasses.replace(call[2], sink=None, rng=None)))
+        return call
+    spec, shape, params = call
+    if learnable_sink is not None or rng is not None:
+        params = dataclasses.replace(params, sink=_plain_sink(learnable_sink), rng=rng)
+    return spec, shape, params
 
 
 def _bwd_fake(dout, dlse, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
@@ -435,10 +484,17 @@ def _varlen_bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.
                      window_right: Optional[int], softcap: float, learnable_sink: Optional[torch.Tensor],
                      deterministic: bool,
                      rng: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    q, k, v = (kernel_layout(t) for t in (q, k, v))
-    spec, shape, params, varlen = _validate_varlen_call(
+    varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, None)
+    key = None
+    if _varlen_rememberable(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, False, rng):
+        key = _call_key((q, k, v, learnable_sink, *varlen[:4]),
+                        (max_seqlen_q, max_seqlen_k, softmax_scale, softcap, window_left, window_right),
+                        ("varlen bwd op", bool(causal)))
+    if remembered(key) is None:
+        q, k, v = (kernel_layout(t) for t in (q, k, v))
+    spec, shape, params = _validated_once(key, learnable_sink, rng, lambda: _validate_varlen_call(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
-        (window_left, window_right), softcap, learnable_sink, False, rng=rng)
+        (window_left, window_right), softcap, learnable_sink, False, rng=rng)[:3])
     dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, _dtype_of(learnable_sink),
                                deterministic)
     return dq, dk, dv, _dsink_out(dsink, q)
@@ -650,20 +706,22 @@ def _needs_grad(q, k, v, sink=None) -> bool:
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sink))
 
 
-def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None, sink=None, deterministic=False):
+def _run(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None, sink=None, deterministic=False,
+         grad=None):
     """The forward of a validated call (``_run_plan``) through its launch plan, the plan remembered under the
     call's ``key`` (``_call_key``) when it has one. ``sink``: the caller's learnable sink (its gradient goes
     there)."""
     plan = _plan_for(q, v, spec, shape, params, None, num_splits, None)
     if key is not None:
         remember(key, dataclasses.replace(plan, call=(spec, shape, dataclasses.replace(params, sink=None))))
-    return _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic)
+    return _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic, grad)
 
 
-def _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic):
-    """``plan`` run on the call's tensors, through autograd when a gradient is required; returns ``(out, lse or
-    None)`` (the LSE when asked for or needed by the backward)."""
-    if _needs_grad(q, k, v, sink):
+def _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic, grad=None):
+    """``plan`` run on the call's tensors, through autograd when a gradient is required (``grad``; None: when
+    the inputs require one; a custom op's implementation passes False, its autograd is the op's); returns
+    ``(out, lse or None)`` (the LSE when asked for or needed by the backward)."""
+    if _needs_grad(q, k, v, sink) if grad is None else grad:
         if spec.page_size:
             raise NotImplementedError(_refusal(("paged_kv", "backward")))
         return _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, plan, deterministic)
@@ -724,7 +782,8 @@ def _call_key(tensors, scalars, options) -> Optional[tuple]:
     return tuple(key)
 
 
-def _replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, varlen, return_lse, deterministic):
+def _replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, varlen, return_lse, deterministic,
+            grad=None):
     """``(key, result)``: the call's ``_call_key`` (window bounds appended to ``scalars``), and the
     remembered plan's ``(out, lse or None)`` (``_run_plan``: through autograd when a gradient is required) when
     there is one, else None."""
@@ -736,7 +795,8 @@ def _replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, var
     spec, shape, params = plan.call
     if learnable_sink is not None:
         params = dataclasses.replace(params, sink=_plain_sink(learnable_sink))
-    return key, _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, learnable_sink, deterministic)
+    return key, _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, learnable_sink, deterministic,
+                          grad)
 
 
 def _plain_sink(learnable_sink):
@@ -876,10 +936,7 @@ def flash_attn_varlen_func(
                               bool(deterministic), rng)
         return out, (lse if (return_lse or _needs_grad(q, k, v, learnable_sink)) else None)
     key = None
-    # Remembered only when nothing is read from the device: the maxima given where a side is packed,
-    # no host metadata check, no dropout (its slot is drawn per call).
-    if (rng is None and (cu_seqlens_q is None or max_seqlen_q is not None)
-            and (cu_seqlens_k is None or max_seqlen_k is not None) and not check_requested(check_metadata)):
+    if _varlen_rememberable(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_metadata, rng):
         varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
         key, result = _replay((q, k, v, learnable_sink, *varlen), (max_seqlen_q, max_seqlen_k, softmax_scale, softcap),
                               window_size, ("varlen", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink,

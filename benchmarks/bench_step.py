@@ -1,0 +1,155 @@
+"""The training step, end to end, with each attention in the same process, steps alternated (a script, not a
+test): the training check's models (``tools/train_check.py``) built once per attention, then timed in blocks of
+``--block`` steps that take the attentions in turn, so that a slow phase of the host (frequency, another tenant;
+the transformers Llama step is host-bound) lands on every attention rather than on the one timed during it.
+
+Models: ``llama`` (transformers, eager, GQA 8/2, head_dim 128, this bundle through ``kernels``) and ``plain`` (the
+plain GPT under ``torch.compile(fullgraph=True)``); attentions ``ours``, ``sdpa_fa2`` (SDPA held to its flash
+backend: FA2, SDPA's default on an SM120) and ``sdpa`` (SDPA's default: cuDNN's wgmma kernels on the H100, a ceiling
+no mma.sync kernel is a peer of). Per step: CUDA-event time (as ``train_check.py``), and the host's time to issue
+the step; a step whose issue time is near its event time is host-bound (the GPU waits on Python).
+
+    source .kit_client/device-setup.sh &&
+    python3 benchmarks/bench_step.py --out $OUT/step.json [--models llama plain] [--seq 2048 --batch 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+
+ATTENTIONS = ("ours", "sdpa_fa2", "sdpa")
+
+
+def hf_step(impl: str, ckpt: Path):
+    """A step function of the transformers model at ``ckpt`` with attention ``impl``, and its context."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    kwargs = dict(dtype=torch.bfloat16, attn_implementation=impl)
+    if impl.count("/"):
+        kwargs["allow_all_kernels"] = True
+    model = AutoModelForCausalLM.from_pretrained(str(ckpt), **kwargs).cuda().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+
+    def step(ids, labels):
+        loss = model(input_ids=ids, labels=labels).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def plain_step(attention: str):
+    import torch
+
+    import train_check
+    from client_transformers import REPO_ID
+
+    fa = __import__("kernels").get_kernel(REPO_ID, version=1) if attention == "ours" else None
+    model = train_check.plain_model(fa)
+    compiled = torch.compile(model, fullgraph=True)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+
+    def step(ids, labels):
+        compiled(ids, labels).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return step
+
+
+def time_alternated(steps: dict, contexts: dict, data: list, warmup: int, rounds: int, block: int) -> dict:
+    """Per attention: median CUDA-event ms per step and median host issue ms per step, over ``rounds`` blocks of
+    ``block`` steps each, the attentions in turn (their order rotated each round)."""
+    import torch
+
+    names = list(steps)
+    for name in names:
+        with contexts[name]():
+            for i in range(warmup):
+                steps[name](*data[i % len(data)])
+    torch.cuda.synchronize()
+    events = {name: [] for name in names}
+    issue = {name: [] for name in names}
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        for name in order:
+            with contexts[name]():
+                for i in range(block):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    t0 = time.perf_counter()
+                    start.record()
+                    steps[name](*data[(r * block + i) % len(data)])
+                    end.record()
+                    issue[name].append((time.perf_counter() - t0) * 1e3)
+                    events[name].append((start, end))
+        torch.cuda.synchronize()
+    return {name: {"step_ms": statistics.median(s.elapsed_time(e) for s, e in events[name]),
+                   "issue_ms": statistics.median(issue[name]), "steps": len(events[name])} for name in names}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--out")
+    ap.add_argument("--models", nargs="*", default=["llama", "plain"])
+    ap.add_argument("--impls", nargs="*", default=list(ATTENTIONS))
+    ap.add_argument("--seq", type=int, default=2048)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--block", type=int, default=5)
+    args = ap.parse_args()
+    import torch
+
+    import train_check
+    from client_transformers import REPO_ID, VLLM_FA3_ID, set_local_kernels, set_offline, versions
+
+    train_check.SEQ, train_check.BATCH = args.seq, args.batch
+    set_offline(True)
+    set_local_kernels(str(ROOT), [REPO_ID, VLLM_FA3_ID])
+    data = list(train_check.batches(20, "cuda"))
+    contexts = {name: (lambda name=name: train_check.sdpa_backend(name)) for name in args.impls}
+    report = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
+              "versions": versions(), "seq": args.seq, "batch": args.batch, "rounds": args.rounds,
+              "block": args.block, "models": {}}
+    with tempfile.TemporaryDirectory() as work:
+        for model in args.models:
+            steps = {}
+            if model == "llama":
+                ckpt = train_check.hf_checkpoint("llama", Path(work))
+                for name in args.impls:
+                    with contexts[name]():
+                        steps[name] = hf_step(REPO_ID if name == "ours" else "sdpa", ckpt)
+            else:
+                for name in args.impls:
+                    with contexts[name]():
+                        steps[name] = plain_step(name)
+            runs = time_alternated(steps, {n: contexts[n] for n in steps}, data, args.warmup, args.rounds,
+                                   args.block)
+            if "ours" in runs:
+                for name, r in runs.items():
+                    r["ours_speedup"] = r["step_ms"] / runs["ours"]["step_ms"]
+            report["models"][model] = runs
+            for name, r in runs.items():
+                print(f"{model:6s} {name:9s} step {r['step_ms']:7.2f} ms  issue {r['issue_ms']:7.2f} ms  "
+                      f"ours x{r.get('ours_speedup', 0):.3f}", flush=True)
+            del steps
+            torch.cuda.empty_cache()
+    if args.out:
+        Path(args.out).write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
