@@ -730,7 +730,8 @@ def _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, dete
 
 
 #: Launch plans of calls seen before, by ``_call_key``: a repeated call (every layer of a model, every
-#: decode step at a fixed shape) skips validation and dispatch and only allocates and launches.
+#: decode step at a fixed shape, every training step) skips validation and dispatch and only allocates and
+#: launches. The backward ops' entries are their validated calls (``_validated_once``).
 _PLANS: dict = {}
 #: Cleared when full (a decode loop over a growing dense K/V makes a new key per step).
 MAX_CACHED_PLANS = 1024
