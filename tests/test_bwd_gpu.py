@@ -180,8 +180,12 @@ def test_bwd_causal_key_block_bands(band, monkeypatch):
     from flash_attn_4_sm120 import backward
 
     monkeypatch.setattr(backward, "bwd_tile_band", lambda *a: band)
-    run_dense(2, 300, 333, 10, 5, 64, 64, causal=True)
-    run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 128, causal=True)
+    backward.bwd_launch.cache_clear()  # the backward's host decisions are memoized per shape
+    try:
+        run_dense(2, 300, 333, 10, 5, 64, 64, causal=True)
+        run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 128, causal=True)
+    finally:
+        backward.bwd_launch.cache_clear()
 
 
 def test_bwd_deterministic_varlen_is_correct():
@@ -357,7 +361,9 @@ def group_split(request, monkeypatch):
     from flash_attn_4_sm120 import backward
 
     monkeypatch.setattr(backward, "_group_split", lambda *a: request.param)
-    return request.param
+    backward.bwd_launch.cache_clear()  # the backward's host decisions are memoized per shape
+    yield request.param
+    backward.bwd_launch.cache_clear()  # before monkeypatch puts the rule back: no forced split stays cached
 
 
 @pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window_size=(96, 32), softcap=20.0)],

@@ -72,11 +72,14 @@ def main():
             row["rule_band"] = rule(*a)
             return row["rule_band"]
         backward.bwd_tile_band = recorded
+        backward.bwd_launch.cache_clear()  # the backward's host decisions are memoized per shape
         row["ms"]["rule"] = run()
         for band in BANDS:
             backward.bwd_tile_band = lambda *a, band=band: band
+            backward.bwd_launch.cache_clear()
             row["ms"][band] = run()
         backward.bwd_tile_band = rule
+        backward.bwd_launch.cache_clear()
         base = row["ms"][1]
         print(f"{b}x{s} {hq}/{hkv} d{d} p={p} (rule band {row.get('rule_band')}): band 1 {base:.3f} ms; "
               + " ".join(f"{k}: {v / base:.3f}" for k, v in row["ms"].items() if k != 1), flush=True)

@@ -44,15 +44,18 @@ def main():
         group = hq // hkv
         chosen = []
         backward._group_split = lambda *a: chosen.append(rule(*a)) or chosen[-1]
+        backward.bwd_launch.cache_clear()  # the backward's host decisions are memoized per shape
         torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
         variants = {f"split{x}": x for x in range(1, group + 1) if group % x == 0}
         times = {name: [] for name in variants}
         for _ in range(args.rounds):
             for name, x in variants.items():
                 backward._group_split = lambda *a, x=x: x
+                backward.bwd_launch.cache_clear()
                 times[name].append(median_ms(lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True),
                                              iters=20, reps=7))
         backward._group_split = rule
+        backward.bwd_launch.cache_clear()
         flops = 2.5 * 4 * b * hq * s * s * d * (0.5 if causal else 1.0)
         ms = {name: statistics.median(t) for name, t in times.items()}
         row = {"shape": [b, s, hq, hkv, d, causal], "rule": chosen[0], "ms": ms,

@@ -14,6 +14,9 @@
 #    graph capture, then bench_step.py (the training step with every attention in one process, steps alternated),
 #    Llama and plain, ~9 min
 # 5: carry .kit_client: bench_step.py on the tree before the session (_br/base.patch), ours and SDPA-FA2, ~5 min
+# 6: carry .kit_bench: the group split's A/B with the banded order (session 30's review: bwd_group_split models the
+#    per-pair order; the band-aware model prefers no split at every causal shape), SM120 occupancy; then the
+#    group-split and band GPU tests (their fixtures now clear the memoized launch decisions), ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -44,5 +47,8 @@ case "$part" in
      timeout 360 python3 benchmarks/bench_step.py --out "$OUT/step.json" 2>&1 | grep -v -i warn | tail -8 ;;
   5) branch base && cd /tmp/base && timeout 500 python3 benchmarks/bench_step.py --impls ours sdpa_fa2 \
        --out "$OUT/step_base.json" 2>&1 | grep -v -i warn | tail -6 ;;
-  *) echo "part 1-5" ;;
+  6) (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 420 python3 explore/group_split_ab.py \
+        --out "$OUT/group_split_ab.json" 2>&1 | grep -v -i warn | grep "^\[")
+     shards 150 tests/test_bwd_gpu.py -k "group_split or bands" ;;
+  *) echo "part 1-6" ;;
 esac
