@@ -1,7 +1,7 @@
 """Backward tile tuner: time every conforming candidate config of the backward main kernel per head-dim
 class at the SM120 model's occupancy, with FA2 (SDPA flash) in the same run, and print the best.
 
-    python benchmarks/tune_bwd.py --conformance results/conformance_bwd_candidates_sm120a_<date>.json \
+    python benchmarks/tune_bwd.py --conformance results/conformance_bwd_candidates_sm120a_<date>.json[.gz] \
         --out tune_bwd.json [--classes 128 64] [--jobs 12] [--limit N] [--role-split any|only|none]
         [--min-ctas-per-sm 2]
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import functools
+import gzip
 import json
 import multiprocessing
 import sys
@@ -97,7 +98,8 @@ def main():
     from flash_attn_4_sm120.problem import BwdSpec
     from timing import median_ms
 
-    conf = json.loads(Path(args.conformance).read_text())
+    raw = Path(args.conformance).read_bytes()
+    conf = json.loads(gzip.decompress(raw) if args.conformance.endswith(".gz") else raw)
     verdict = {r["name"]: r for r in conf["configs"]}
     model = fa.dispatch_model(torch.device("cuda"))
     plan = []

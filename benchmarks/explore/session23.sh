@@ -8,7 +8,7 @@ cd "$(dirname "$0")/../.."
 python3 tools/pytest_shards.py -n 12 --log-dir "$OUT/sh" -- -m gpu tests/test_bwd_gpu.py > "$OUT/tests.txt" 2>&1
 tail -16 "$OUT/tests.txt"
 (cd benchmarks && timeout 240 python3 tune_bwd.py \
-   --conformance results/conformance_bwd_candidates_sm120a_2026-11-25.json --classes 64 96 --role-split none \
+   --conformance results/conformance_bwd_candidates_sm120a_2026-11-25.json.gz --classes 64 96 --role-split none \
    --min-ctas-per-sm 2 --out "$OUT/tune_2cta.json" 2>&1 | grep -v -i warn | grep -E "FA2|TFLOPS" | tail -70)
 timeout 120 python3 benchmarks/overhead.py --out "$OUT/overhead.json" 2>&1 | grep -v -i warn | grep "us/call"
 timeout 150 python3 benchmarks/explore/profile_train_step.py --seq 2048 --batch 4 --out "$OUT/train_profile.json" \

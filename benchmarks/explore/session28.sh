@@ -45,7 +45,7 @@ case "$part" in
         2>&1 | grep -v -i warn | tail -4)
      (cd benchmarks && timeout 280 python3 bench_dropout.py --occupancy both --cases d64 --out "$OUT/dropout_d64.json" \
         2>&1 | grep -v -i warn | tail -6) ;;
-  3) timeout 560 python3 benchmarks/tune_bwd.py --conformance benchmarks/results/conformance_bwd_candidates_sm120a_2026-11-25.json \
+  3) timeout 560 python3 benchmarks/tune_bwd.py --conformance benchmarks/results/conformance_bwd_candidates_sm120a_2026-11-25.json.gz \
        --classes 64 96 --out "$OUT/tune_bwd.json" 2>&1 | grep -v -i warn | tail -30 ;;
   4) timeout 200 python3 benchmarks/explore/deterministic_tiles.py --head-dim 64 --no-deterministic \
        --shapes 1x2048x8x8 2x1024x16x16 1x1024x16x16 1x4096x16x16 --configs four_warp_64x64 \

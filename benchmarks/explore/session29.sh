@@ -42,7 +42,7 @@ case "$part" in
        | grep -v -i warn | tail -10
      timeout 200 python3 benchmarks/explore/small_grid_ab.py --out "$OUT/small_grid_ab_eager.json" 2>&1 \
        | grep -v -i warn | tail -10 ;;
-  2) timeout 560 python3 benchmarks/tune_bwd.py --conformance benchmarks/results/conformance_bwd_candidates_sm120a_2026-11-25.json \
+  2) timeout 560 python3 benchmarks/tune_bwd.py --conformance benchmarks/results/conformance_bwd_candidates_sm120a_2026-11-25.json.gz \
        --classes 64 96 --out "$OUT/tune_bwd.json" 2>&1 | grep -v -i warn | tail -30 ;;
   3) timeout 300 python3 benchmarks/explore/deterministic_tiles.py --head-dim 96 \
        --out "$OUT/bwd_tiles_d96.json" 2>&1 | grep -v -i warn | tail -24 ;;
