@@ -192,22 +192,43 @@ def test_group_split_keeps_mha_and_large_grids_whole():
 @pytest.mark.parametrize("sq,sk,hkv,group,batch,slots", [
     (2048, 2048, 2, 4, 4, 132), (1024, 1024, 8, 4, 4, 132), (512, 512, 2, 4, 8, 170), (333, 517, 2, 4, 2, 132),
     (4096, 4096, 1, 8, 1, 48), (100, 3000, 2, 6, 3, 188)])
-def test_group_split_divides_the_group_and_never_models_slower(sq, sk, hkv, group, batch, slots, causal):
-    """The chosen split divides the group, and a small grid (here under a wave or two) always splits."""
-    from flash_attn_4_sm120.bwd_config import bwd_group_split
+@pytest.mark.parametrize("banded", [False, True])
+def test_group_split_divides_the_group_and_never_models_slower(sq, sk, hkv, group, batch, slots, causal, banded):
+    """The chosen split divides the group, never models slower than the whole group, and a grid of under half a
+    wave splits wherever that saves ``GROUP_SPLIT_MIN_SAVED_STEPS`` (a whole group's CTA that long)."""
+    from flash_attn_4_sm120.bwd_config import (GROUP_SPLIT_FIXED_STEPS, GROUP_SPLIT_MIN_SAVED_STEPS, _visits,
+                                                bwd_group_split)
 
-    s = bwd_group_split(sq, sk, 64, 64, hkv, group, batch, causal, slots)
+    band = dict(banded=banded and causal, l2_bytes=50 << 20, head_dim=128, head_dim_v=128)
+    s = bwd_group_split(sq, sk, 64, 64, hkv, group, batch, causal, slots, **band)
     assert group % s == 0
-    if -(-sk // 64) * hkv * batch <= slots // 2:
+    longest = group * max(_visits(sq, sk, 64, 64, causal)) + GROUP_SPLIT_FIXED_STEPS
+    if -(-sk // 64) * hkv * batch <= slots // 2 and longest >= 2 * GROUP_SPLIT_MIN_SAVED_STEPS:
         assert s > 1
 
 
-@pytest.mark.parametrize("b,s,hq,hkv,causal,best", [
-    (4, 2048, 8, 2, True, 4), (4, 1024, 32, 8, True, 1), (8, 1024, 16, 4, True, 1), (8, 512, 8, 2, True, 1),
-    (2, 4096, 16, 4, True, 4), (4, 2048, 8, 2, False, 1), (1, 8192, 32, 8, True, 1), (16, 1024, 32, 8, True, 1)])
-def test_group_split_picks_the_measured_winner(b, s, hq, hkv, causal, best):
-    """H100 at SM120 occupancy (132 SMs, one CTA each; group_split_ab_h100_2026-11-25.json): the split that
-    measured fastest, or 1 where no split gained (d64 for the 16/4 row, d128 elsewhere: both 64x64 tiles)."""
+@pytest.mark.parametrize("b,s,hq,hkv,d,causal,best", [
+    (4, 2048, 8, 2, 128, True, 1), (4, 1024, 32, 8, 128, True, 1), (8, 1024, 16, 4, 64, True, 1),
+    (8, 512, 8, 2, 128, True, 1), (2, 4096, 16, 4, 128, True, 1), (4, 2048, 8, 2, 128, False, 1),
+    (1, 8192, 32, 8, 128, True, 1), (16, 1024, 32, 8, 128, True, 1)])
+def test_group_split_picks_the_measured_winner(b, s, hq, hkv, d, causal, best):
+    """H100 at SM120 occupancy (132 SMs, one CTA each; group_split_ab_h100_2026-11-26.json, the banded
+    longest-first order): the split that measured fastest -- the whole group at every shape, by 2-15% where the
+    per-pair model had split (4 x 2048 8/2, 8 x 1024 16/4 d64, 2 x 4096 16/4: 4 splits) -- with the product's
+    tiles (d128 64x64, d64 64x128) and band inputs."""
     from flash_attn_4_sm120.bwd_config import bwd_group_split
 
-    assert bwd_group_split(s, s, 64, 64, hkv, hq // hkv, b, causal, 132) == best
+    tile_n = 128 if d == 64 else 64
+    assert bwd_group_split(s, s, 64, tile_n, hkv, hq // hkv, b, causal, 132, banded=causal, l2_bytes=50 << 20,
+                           head_dim=d, head_dim_v=d) == best
+
+
+@pytest.mark.parametrize("b,s,hq,hkv,d,best", [(1, 2048, 8, 1, 128, 8), (1, 1024, 8, 1, 64, 8), (2, 1024, 8, 2, 128, 4)])
+def test_group_split_still_splits_grids_no_band_fills(b, s, hq, hkv, d, best):
+    """Under the banded order a grid of one or a few (batch, KV head) pairs is still far under a wave (MQA, batch
+    1: 32 CTAs on 132 slots): the split fills it."""
+    from flash_attn_4_sm120.bwd_config import bwd_group_split
+
+    tile_n = 128 if d == 64 else 64
+    assert bwd_group_split(s, s, 64, tile_n, hkv, hq // hkv, b, True, 132, banded=True, l2_bytes=50 << 20,
+                           head_dim=d, head_dim_v=d) == best

@@ -387,10 +387,15 @@ def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
 GROUP_SPLITS = (2, 3, 4, 8)
 #: A query-head group is split over more CTAs only where the modelled time improves by more than this share:
 #: each split writes one more partial dK / dV, which the host sums, and the model's modest gains did not
-#: survive that (H100, group_split_ab_h100_2026-11-25.json: modelled 1.07x at 4 x 1024 32/8 and 8 x 1024
+#: survive that (H100, group_split_ab_h100_2026-11-25.json in git history: modelled 1.07x at 4 x 1024 32/8 and 8 x 1024
 #: 16/4 d64, measured 0.97x; modelled 1.06-1.10x at 8 x 512 8/2, where host time dominates, measured 0.64x;
 #: modelled 1.12-1.28x, measured 1.12-1.22x).
 GROUP_SPLIT_SLACK = 0.10
+#: A split must also save at least this many step times (one step: a 64-row query block at d128, ~2 us on the
+#: H100 at SM120 occupancy): it costs two fp32 reductions and their host time, which a short backward does not
+#: earn back (8 x 512 8/2 d128 causal, banded: modelled 34 -> 22 steps with 2 splits, measured 48 -> 33 TFLOPS,
+#: group_split_ab_h100_2026-11-26.json).
+GROUP_SPLIT_MIN_SAVED_STEPS = 32
 #: Grids of at least this many waves stay whole: their tail is under 1/8 of the time (and the model is not
 #: worth its host time there).
 GROUP_SPLIT_MIN_WAVES = 8
@@ -401,7 +406,8 @@ GROUP_SPLIT_FIXED_STEPS = 2.0
 
 @lru_cache(maxsize=4096)
 def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int, batch: int,
-                    causal: bool, slots: int) -> int:
+                    causal: bool, slots: int, banded: bool = False, l2_bytes: int = 0, head_dim: int = 0,
+                    head_dim_v: int = 0) -> int:
     """Query-head splits of each KV head's group for the backward: the main kernel runs one CTA per (key
     block, KV head, batch) and walks ``group`` query heads in it, so a GQA model with few KV heads launches a
     small grid of long CTAs (8/2 heads at 4 x 2048 keys: 256 CTAs of 4 heads each), and the causal CTAs of
@@ -410,13 +416,18 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
     CTA walks ``group / s`` heads and writes its own partial dK/dV, which the host sums in fp32 (a fixed order:
     deterministic mode holds).
 
-    The model: CTAs start in launch order (key block fastest) on ``slots`` = SMs x CTAs per SM, each taking
-    ``heads * query blocks it visits (bottom-right causal or all) + GROUP_SPLIT_FIXED_STEPS`` step times; the
-    time is the greedy schedule's makespan; the answer is the fastest split where it beats the whole group by
-    more than ``GROUP_SPLIT_SLACK``, else 1. Measured on the H100 at SM120 occupancy (bf16, causal,
-    gqa_grid_h100_2026-11-25.json): 4 x 2048 keys, 8/2 heads, d128 runs at 137 TFLOPS as GQA and 175 with every
-    query head its own KV head (1.28x; the model: 1.28x); 4 x 1024 32/8 1.11x (model 1.03-1.07x); 8 x 1024 16/4
-    d64 1.10x (1.07x)."""
+    The model: CTAs start in launch order on ``slots`` = SMs x CTAs per SM, each taking ``heads * query blocks it
+    visits (bottom-right causal or all) + GROUP_SPLIT_FIXED_STEPS`` step times; the time is the greedy
+    schedule's makespan; the answer is the fastest split where it beats the whole group by more than
+    ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 1. ``banded``: the kernel runs the key blocks longest first in bands of pairs
+    (``bwd_banded``), each split at the band ``bwd_tile_band`` gives it (``l2_bytes``, ``head_dim``,
+    ``head_dim_v``: that rule's inputs); else key block fastest, one pair after another. The banded order
+    removes most of the tail the split was for: H100, SM120 occupancy, causal, 2026-11-26
+    (group_split_ab_h100_2026-11-26.json), whole groups ran faster than any split at every shape measured (4 x
+    2048 8/2 d128 209 TFLOPS, split 4 189; 8 x 1024 16/4 d64 168 against 143; 2 x 4096 16/4 237 against 227), as
+    this model predicts; in the per-pair order the split had gained 1.12-1.28x
+    (group_split_ab_h100_2026-11-25.json, in git history). What still splits: grids too small to fill the device at any band
+    (one or two pairs: MQA and small batches)."""
     num_n = -(-seqlen_k // tile_n)
     if group <= 1 or slots <= 0 or num_n <= 0 or seqlen_q <= 0:
         return 1
@@ -424,10 +435,15 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
         return 1
     visits = _visits(seqlen_q, seqlen_k, tile_m, tile_n, causal)
     splits = [1] + [s for s in GROUP_SPLITS if group % s == 0]
-    times = [_makespan([(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits], heads_kv * s * batch, 1, slots)
-             for s in splits]
+    times = []
+    for s in splits:
+        pairs = heads_kv * s * batch
+        band = (bwd_tile_band(l2_bytes, seqlen_q, seqlen_k, head_dim, head_dim_v, tile_m, tile_n, group // s, pairs,
+                              slots) if banded else 1)
+        times.append(_makespan([(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits], pairs, band, slots))
     best = min(range(len(splits)), key=lambda i: (times[i], splits[i]))
-    return splits[best] if times[0] > times[best] * (1 + GROUP_SPLIT_SLACK) else 1
+    saved = times[0] - times[best]
+    return splits[best] if saved > times[best] * GROUP_SPLIT_SLACK and saved >= GROUP_SPLIT_MIN_SAVED_STEPS else 1
 
 
 def _visits(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool) -> list:

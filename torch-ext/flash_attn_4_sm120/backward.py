@@ -52,7 +52,7 @@ def _kernels(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int,
 
 def clear_caches() -> None:
     """Forget the chosen configs and kernels (tests and the tuner patch the tables)."""
-    for cached in (select_bwd_config, _main_kernel, _kernels, _group_split, _slots, _bwd_spec, bwd_launch):
+    for cached in (select_bwd_config, _main_kernel, _kernels, _slots, _bwd_spec, bwd_launch):
         cached.cache_clear()
 
 
@@ -67,14 +67,15 @@ def _slots(bspec: BwdSpec, cfg, model, num_sms: int) -> int:
     return num_sms * model.ctas_per_sm(bwd_smem_bytes(bspec, cfg) + STATIC_SMEM_BYTES)
 
 
-@functools.lru_cache(maxsize=4096)
-def _group_split(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int) -> int:
+def _group_split(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_bytes: int) -> int:
     """``bwd_config.bwd_group_split`` for this call: the model's CTAs per SM of the main kernel on ``num_sms``
-    SMs; a window counts as unmasked (every query block visited: the even case, which splits least). Memoized
-    (a training step repeats its shapes; host time counts at small ones)."""
+    SMs, in the key-block order the kernel runs (banded for causal masks: ``l2_bytes`` bounds the band); a
+    window counts as unmasked (every query block visited: the even case, which splits least)."""
+    causal = bspec.causal and not bspec.local
     split = bwd_group_split(shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n, shape.num_heads_kv,
-                            shape.num_heads // shape.num_heads_kv, shape.batch, bspec.causal and not bspec.local,
-                            _slots(bspec, cfg, model, num_sms))
+                            shape.num_heads // shape.num_heads_kv, shape.batch, causal, _slots(bspec, cfg, model, num_sms),
+                            banded=bwd_banded(bspec, cfg) and causal, l2_bytes=l2_bytes, head_dim=bspec.head_dim,
+                            head_dim_v=bspec.head_dim_v)
     if split > 1 and bwd_config_problems(_split_spec(bspec, split), cfg, model):
         return 1  # the predicate keeps this spec unsplit
     return split
@@ -122,7 +123,7 @@ def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem:
     # A small grid splits each KV head's query-head group over `split` CTAs (the main kernel's spec), each
     # writing a partial dK / dV head (KV head h's are heads h * split .. h * split + split - 1), summed in
     # run_bwd in fp32 in a fixed order (deterministic mode holds). Block sparsity walks per-KV-head lists: never split.
-    split = _group_split(bspec, cfg, shape, model, num_sms) if num_sms and bspec.block_sparse is None else 1
+    split = _group_split(bspec, cfg, shape, model, num_sms, l2_bytes) if num_sms and bspec.block_sparse is None else 1
     if split > 1:
         main = _main_kernel(_split_spec(bspec, split), model, target, device_smem)
     band = 1  # causal / block-sparse key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
