@@ -17,6 +17,9 @@
 # 6: carry .kit_bench: the group split's A/B with the banded order (session 30's review: bwd_group_split models the
 #    per-pair order; the band-aware model prefers no split at every causal shape), SM120 occupancy; then the
 #    group-split and band GPU tests (their fixtures now clear the memoized launch decisions), ~8 min
+# 7: carry .kit_bench: after the band-aware group split (main): bench_bwd, both occupancies, every implementation
+#    (the README's backward table), ~9.5 min
+# 8: carry .kit_bench: the backward GPU tests of GQA, group split, bands and the basics under the new rule, ~3 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -50,5 +53,8 @@ case "$part" in
   6) (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 420 python3 explore/group_split_ab.py \
         --out "$OUT/group_split_ab.json" 2>&1 | grep -v -i warn | grep "^\[")
      shards 150 tests/test_bwd_gpu.py -k "group_split or bands" ;;
-  *) echo "part 1-6" ;;
+  7) (cd benchmarks && timeout 575 python3 bench_bwd.py --occupancy both --out "$OUT/bwd.json" 2>&1 \
+       | grep -v -i warn | grep "\[" | tail -24) ;;
+  8) shards 200 tests/test_bwd_gpu.py -k "gqa or group_split or bands or basic or varlen or determin" ;;
+  *) echo "part 1-8" ;;
 esac
