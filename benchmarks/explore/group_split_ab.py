@@ -2,7 +2,8 @@
 training-sized GQA shapes, the backward alone (``torch.autograd.grad`` of a kept forward) with the split forced
 to each divisor of the group and with the rule's choice, interleaved over rounds, ``timing.median_ms``.
 
-    cd benchmarks && FA4_SM120_OCCUPANCY=model python3 explore/group_split_ab.py --out $OUT/group_split_ab.json
+    cd benchmarks && FA4_SM120_OCCUPANCY=model python3 explore/group_split_ab.py --out $OUT/group_split_ab.json \
+        [--deterministic] [--shapes 0 4]
 """
 
 import argparse
@@ -31,16 +32,18 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--deterministic", action="store_true", help="the deterministic backward (its own key-block order)")
+    ap.add_argument("--shapes", type=int, nargs="*", help="indices into SHAPES (default: all)")
     args = ap.parse_args()
     rule = backward._group_split
     rows = []
-    for b, s, hq, hkv, d, causal in SHAPES:
+    for b, s, hq, hkv, d, causal in [SHAPES[i] for i in args.shapes] if args.shapes else SHAPES:
         torch.manual_seed(0)
         q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda", requires_grad=True)
         dout = torch.randn_like(q)
-        out = fa.flash_attn_func(q, k, v, causal=causal)[0]
+        out = fa.flash_attn_func(q, k, v, causal=causal, deterministic=args.deterministic)[0]
         group = hq // hkv
         chosen = []
         backward._group_split = lambda *a: chosen.append(rule(*a)) or chosen[-1]
@@ -58,7 +61,7 @@ def main():
         backward.bwd_launch.cache_clear()
         flops = 2.5 * 4 * b * hq * s * s * d * (0.5 if causal else 1.0)
         ms = {name: statistics.median(t) for name, t in times.items()}
-        row = {"shape": [b, s, hq, hkv, d, causal], "rule": chosen[0], "ms": ms,
+        row = {"shape": [b, s, hq, hkv, d, causal], "deterministic": args.deterministic, "rule": chosen[0], "ms": ms,
                "tflops": {n: flops / m / 1e9 for n, m in ms.items()}}
         rows.append(row)
         print(row["shape"], "rule", chosen[0], " ".join(f"{n}={t:.0f}TF" for n, t in row["tflops"].items()), flush=True)

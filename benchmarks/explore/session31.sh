@@ -19,7 +19,9 @@
 #    group-split and band GPU tests (their fixtures now clear the memoized launch decisions), ~8 min
 # 7: carry .kit_bench: after the band-aware group split (main): bench_bwd, both occupancies, every implementation
 #    (the README's backward table), ~9.5 min
-# 8: carry .kit_bench: the backward GPU tests of GQA, group split, bands and the basics under the new rule, ~3 min
+# 8: carry .kit_bench: the group split's A/B in the deterministic mode (its highest-first per-pair order; the
+#    default's no longer splits, and deterministic 4 x 2048 8/2 measured 1.36x the default's time in part 7), then
+#    the backward GPU tests of GQA, group split, bands and the basics under the new rule, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -55,6 +57,8 @@ case "$part" in
      shards 150 tests/test_bwd_gpu.py -k "group_split or bands" ;;
   7) (cd benchmarks && timeout 575 python3 bench_bwd.py --occupancy both --out "$OUT/bwd.json" 2>&1 \
        | grep -v -i warn | grep "\[" | tail -24) ;;
-  8) shards 200 tests/test_bwd_gpu.py -k "gqa or group_split or bands or basic or varlen or determin" ;;
+  8) (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 200 python3 explore/group_split_ab.py --deterministic \
+        --shapes 0 2 4 --out "$OUT/group_split_ab_det.json" 2>&1 | grep -v -i warn | grep "^\[")
+     shards 200 tests/test_bwd_gpu.py -k "gqa or group_split or bands or basic or varlen or determin" ;;
   *) echo "part 1-8" ;;
 esac
