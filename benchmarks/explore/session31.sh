@@ -22,6 +22,8 @@
 # 8: carry .kit_bench: the group split's A/B in the deterministic mode (its highest-first per-pair order; the
 #    default's no longer splits, and deterministic 4 x 2048 8/2 measured 1.36x the default's time in part 7), then
 #    the backward GPU tests of GQA, group split, bands and the basics under the new rule, ~5 min
+# 9, 10: carry .kit_bench: the GPU suites the session's interface changes reach (every entry's plans, autograd and
+#    compile paths): backward, dropout, plans, GQA packing (9); varlen, KV cache, flex, block sparsity, forward (10)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -60,5 +62,8 @@ case "$part" in
   8) (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 200 python3 explore/group_split_ab.py --deterministic \
         --shapes 0 2 4 --out "$OUT/group_split_ab_det.json" 2>&1 | grep -v -i warn | grep "^\[")
      shards 200 tests/test_bwd_gpu.py -k "gqa or group_split or bands or basic or varlen or determin" ;;
-  *) echo "part 1-8" ;;
+  9) shards 560 tests/test_bwd_gpu.py tests/test_dropout_gpu.py tests/test_call_plans.py tests/test_pack_gqa_gpu.py ;;
+  10) shards 560 tests/test_varlen_gpu.py tests/test_kvcache_gpu.py tests/test_flex_gpu.py tests/test_block_sparse_gpu.py \
+        tests/test_fwd_gpu.py -k "not large" ;;
+  *) echo "part 1-10" ;;
 esac
