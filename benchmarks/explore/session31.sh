@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 31's device calls, one part per call (each under the 10-minute limit).
+# Session 31 ran parts 1-10 (results: notes/perf.md, session 31). One part per call (each under the 10-minute limit).
 #   run(command="source .kit_client/device-setup.sh; bash benchmarks/explore/session31.sh N", carry=[".kit_client"])
 # 1: carry .kit_client: where the transformers Llama step's time goes, ours against SDPA-FA2 (host submit time
 #    against wall time, GPU busy time, host-device syncs, CPU ops, cProfile; profile_hf_step.py), then
