@@ -31,7 +31,8 @@ ATTENTIONS = ("ours", "sdpa_fa2", "sdpa")
 
 
 def hf_step(impl: str, ckpt: Path):
-    """A step function of the transformers model at ``ckpt`` with attention ``impl``, and its context."""
+    """A step function of the transformers model at ``ckpt`` with attention ``impl`` (its ``model`` attribute:
+    the model)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -47,6 +48,7 @@ def hf_step(impl: str, ckpt: Path):
         opt.step()
         opt.zero_grad(set_to_none=True)
 
+    step.model = model
     return step
 
 

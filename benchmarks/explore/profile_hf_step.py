@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tools"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 ATTENTION_NAMES = ("flash", "Flash", "fmha", "cudnn")
 
@@ -38,23 +39,13 @@ ATTENTION_NAMES = ("flash", "Flash", "fmha", "cudnn")
 def measure(name: str, impl: str, ckpt: Path, top: int) -> dict:
     import torch
     from torch.profiler import ProfilerActivity, profile as torch_profile
-    from transformers import AutoModelForCausalLM
 
     import train_check
+    from bench_step import hf_step
 
-    kwargs = dict(dtype=torch.bfloat16, attn_implementation=impl)
-    if impl.count("/"):
-        kwargs["allow_all_kernels"] = True
-    model = AutoModelForCausalLM.from_pretrained(str(ckpt), **kwargs).cuda().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
+    step = hf_step(impl, ckpt)
+    model = step.model
     data = list(train_check.batches(60, "cuda"))
-
-    def step(ids, labels):
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        return loss
 
     for ids, labels in data[:10]:
         step(ids, labels)
@@ -107,7 +98,7 @@ def measure(name: str, impl: str, ckpt: Path, top: int) -> dict:
     pstats.Stats(pr, stream=text).sort_stats("cumulative").print_stats("flash_attn_4_sm120|flash_attention|kernels",
                                                                        top)
     out["cprofile"] = text.getvalue()
-    del model, opt
+    del model, step
     torch.cuda.empty_cache()
     return out
 
