@@ -223,7 +223,8 @@ def test_group_split_picks_the_measured_winner(b, s, hq, hkv, d, causal, best):
                            head_dim=d, head_dim_v=d) == best
 
 
-@pytest.mark.parametrize("b,s,hq,hkv,d,best", [(4, 2048, 8, 2, 128, 4), (8, 1024, 16, 4, 64, 4), (2, 4096, 16, 4, 128, 4)])
+@pytest.mark.parametrize("b,s,hq,hkv,d,best", [(4, 2048, 8, 2, 128, 4), (8, 1024, 16, 4, 64, 4),
+                                               (2, 4096, 16, 4, 128, 4)])
 def test_group_split_deterministic_picks_the_measured_winner(b, s, hq, hkv, d, best):
     """The deterministic mode launches each pair's key blocks highest first (no bands): there the split still
     wins (H100, SM120 occupancy, group_split_ab_h100_2026-11-26.json, deterministic rows: 4 splits fastest)."""
@@ -233,7 +234,8 @@ def test_group_split_deterministic_picks_the_measured_winner(b, s, hq, hkv, d, b
     assert bwd_group_split(s, s, 64, tile_n, hkv, hq // hkv, b, True, 132, highest_first=True) == best
 
 
-@pytest.mark.parametrize("b,s,hq,hkv,d,best", [(1, 2048, 8, 1, 128, 8), (1, 1024, 8, 1, 64, 8), (2, 1024, 8, 2, 128, 4)])
+@pytest.mark.parametrize("b,s,hq,hkv,d,best", [(1, 2048, 8, 1, 128, 8), (1, 1024, 8, 1, 64, 8),
+                                               (2, 1024, 8, 2, 128, 4)])
 def test_group_split_still_splits_grids_no_band_fills(b, s, hq, hkv, d, best):
     """Under the banded order a grid of one or a few (batch, KV head) pairs is still far under a wave (MQA, batch
     1: 32 CTAs on 132 slots): the split fills it."""

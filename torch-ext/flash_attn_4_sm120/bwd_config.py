@@ -387,9 +387,9 @@ def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
 GROUP_SPLITS = (2, 3, 4, 8)
 #: A query-head group is split over more CTAs only where the modelled time improves by more than this share:
 #: each split writes one more partial dK / dV, which the host sums, and the model's modest gains did not
-#: survive that (H100, group_split_ab_h100_2026-11-25.json in git history: modelled 1.07x at 4 x 1024 32/8 and 8 x 1024
-#: 16/4 d64, measured 0.97x; modelled 1.06-1.10x at 8 x 512 8/2, where host time dominates, measured 0.64x;
-#: modelled 1.12-1.28x, measured 1.12-1.22x).
+#: survive that (H100, group_split_ab_h100_2026-11-25.json in git history: modelled 1.07x at 4 x 1024 32/8 and
+#: 8 x 1024 16/4 d64, measured 0.97x; modelled 1.06-1.10x at 8 x 512 8/2, where host time dominates, measured
+#: 0.64x; modelled 1.12-1.28x, measured 1.12-1.22x).
 GROUP_SPLIT_SLACK = 0.10
 #: A split must also save at least this many step times (one step: a 64-row query block at d128, ~2 us on the
 #: H100 at SM120 occupancy): it costs two fp32 reductions and their host time, which a short backward does not
@@ -420,11 +420,11 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
     The model: CTAs start in launch order on ``slots`` = SMs x CTAs per SM, each taking ``heads * query blocks it
     visits (bottom-right causal or all) + GROUP_SPLIT_FIXED_STEPS`` step times; the time is the greedy
     schedule's makespan; the answer is the fastest split where it beats the whole group by more than
-    ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 1. ``banded``: the kernel runs the key blocks longest first in bands of pairs
-    (``bwd_banded``), each split at the band ``bwd_tile_band`` gives it (``l2_bytes``, ``head_dim``,
-    ``head_dim_v``: that rule's inputs); else key block fastest, one pair after another, from key block 0 or,
-    ``highest_first`` (the deterministic mode's order), from the last. The banded order
-    removes most of the tail the split was for: H100, SM120 occupancy, causal, 2026-11-26
+    ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 1. ``banded``: the kernel runs the key
+    blocks longest first in bands of pairs (``bwd_banded``), each split at the band ``bwd_tile_band`` gives it
+    (``l2_bytes``, ``head_dim``, ``head_dim_v``: that rule's inputs); else key block fastest, one pair after
+    another, from key block 0 or, ``highest_first`` (the deterministic mode's order), from the last. The banded
+    order removes most of the tail the split was for: H100, SM120 occupancy, causal, 2026-11-26
     (group_split_ab_h100_2026-11-26.json), whole groups ran faster than any split at every shape measured (4 x
     2048 8/2 d128 209 TFLOPS, split 4 189; 8 x 1024 16/4 d64 168 against 143; 2 x 4096 16/4 237 against 227), as
     this model predicts; in the per-pair order the split had gained 1.12-1.28x
