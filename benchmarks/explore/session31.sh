@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 31 ran parts 1-10 (results: notes/perf.md, session 31). One part per call (each under the 10-minute limit).
+# Session 31 ran parts 1-11 (results: notes/perf.md, session 31). One part per call (each under the 10-minute limit).
 #   run(command="source .kit_client/device-setup.sh; bash benchmarks/explore/session31.sh N", carry=[".kit_client"])
 # 1: carry .kit_client: where the transformers Llama step's time goes, ours against SDPA-FA2 (host submit time
 #    against wall time, GPU busy time, host-device syncs, CPU ops, cProfile; profile_hf_step.py), then
@@ -24,6 +24,7 @@
 #    the backward GPU tests of GQA, group split, bands and the basics under the new rule, ~5 min
 # 9, 10: carry .kit_bench: the GPU suites the session's interface changes reach (every entry's plans, autograd and
 #    compile paths): backward, dropout, plans, GQA packing (9); varlen, KV cache, flex, block sparsity, forward (10)
+# 11: carry .kit_client: bench_step.py at 1 x 8192 tokens (attention a larger share of the step), ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -65,5 +66,7 @@ case "$part" in
   9) shards 560 tests/test_bwd_gpu.py tests/test_dropout_gpu.py tests/test_call_plans.py tests/test_pack_gqa_gpu.py ;;
   10) shards 560 tests/test_varlen_gpu.py tests/test_kvcache_gpu.py tests/test_flex_gpu.py tests/test_block_sparse_gpu.py \
         tests/test_fwd_gpu.py -k "not large" ;;
-  *) echo "part 1-10" ;;
+  11) timeout 560 python3 benchmarks/bench_step.py --seq 8192 --batch 1 --rounds 6 \
+        --out "$OUT/step_s8192.json" 2>&1 | grep -v -i warn | tail -8 ;;
+  *) echo "part 1-11" ;;
 esac
