@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 31 ran parts 1-11 (results: notes/perf.md, session 31). One part per call (each under the 10-minute limit).
+# Session 31 ran parts 1-12 (results: notes/perf.md, session 31). One part per call (each under the 10-minute limit).
 #   run(command="source .kit_client/device-setup.sh; bash benchmarks/explore/session31.sh N", carry=[".kit_client"])
 # 1: carry .kit_client: where the transformers Llama step's time goes, ours against SDPA-FA2 (host submit time
 #    against wall time, GPU busy time, host-device syncs, CPU ops, cProfile; profile_hf_step.py), then
@@ -25,6 +25,8 @@
 # 9, 10: carry .kit_bench: the GPU suites the session's interface changes reach (every entry's plans, autograd and
 #    compile paths): backward, dropout, plans, GQA packing (9); varlen, KV cache, flex, block sparsity, forward (10)
 # 11: carry .kit_client: bench_step.py at 1 x 8192 tokens (attention a larger share of the step), ~5 min
+# 12: carry .kit_bench: after the review mend of the backward ops' remembered validation: plans, compile, graph and
+#     varlen GPU tests, ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -68,5 +70,7 @@ case "$part" in
         tests/test_fwd_gpu.py -k "not large" ;;
   11) timeout 560 python3 benchmarks/bench_step.py --seq 8192 --batch 1 --rounds 6 \
         --out "$OUT/step_s8192.json" 2>&1 | grep -v -i warn | tail -8 ;;
-  *) echo "part 1-11" ;;
+  12) shards 300 tests/test_call_plans.py tests/test_bwd_gpu.py tests/test_dropout_gpu.py tests/test_flex_gpu.py \
+        -k "compile or graph or plan or remember or varlen" ;;
+  *) echo "part 1-12" ;;
 esac

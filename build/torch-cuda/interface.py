@@ -442,30 +442,35 @@ def _bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor,
               rng: Optional[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     key = _call_key((q, k, v, learnable_sink), (softmax_scale, softcap, window_left, window_right),
                     ("bwd op", bool(causal), rng is None))
-    if remembered(key) is None:  # not remembered: q / k / v the kernels cannot read in place are copied
-        q, k, v = (kernel_layout(t) for t in (q, k, v))
-    spec, shape, params = _validated_once(key, learnable_sink, rng, lambda: _validated(
+    q, k, v, spec, shape, params = _validated_once(key, (q, k, v), learnable_sink, rng, lambda q, k, v: _validated(
         q, k, v, softmax_scale, causal, (window_left, window_right), softcap, learnable_sink, rng)[3:])
     dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, None, _dtype_of(learnable_sink),
                                deterministic)
     return dq, dk, dv, _dsink_out(dsink, q)
 
 
-def _validated_once(key, learnable_sink, rng, validate) -> tuple:
-    """``(spec, shape, params)`` of a backward op's call: ``validate()`` on the first call with ``key``
-    (``_call_key``; None: every call), remembered in the shared plans table (a training step repeats its calls)
-    with the per-call sink and dropout slot put back on later calls. The key's tensors are read in place, so
-    the caller's q / k / v are the kernels'."""
+def _validated_once(key, qkv, learnable_sink, rng, validate) -> tuple:
+    """``(q, k, v, spec, shape, params)`` of a backward op's call: on the first call with ``key`` (``_call_key``;
+    None: every call) q / k / v in the kernels' layout (copied where they cannot be read in place) and
+    ``validate(q, k, v)`` -> (spec, shape, params), remembered in the shared plans table (a training step repeats
+    its calls); later calls put their own sink and dropout slot back (``_per_call``). A key's tensors are read
+    in place, so a remembered call's q / k / v are the kernels'."""
     call = remembered(key)
     if call is None:
-        call = validate()
+        qkv = tuple(kernel_layout(t) for t in qkv)
+        call = validate(*qkv)
         if key is not None:
             remember(key, (*call[:2], dataclasses.replace(call[2], sink=None, rng=None)))
-        return call
+        return (*qkv, *call)
     spec, shape, params = call
-    if learnable_sink is not None or rng is not None:
-        params = dataclasses.replace(params, sink=_plain_sink(learnable_sink), rng=rng)
-    return spec, shape, params
+    return (*qkv, spec, shape, _per_call(params, learnable_sink, rng))
+
+
+def _per_call(params, learnable_sink, rng=None):
+    """A remembered call's parameters with this call's learnable sink (as the kernels read it) and dropout slot."""
+    if learnable_sink is None and rng is None:
+        return params
+    return dataclasses.replace(params, sink=_plain_sink(learnable_sink), rng=rng)
 
 
 def _bwd_fake(dout, dlse, q, k, v, out, lse, softmax_scale, causal, window_left, window_right, softcap,
@@ -490,11 +495,13 @@ def _varlen_bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.
         key = _call_key((q, k, v, learnable_sink, *varlen[:4]),
                         (max_seqlen_q, max_seqlen_k, softmax_scale, softcap, window_left, window_right),
                         ("varlen bwd op", bool(causal)))
-    if remembered(key) is None:
-        q, k, v = (kernel_layout(t) for t in (q, k, v))
-    spec, shape, params = _validated_once(key, learnable_sink, rng, lambda: _validate_varlen_call(
-        q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
-        (window_left, window_right), softcap, learnable_sink, False, rng=rng)[:3])
+
+    def validate(q, k, v):
+        return _validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                                     seqused_k, softmax_scale, causal, (window_left, window_right), softcap,
+                                     learnable_sink, False, rng=rng)[:3]
+
+    q, k, v, spec, shape, params = _validated_once(key, (q, k, v), learnable_sink, rng, validate)
     dq, dk, dv, dsink = _grads(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, _dtype_of(learnable_sink),
                                deterministic)
     return dq, dk, dv, _dsink_out(dsink, q)
@@ -794,10 +801,8 @@ def _replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, var
     if plan is None:
         return key, None
     spec, shape, params = plan.call
-    if learnable_sink is not None:
-        params = dataclasses.replace(params, sink=_plain_sink(learnable_sink))
-    return key, _run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, learnable_sink, deterministic,
-                          grad)
+    return key, _run_plan(plan, q, k, v, spec, shape, _per_call(params, learnable_sink), varlen, return_lse,
+                          learnable_sink, deterministic, grad)
 
 
 def _plain_sink(learnable_sink):
