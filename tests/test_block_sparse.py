@@ -220,6 +220,35 @@ def test_backward_lists_are_remembered_per_tensor_version():
     assert all(torch.equal(a, b) for a, b in zip(cached_backward_lists(other, *args), first))
 
 
+def test_backward_lists_take_a_refinement_of_the_tile_classes():
+    """A refinement (the device's mask_mod pass, here a torch stand-in with the exact classes) replaces the tiles'
+    classes before the lists are compacted, may give the lists the call's batch, and is part of the cache key."""
+    from flash_attn_4_sm120.block_sparse import TileRefine, backward_lists, block_classes, cached_backward_lists
+
+    sq = sk = 256
+    fwd, _ = block_sparse_from_mask_fn(causal, 1, 1, sq, sk, (128, 128))
+    keep = torch.arange(sk).view(1, -1) <= torch.arange(sq).view(-1, 1)
+    exact = block_classes(keep.expand(3, 1, sq, sk), (64, 64))  # per batch, as a mask_mod reading b would give
+    seen = []
+
+    def run(tiles):
+        seen.append(tuple(tiles.shape))
+        return exact.clone()
+
+    args = ((128, 128), 2, 1, sq, sk, 64, 64)
+    plain = backward_lists(fwd, *args)
+    mc, mi, fc, fi = backward_lists(fwd, *args, refine=TileRefine(run, ("k", 1)))
+    assert seen == [(1, 1, 4, 4)] and mc.shape == (3, 1, 4) and plain[0].shape == (1, 1, 4)
+    # key tile 0 (keys 0-63): query tile 0 is its diagonal (partial), tiles 1-3 full, per query head g = 0, 1
+    assert mc[0, 0].tolist() == [2, 2, 2, 2] and fc[0, 0].tolist() == [6, 4, 2, 0]
+    assert plain[0][0, 0].tolist() == [4, 4, 4, 4] and plain[2][0, 0].tolist() == [4, 4, 0, 0]
+    assert sorted(fi[1, 0, 0, :6].tolist()) == [1, 2, 3, 5, 6, 7]
+    first = cached_backward_lists(fwd, *args, TileRefine(run, ("k", 1)))
+    assert cached_backward_lists(fwd, *args, TileRefine(run, ("k", 1))) is first
+    assert cached_backward_lists(fwd, *args, TileRefine(run, ("k", 2))) is not first
+    assert cached_backward_lists(fwd, *args)[0].shape == (1, 1, 4)
+
+
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 @pytest.mark.parametrize("block", [(128, 128), (128, 64)])
 def test_every_backward_class_has_a_tile_for_the_blocks(d, block):

@@ -315,3 +315,86 @@ def test_backward_lists_match_a_dense_transpose():
         for tile in (2 * j, 2 * j + 1):
             assert sorted(mi[0, 0, tile, :mc[0, 0, tile]].tolist()) == want_mask
             assert sorted(fi[0, 0, tile, :fc[0, 0, tile]].tolist()) == want_full
+
+
+def _refine(ex, b, hq, sq, sk, tile=(64, 64)):
+    """The backward's ``TileRefine`` of a call with ``ex``'s mask_mod (and aux tensors) at ``tile``."""
+    from types import SimpleNamespace
+
+    from flash_attn_4_sm120 import backward, flex, interface
+    from flash_attn_4_sm120.problem import BwdSpec, FwdShape
+
+    mods = flex.register(flex.ModKey.of(mask_mod=ex.mask_mod, aux_tensors=ex.aux_tensors), mask_mod=ex.mask_mod)
+    bspec = BwdSpec("bf16", 128, 128, causal=False, mods=mods, block_sparse=(128, 128))
+    shape = FwdShape(batch=b, seqlen_q=sq, seqlen_k=sk, num_heads=hq, num_heads_kv=hq)
+    model, target = interface._model_and_target(torch.cuda.current_device(), None, None)
+    cfg = SimpleNamespace(tile_m=tile[0], tile_n=tile[1])
+    return backward._tile_refine(bspec, cfg, shape, tuple(ex.aux_tensors), model, target)
+
+
+@pytest.mark.parametrize("tile", [(64, 64), (32, 64), (64, 128)], ids=lambda t: f"{t[0]}x{t[1]}")
+@pytest.mark.parametrize("name", list(EXAMPLES))
+def test_refined_backward_lists_are_the_exact_tile_classes(name, tile):
+    """The lists of (128, 128) blocks refined by the mask_mod on the device equal the lists of the mask's own
+    tile classes: a partial block's wholly kept tiles are full steps, its wholly dropped ones are not visited."""
+    ex = EXAMPLES[name]
+    sq, sk, hq = 555, 700, 2
+    fwd, _ = bs.block_sparse_from_example(ex, 1, hq, sq, sk, (128, 128), "cuda")
+    got = bs.backward_lists(fwd, (128, 128), hq, 1, sq, sk, *tile, refine=_refine(ex, 1, hq, sq, sk, tile))
+    exact = bs.block_classes(_mask_of(ex, sq, sk).expand(1, hq, sq, sk), tile)  # (1, H, mt, nt)
+    mt, nt = exact.shape[2:]
+    steps = exact.permute(0, 3, 1, 2).reshape(1, 1, nt, hq * mt)  # per key tile: g * mt + m
+    want = bs._lists(steps, bs.PARTIAL) + bs._lists(steps, bs.FULL)
+    for g, w, label in zip(got, want, ("mask_cnt", "mask_idx", "full_cnt", "full_idx")):
+        assert torch.equal(g, w), label
+    unrefined = bs.backward_lists(fwd, (128, 128), hq, 1, sq, sk, *tile)
+    assert int(got[0].sum()) < int(unrefined[0].sum()), "the refinement must reclassify partial tiles"
+
+
+def _batch_documents(doc_ids):
+    """Documents that differ per batch (``doc_ids`` (B, S) int32, ``aux_tensors[0]``), causal inside: the mask_mod
+    reads its batch argument."""
+
+    def mask_mod(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        import cutlass
+        import cutlass.cute as cute
+
+        batch, rows, cols = (cute.make_rmem_tensor((1,), cutlass.Int32) for _ in range(3))
+        batch.store(b)
+        rows.store(q_idx)
+        cols.store(kv_idx)
+        diff = cute.make_rmem_tensor((1,), cutlass.Int32)
+        diff[0] = cutlass.Int32(aux_tensors[0][batch[0], rows[0]]) - cutlass.Int32(aux_tensors[0][batch[0], cols[0]])
+        return (diff.load() == 0) & (kv_idx <= q_idx)
+
+    def torch_mask(b, h, q, k, seqlen_q, seqlen_k):
+        return (doc_ids[b, q] == doc_ids[b, k]) & (k <= q)
+
+    return fx.Example("batch-documents", mask_mod=mask_mod, torch_mask=torch_mask, aux_tensors=(doc_ids,))
+
+
+def test_refinement_per_batch_and_after_an_aux_tensor_changes():
+    """Lists that list every block as partial, shared by the batch (broadcast), beside a mask_mod that reads its
+    batch and an aux tensor: the refinement evaluates every batch (the tiles differ per batch), and an in-place
+    change of the aux tensor gives new lists (the cached ones would be wrong)."""
+    b, s, hq, hkv = 3, 640, 4, 2
+    cuts = torch.tensor([[0, 100, 380], [0, 256, 512], [0, 300, 301]], device="cuda")
+    pos = torch.arange(s, device="cuda")
+    doc_ids = ((pos.view(1, -1) >= cuts[:, 1:2]).int() + (pos.view(1, -1) >= cuts[:, 2:3]).int()).to(torch.int32)
+    ex = _batch_documents(doc_ids)
+    n = -(-s // 128)
+    every = torch.arange(n, dtype=torch.int32, device="cuda").expand(1, 1, n, n).contiguous()
+    lists = bs.BlockSparseTensorsTorch(torch.full((1, 1, n), n, dtype=torch.int32, device="cuda"), every,
+                                       block_size=(128, 128))
+    q, k, v = _qkv(b, s, s, hq, hkv, 128, seed=21)
+
+    def keep_now():
+        bi = torch.arange(b, device="cuda").view(-1, 1, 1, 1)
+        return ex.torch_mask(bi, None, pos.view(1, 1, -1, 1), pos.view(1, 1, 1, -1), s, s)
+
+    def call(*t):
+        return fa.flash_attn_func(*t, mask_mod=ex.mask_mod, aux_tensors=[doc_ids], block_sparse_tensors=lists)[0]
+
+    check_grads(q, k, v, keep_now(), call)
+    doc_ids.copy_(doc_ids.flip(0).clone())  # other documents, same tensor, same lists
+    check_grads(q, k, v, keep_now(), call)

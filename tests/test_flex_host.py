@@ -122,3 +122,37 @@ def test_source_is_read_once(monkeypatch):
     callable_key(_alibi_like)
     monkeypatch.setattr(flex.inspect, "getsource", lambda fn: (_ for _ in ()).throw(AssertionError("re-read")))
     callable_key(_alibi_like)
+
+
+def test_reads_batch_head_sees_which_index_arguments_a_mod_loads():
+    """The block-sparse refinement evaluates a mask_mod per batch / head only where its code reads them; anything
+    it cannot see through counts as a read."""
+    from flash_attn_4_sm120 import flex_examples
+
+    def plain(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return kv_idx <= q_idx
+
+    def per_batch(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        return (kv_idx <= q_idx) & (b == 0)
+
+    def closure_over_head(b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+        pick = lambda: h  # noqa: E731
+        return kv_idx <= q_idx + pick()
+
+    def star(*args):
+        return args[2] >= args[3]
+
+    class Masker:
+        def __call__(self, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            return kv_idx <= q_idx
+
+        def method(self, b, h, q_idx, kv_idx, seqlen_info, aux_tensors):
+            return (kv_idx <= q_idx) & (h == 1)
+
+    assert flex.reads_batch_head(plain) == (False, False)
+    assert flex.reads_batch_head(per_batch) == (True, False)
+    assert flex.reads_batch_head(closure_over_head) == (False, True)
+    assert flex.reads_batch_head(star) == (True, True)
+    assert flex.reads_batch_head(Masker()) == (True, True)
+    assert flex.reads_batch_head(Masker().method) == (False, True)
+    assert flex.reads_batch_head(flex_examples.chunked_local(64).mask_mod) == (False, False)

@@ -23,11 +23,11 @@ from typing import Optional
 
 import torch
 
-from . import block_sparse, compiler
+from . import block_sparse, compiler, flex
 from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_group_split, bwd_padded_head_dim,
                           bwd_smem_bytes, bwd_tile_band, select_bwd_config)
 from .config import STATIC_SMEM_BYTES
-from .problem import LOG2_E, BwdSpec, FwdShape, FwdSpec
+from .problem import LOG2_E, BwdSpec, FwdShape, FwdSpec, RefineSpec
 
 @functools.lru_cache(maxsize=None)
 def _main_kernel(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]]):
@@ -52,7 +52,7 @@ def _kernels(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int,
 
 def clear_caches() -> None:
     """Forget the chosen configs and kernels (tests and the tuner patch the tables)."""
-    for cached in (select_bwd_config, _main_kernel, _kernels, _slots, _bwd_spec, bwd_launch):
+    for cached in (select_bwd_config, _main_kernel, _kernels, _slots, _bwd_spec, bwd_launch, _mask_refine):
         cached.cache_clear()
 
 
@@ -133,6 +133,35 @@ def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem:
     return BwdLaunch(pre, main, post, cfg, split, band, bwd_padded_head_dim(bspec.head_dim, cfg))
 
 
+@functools.lru_cache(maxsize=64)
+def _mask_refine(mods) -> tuple:
+    """(the mask_mod's own key, registered; whether it reads b; whether it reads h) of a call's mods."""
+    mask_mod = flex.callables(mods)[2]
+    key = flex.register(flex.ModKey(mask_mod=mods.mask_mod, aux_tensors=mods.aux_tensors), mask_mod=mask_mod)
+    return (key, *flex.reads_batch_head(mask_mod))
+
+
+def _tile_refine(bspec: BwdSpec, cfg, shape: FwdShape, aux: tuple, model, target: str):
+    """The ``block_sparse.TileRefine`` of a block-sparse call with a mask_mod (None without one): the tiles of
+    its partial blocks classified on the device (``_kernels/sparse_refine``), per batch and query head only where
+    the mask_mod reads them."""
+    if bspec.mods is None or bspec.mods.mask_mod is None:
+        return None
+    key, reads_b, reads_h = _mask_refine(bspec.mods)
+
+    def run(tiles):
+        kernel = compiler.get_refine_kernel(RefineSpec(key, cfg.tile_m, cfg.tile_n), model, target)
+        grid = tiles.expand(shape.batch if reads_b else tiles.shape[0], shape.num_heads if reads_h else tiles.shape[1],
+                            *tiles.shape[2:]).contiguous()
+        kernel(grid, shape.seqlen_q, shape.seqlen_k, *compiler.aux_args(aux))
+        return grid
+    try:
+        versions = block_sparse.versions_of(aux)
+    except RuntimeError:  # inference-mode aux tensors: no version to key on, so never a cache hit
+        versions = object()
+    return block_sparse.TileRefine(run, (key, tuple(map(id, aux)), versions, shape.batch if reads_b else None), aux)
+
+
 def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, params, varlen, sink_dtype,
             model, target: str, device_smem, deterministic: bool = False, grads=None, num_sms: int = 0,
             l2_bytes: int = 0) -> tuple:
@@ -190,9 +219,10 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
                             for t in (dk, dv))
     lists = ()
     if bspec.block_sparse is not None:  # the forward's lists, transposed into (query head, query tile) steps
+        refine = _tile_refine(bspec, cfg, shape, tuple(params.aux), model, target)
         lists = block_sparse.cached_backward_lists(params.sparse, bspec.block_sparse, shape.num_heads,
                                                    shape.num_heads_kv, shape.seqlen_q, shape.seqlen_k, cfg.tile_m,
-                                                   cfg.tile_n)
+                                                   cfg.tile_n, refine)
     pre, main, post = launch.pre, launch.main, launch.post
     pre(out, dout, lse, dlse, lse2, dsum, cu_q, used_q, max_q)
     main(q, k, v, dout, lse2, dsum, dq_acc, sem, dk_part, dv_part, params.softmax_scale, params.scale_log2,

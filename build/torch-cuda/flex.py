@@ -19,6 +19,7 @@ code object; the values are read on every call, so a changed capture or global g
 
 from __future__ import annotations
 
+import dis
 import hashlib
 import inspect
 import types
@@ -105,6 +106,27 @@ def callable_key(fn: Callable) -> str:
     if not isinstance(target, types.FunctionType):
         raise TypeError(f"a mod must be a Python function (def or lambda), got {type(fn).__name__}")
     return _digest(target, set())
+
+
+def reads_batch_head(fn: Callable) -> tuple:
+    """(reads b, reads h): whether a mod's code may read its batch / head arguments (its first two parameters).
+    Conservative: True unless the function's own bytecode never loads the parameter (a closure over it, a
+    ``locals()`` call, a ``*args`` signature or a callable that is not a plain function count as reads). The
+    block-sparse refinement evaluates a mask_mod once for every batch or head only where it reads them."""
+    target = inspect.unwrap(fn.__func__ if isinstance(fn, types.MethodType) else fn)
+    if not isinstance(target, types.FunctionType):
+        return True, True
+    code = target.__code__
+    first = 1 if isinstance(fn, types.MethodType) else 0  # a bound method's self comes first
+    if code.co_argcount < first + 2 or {"locals", "vars", "eval", "exec"} & set(_code_names(code)):
+        return True, True
+    loads = set()
+    for ins in dis.get_instructions(code):
+        pure_store = ins.opname in ("STORE_FAST", "STORE_DEREF", "DELETE_FAST", "DELETE_DEREF")
+        if not pure_store and any(part in ins.opname for part in ("FAST", "DEREF", "CELL", "CLOSURE")):
+            loads.update(ins.argval if isinstance(ins.argval, tuple) else (ins.argval,))
+    names = code.co_varnames[first:first + 2]
+    return tuple(name in loads or name in code.co_cellvars for name in names)
 
 
 def dtype_name(t) -> str:

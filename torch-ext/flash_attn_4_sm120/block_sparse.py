@@ -131,18 +131,34 @@ def forward_classes(t, key_block: int, seqlen_k: int) -> torch.Tensor:
     return cls[..., :n].to(torch.int8)
 
 
+class TileRefine(NamedTuple):
+    """A refinement of the backward's tile classes (``backward_lists``): ``run(tiles)`` takes the (B', H', query
+    tiles, key tiles) int8 classes of the forward's lists at the backward's tiles and returns them with each
+    PARTIAL tile reclassified by the call's mask_mod (EMPTY, FULL or PARTIAL; a batch or head dimension of 1 may
+    grow to the call's where the mask_mod reads that argument); ``key`` names what the result depends on besides
+    the lists (the mods, the aux tensors' identities and versions, the batch), ``tensors`` what the key's
+    identities refer to (held with a cached result)."""
+
+    run: Callable
+    key: tuple
+    tensors: tuple = ()
+
+
 def backward_lists(t, block_size: tuple, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int, tile_m: int,
-                   tile_n: int) -> tuple:
+                   tile_n: int, refine: Optional[TileRefine] = None) -> tuple:
     """The backward main kernel's lists of forward lists ``t`` (``forward_classes``) of ``block_size`` blocks
     (``BwdSpec.block_sparse``): per (batch or 1, KV
     head, key tile), the entries ``g * query_tiles + m`` (query head ``kv_head * group + g``, query tile ``m``) of
     the tiles to visit, in two classes like the forward's; ``(mask_cnt, mask_idx, full_cnt, full_idx)``, int32.
     The blocks are whole multiples of the tiles (the backward predicate's rule); tiles past the sequences are not
-    listed."""
+    listed. ``refine``: the tiles of partial blocks classified by the mask_mod first (a causal or document
+    diagonal block of 128 holds an empty and a full 64 x 64 tile beside two partial ones)."""
     bq, bk = block_size
     cls = forward_classes(t, bk, seqlen_k)  # (B', H', M, N)
     mt, nt = -(-seqlen_q // tile_m), -(-seqlen_k // tile_n)
     tiles = cls.repeat_interleave(bq // tile_m, dim=2)[:, :, :mt].repeat_interleave(bk // tile_n, dim=3)[..., :nt]
+    if refine is not None:
+        tiles = refine.run(tiles)
     group = heads // heads_kv
     tiles = tiles.expand(tiles.shape[0], heads, mt, nt)
     steps = tiles.reshape(tiles.shape[0], heads_kv, group, mt, nt).permute(0, 1, 4, 2, 3)
@@ -156,26 +172,32 @@ _BACKWARD_LISTS: OrderedDict = OrderedDict()
 MAX_CACHED_LISTS = 8
 
 
+def versions_of(tensors) -> tuple:
+    """The version counters of ``tensors`` (None for a None slot); raises ``RuntimeError`` for an inference-mode
+    tensor (it tracks none)."""
+    return tuple(None if x is None else x._version for x in tensors)
+
+
 def cached_backward_lists(t, block_size: tuple, heads: int, heads_kv: int, seqlen_q: int, seqlen_k: int,
-                          tile_m: int, tile_n: int) -> tuple:
+                          tile_m: int, tile_n: int, refine: Optional[TileRefine] = None) -> tuple:
     """``backward_lists``, remembered per forward list tensors: a training step reuses one block mask in every
     layer and step, and deriving the lists is a dozen small kernels per backward. The key holds the tensors'
-    identities and version counters (an in-place change of a tensor makes a new key); an entry holds the tensors
-    themselves, so no other object takes their identities while it is kept. Tensors without a version counter
-    (inference-mode tensors) are not remembered."""
+    identities and version counters (an in-place change of a tensor makes a new key) and the refinement's key; an
+    entry holds the tensors themselves, so no other object takes their identities while it is kept. Tensors
+    without a version counter (inference-mode tensors) are not remembered."""
     tensors = tuple(t[:4])
     try:
-        versions = tuple(None if x is None else x._version for x in tensors)
+        versions = versions_of(tensors)
     except RuntimeError:  # inference tensors track no version
-        return backward_lists(t, block_size, heads, heads_kv, seqlen_q, seqlen_k, tile_m, tile_n)
+        return backward_lists(t, block_size, heads, heads_kv, seqlen_q, seqlen_k, tile_m, tile_n, refine)
     key = (tuple(id(x) for x in tensors), versions, tuple(block_size), heads, heads_kv, seqlen_q, seqlen_k, tile_m,
-           tile_n)
+           tile_n, None if refine is None else refine.key)
     hit = _BACKWARD_LISTS.get(key)
     if hit is not None:
         _BACKWARD_LISTS.move_to_end(key)
         return hit[1]
-    lists = backward_lists(t, block_size, heads, heads_kv, seqlen_q, seqlen_k, tile_m, tile_n)
-    _BACKWARD_LISTS[key] = (tensors, lists)
+    lists = backward_lists(t, block_size, heads, heads_kv, seqlen_q, seqlen_k, tile_m, tile_n, refine)
+    _BACKWARD_LISTS[key] = (tensors + (refine.tensors if refine is not None else ()), lists)
     while len(_BACKWARD_LISTS) > MAX_CACHED_LISTS:
         _BACKWARD_LISTS.popitem(last=False)
     return lists

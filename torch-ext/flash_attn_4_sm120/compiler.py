@@ -20,7 +20,7 @@ from .config import (FwdConfig, candidate_fwd_configs, dispatch_candidates, disp
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
 from .bwd_config import (BwdConfig, bwd_padded_head_dim, bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd,
                          select_bwd_config)
-from .problem import AppendSpec, BwdSpec, CombineSpec, FwdSpec
+from .problem import AppendSpec, BwdSpec, CombineSpec, FwdSpec, RefineSpec
 
 _TVM_FFI = "--enable-tvm-ffi"
 _KEEP_ARTIFACTS = "--keep-ptx --keep-cubin --keep-sass"
@@ -444,6 +444,31 @@ def get_bwd_side_kernel(which: str, spec: BwdSpec, config: BwdConfig, model: Exe
                                lambda: compile_bwd_side(which, spec, config, model, target))
 
 
+def _fake_refine_args(spec: RefineSpec):
+    """The refinement's arguments: the int8 (batch, heads, query tiles, key tiles) class grid, the sequence lengths
+    and the mods' aux slots. Symbolic sizes."""
+    import cutlass
+    import cutlass.cute as cute
+
+    stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+    return (_fake_any(cutlass.Int8, 4), cutlass.Int32(0), cutlass.Int32(0), *_fake_aux(spec.mods), stream)
+
+
+def compile_refine(spec: RefineSpec, model: ExecutionModel, target: str, extra_options: str = ""):
+    """Trace and compile the block-sparse tile refinement (``_kernels/sparse_refine``); returns ``fn(tiles,
+    seqlen_q, seqlen_k, aux0, aux1, aux2, aux3)`` rewriting the int8 class grid ``tiles`` in place."""
+    from ._kernels.sparse_refine import SparseTileRefine
+
+    return _compile_small(SparseTileRefine, "sparse refine", spec, model, target, _fake_refine_args, extra_options)
+
+
+def get_refine_kernel(spec: RefineSpec, model: ExecutionModel, target: str):
+    """The compiled block-sparse tile refinement from the compile cache."""
+    from .compile_cache import default_cache
+
+    return default_cache().get(("sparse_refine", spec, model, target), lambda: compile_refine(spec, model, target))
+
+
 # ----------------------------------------------------------------------------------------------
 # Conformance provider
 # ----------------------------------------------------------------------------------------------
@@ -586,6 +611,24 @@ class BwdSideCase:
     def describe(self) -> dict:
         return {"kernel": f"bwd_{self.which}", **asdict(self.spec), **asdict(self.config), "model": self.model_name,
                 "uses_mma": False}
+
+
+@dataclass(frozen=True)
+class RefineCase:
+    """The block-sparse tile refinement for the conformance gate (no MMA: it evaluates a mask_mod)."""
+
+    spec: RefineSpec
+    model_name: str = SM120.name
+    subset_ci: bool = False
+    #: the mask_mod's example name (``flex_examples``)
+    label: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"sparse_refine_{self.label}_m{self.spec.tile_m}n{self.spec.tile_n}"
+
+    def describe(self) -> dict:
+        return {"kernel": "sparse_refine", **asdict(self.spec), "model": self.model_name, "uses_mma": False}
 
 
 def append_specs() -> list[AppendSpec]:
@@ -739,8 +782,17 @@ def sparse_cases(model: ExecutionModel = SM120) -> list[Case]:
             for d in (64, 128)]
     bwd.append((BwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 128), mods=alibi_docs_bwd),
                 "alibi+chunked_local"))
+    tiles = set()
     for spec, label in bwd:
-        cases.append(BwdCase(spec, select_bwd_config(spec, model), model.name, label=label))
+        cfg = select_bwd_config(spec, model)
+        tiles.add((cfg.tile_m, cfg.tile_n))
+        cases.append(BwdCase(spec, cfg, model.name, label=label))
+    # the refinement of the backward's lists by the mask_mod, at every tile those backward kernels walk, for the
+    # document mask computed and read from an aux tensor
+    for key, label in ((docs, "chunked_local"), (aux_docs, "documents")):
+        for tile_m, tile_n in sorted(tiles):
+            cases.append(RefineCase(RefineSpec(key, tile_m, tile_n), model.name, label=label,
+                                    subset_ci=label == "chunked_local" and (tile_m, tile_n) == (64, 64)))
     return cases
 
 
@@ -858,6 +910,8 @@ def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bo
         return compile_combine(case.spec, model, target, keep), 0
     if isinstance(case, AppendCase):
         return compile_append(case.spec, model, target, keep), 0
+    if isinstance(case, RefineCase):
+        return compile_refine(case.spec, model, target, keep), 0
     if isinstance(case, BwdSideCase):
         smem = 0 if case.which == "preprocess" else \
             case.config.tile_m * bwd_padded_head_dim(case.spec.head_dim, case.config) * 2  # the 16-bit dQ tile

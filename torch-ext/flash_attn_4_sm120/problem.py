@@ -90,6 +90,17 @@ class CombineSpec:
 
 
 @dataclass(frozen=True)
+class RefineSpec:
+    """What changes the code of the block-sparse tile refinement (``_kernels/sparse_refine``, issue 20): the
+    call's mods (the mask_mod's digest and the aux tensors' types) and the backward's tile, whose sub-blocks of
+    the forward's partial blocks it classifies. Sequence lengths are runtime values."""
+
+    mods: ModKey
+    tile_m: int
+    tile_n: int
+
+
+@dataclass(frozen=True)
 class BwdSpec:
     """What changes the code of the backward kernels (``_kernels/bwd_*``): the forward's features of the
     call being differentiated. Sizes, scales and window bounds are runtime

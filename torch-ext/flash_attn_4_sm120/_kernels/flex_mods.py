@@ -96,6 +96,16 @@ def _modify_row(dst_rc, r, vec, srcs, scale, fn, batch, head, q_idx, n_block, ti
             dst_rc[r, c0 + j] = res[j]
 
 
+def mask_keeps(mask_mod, batch, head, q_idx, kv_idx, seqlen_info: SeqlenInfo, aux_tensors):
+    """``mask_mod`` at one element (upstream's call: one-element vectors in), as a Boolean scalar. Plain Python,
+    called while a ``cute.jit`` body traces."""
+    keep = mask_mod(_vector([batch], Int32), _vector([head], Int32), _vector([q_idx], Int32),
+                    _vector([kv_idx], Int32), seqlen_info, aux_tensors)
+    kept = cute.make_rmem_tensor((1,), cutlass.Boolean)
+    kept.store(keep)
+    return kept[0]
+
+
 @cute.jit
 def apply_mods(
     acc_S_rc: cute.Tensor,
@@ -130,12 +140,9 @@ def apply_mods(
             q_in = _in_range(q_idx, seqlen_info.seqlen_q, aux_tensors)
             for c in cutlass.range_constexpr(cute.size(acc_S_rc, mode=[1])):
                 col = _in_range(n_block * tile_n + tScS_rc[r, c][1], seqlen_info.seqlen_k, aux_tensors)
-                keep = mods.mask_mod(_vector([batch], Int32), _vector([h_idx], Int32), _vector([q_in], Int32),
-                                     _vector([col], Int32), seqlen_info, aux_tensors)
-                kept = cute.make_rmem_tensor((1,), cutlass.Boolean)
-                kept.store(keep)
                 s = acc_S_rc[r, c]
-                acc_S_rc[r, c] = s if kept[0] else -Float32.inf
+                acc_S_rc[r, c] = s if mask_keeps(mods.mask_mod, batch, h_idx, q_in, col, seqlen_info,
+                                                 aux_tensors) else -Float32.inf
 
 
 @cute.jit
