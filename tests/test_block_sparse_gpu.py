@@ -348,7 +348,9 @@ def test_refined_backward_lists_are_the_exact_tile_classes(name, tile):
     for g, w, label in zip(got, want, ("mask_cnt", "mask_idx", "full_cnt", "full_idx")):
         assert torch.equal(g, w), label
     unrefined = bs.backward_lists(fwd, (128, 128), hq, 1, sq, sk, *tile)
-    assert int(got[0].sum()) < int(unrefined[0].sum()), "the refinement must reclassify partial tiles"
+    refined, before = int(got[0].sum()), int(unrefined[0].sum())
+    # every example's diagonal blocks hold whole 64 x 64 tiles (at 64 x 128 only the causal one)
+    assert refined < before if tile[1] == 64 or name == "causal" else refined <= before
 
 
 def _batch_documents(doc_ids):

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# Session 32 (issue 20: the block-sparse backward's tiles refined by the mask_mod). One part per call.
+#   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session32.sh N", carry=[".kit_bench"])
+# 1: the block-sparse and flex GPU tests (the refinement's exact classes, per-batch mask_mods, aux tensors changed
+#    in place, every gradient test through refined lists), then bench_flex's flag, list and varlen rows at SM120
+#    occupancy (ours only), main and the tree before the refinement (_br/base.patch), interleaved, ~9 min
+# 2: bench_flex, every case and peer, both occupancies (the README's flex table), ~9 min
+set -u
+cd "$(dirname "$0")/../.."
+root=$PWD
+part="${1:-1}"
+source benchmarks/explore/shards.sh
+flex_ab() {  # $1: tree, $2: label
+  (cd "$1/benchmarks" && timeout 170 python3 bench_flex.py --occupancy sm120 --impls ours --cases "causal flag" \
+     "block sparse" "varlen" --out "$OUT/flex_$2.json" 2>&1 | grep -v -i warn | grep "\[" | tail -7)
+}
+case "$part" in
+  1) shards 230 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py -k "not large"
+     branch base
+     flex_ab "$root" main1; flex_ab /tmp/base base1; flex_ab "$root" main2 ;;
+  2) (cd benchmarks && timeout 580 python3 bench_flex.py --out "$OUT/flex.json" 2>&1 | grep -v -i warn | grep "\[" \
+       | tail -24) ;;
+  *) echo "part 1-2" ;;
+esac
