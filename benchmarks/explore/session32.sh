@@ -4,7 +4,10 @@
 # 1: the block-sparse and flex GPU tests (the refinement's exact classes, per-batch mask_mods, aux tensors changed
 #    in place, every gradient test through refined lists), then bench_flex's flag, list and varlen rows at SM120
 #    occupancy (ours only), main and the tree before the refinement (_br/base.patch), interleaved, ~9 min
-# 2: bench_flex, every case and peer, both occupancies (the README's flex table), ~9 min
+# 2: bench_flex, every case and peer, both occupancies (the README's flex table), ~5 min
+# 3: the backward walks its lists ascending (part 2's documents row: 1.49x FlexAttention; the causal lists'
+#    backward 13% over the flag's with the same tiles and loop size): block-sparse backward GPU tests, then the
+#    A/B of part 1 (main, base, main), ~7 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -20,5 +23,8 @@ case "$part" in
      flex_ab "$root" main1; flex_ab /tmp/base base1; flex_ab "$root" main2 ;;
   2) (cd benchmarks && timeout 580 python3 bench_flex.py --out "$OUT/flex.json" 2>&1 | grep -v -i warn | grep "\[" \
        | tail -24) ;;
-  *) echo "part 1-2" ;;
+  3) shards 200 tests/test_block_sparse_gpu.py -k "backward or refine"
+     branch base
+     flex_ab "$root" main1; flex_ab /tmp/base base1; flex_ab "$root" main2 ;;
+  *) echo "part 1-3" ;;
 esac
