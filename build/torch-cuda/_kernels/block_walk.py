@@ -4,9 +4,8 @@ lists (issue 20, arch-free).
 The dense mainloops walk a range ``[n_start, n_end)`` from ``block_info``. A block-sparse call instead lists,
 per (batch, head, query block), the key blocks to visit in two classes (``block_sparse.py``): **mask** blocks
 (the element mask and the mask_mod apply) and **full** blocks (no mask_mod). ``SparseWalk`` turns the two lists
-into a step sequence: the mask list, then the full list, each read last to first (the forward; the backward's
-walk reads them first to last), a sparse block of ``per`` kernel tiles (``block_size[1] / tile_n``) expanded into
-its tiles, last tile first.
+into a step sequence: the mask list, then the full list, each read last to first, a sparse block of
+``per`` kernel tiles (``block_size[1] / tile_n``) expanded into its tiles, last tile first.
 
 Safety against corrupt lists (the host checks shapes, not contents): counts are clamped to the lists' lengths
 and block indices to the key blocks the sequence has, so a step never addresses K / V past the tensors;
@@ -39,8 +38,6 @@ class SparseWalk:
     #: kernel tiles per sparse key block (compile-time) and the last valid sparse block index
     per: int
     last: Any
-    #: each list read first to last (compile-time; the backward's walk), else last to first
-    ascending: bool = False
 
     @property
     def count(self):
@@ -51,11 +48,11 @@ class SparseWalk:
         """The tile of step ``it`` (< ``count``: callers clamp a look-ahead step)."""
         n = Int32(0)
         if it < self.n_mask:
-            e = it if const_expr(self.ascending) else self.n_mask - 1 - it
+            e = self.n_mask - 1 - it
             n = cutlass.min(cutlass.max(Int32(self.mask_idx[e // self.per]), 0), self.last) * self.per + e % self.per
         else:
             if const_expr(self.full_idx is not None):
-                e = it - self.n_mask if const_expr(self.ascending) else self.count - 1 - it
+                e = self.count - 1 - it
                 n = (cutlass.min(cutlass.max(Int32(self.full_idx[e // self.per]), 0), self.last) * self.per
                      + e % self.per)
         return n
@@ -89,15 +86,12 @@ def sparse_walk(mCnt: cute.Tensor, mIdx: cute.Tensor, mFullCnt, mFullIdx, batch:
 
 @cute.jit
 def tile_walk(mCnt: cute.Tensor, mIdx: cute.Tensor, mFullCnt: cute.Tensor, mFullIdx: cute.Tensor, batch: Int32,
-              row: Int32, tile: Int32, num_entries: Int32, ascending: cutlass.Constexpr[bool] = True) -> SparseWalk:
+              row: Int32, tile: Int32, num_entries: Int32) -> SparseWalk:
     """The backward's walk of key tile ``tile`` of CTA row ``row`` (a KV head): the host's lists
     (``block_sparse.backward_lists``) are already in kernel tiles, entries ``g * query_tiles + m`` below
-    ``num_entries`` (clamped there). ``ascending``: each list first to last, as the dense backward walks its
-    query tiles: the key tiles of a causal or document mask then start at their own diagonals, so the CTAs
-    running at once add into different rows of the dQ accumulator (descending, they all start at the last query
-    tile and contend for the same rows' reductions)."""
+    ``num_entries`` (clamped there)."""
     b, h, n = _row(mCnt, batch, row, tile)
     n_mask = cutlass.min(cutlass.max(Int32(mCnt[b, h, n]), 0), mIdx.shape[3])
     n_full = cutlass.min(cutlass.max(Int32(mFullCnt[b, h, n]), 0), mFullIdx.shape[3])
     return SparseWalk(mask_idx=mIdx[b, h, n, None], full_idx=mFullIdx[b, h, n, None], n_mask=n_mask, n_full=n_full,
-                      per=1, last=cutlass.max(num_entries - 1, 0), ascending=ascending)
+                      per=1, last=cutlass.max(num_entries - 1, 0))

@@ -291,10 +291,8 @@ class FlashBwdMultistage:
             if const_expr(self.spec.block_sparse is not None):
                 # the host's (query head, query tile) lists of this key tile (``block_sparse.backward_lists``)
                 ctx.num_m = (seqlen_q + self.tile_m - 1) // self.tile_m
-                # each list ascending (``tile_walk``), but on key tiles under 64 keys (d256's 32 x 32 tile: at
-                # 255 registers the ascending walk's index arithmetic spills)
                 ctx.walk = tile_walk(mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, batch, head_kv, n_block,
-                                     group * ctx.num_m, self.tile_n >= 64)
+                                     group * ctx.num_m)
                 num_steps = ctx.walk.count
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)
