@@ -6,8 +6,9 @@ Under Nsight Compute, one case per run, at an SM120's occupancy (the package pad
         --section SpeedOfLight --section WarpStateStats --section InstructionStats --section SchedulerStats \
         --page raw --csv python benchmarks/explore/profile_lists.py --case "causal flag"
 
-The lists are built before the runs; the forward runs ``--runs`` times on one shape with nothing between them, so
-``--launch-skip`` leaves out the first launches and their cold caches.
+The lists are built before the runs; the forward (``--backward``: forward and backward, ``--kernel-name
+regex:RoleSplit`` for the d128 backward's main kernel) runs ``--runs`` times on one shape with nothing between them,
+so ``--launch-skip`` leaves out the first launches and their cold caches.
 """
 
 import argparse
@@ -24,6 +25,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--case", default="causal mask_mod + block sparse", help="a case name of bench_flex.cases()")
     ap.add_argument("--runs", type=int, default=4)
+    ap.add_argument("--backward", action="store_true", help="forward + backward (profile the backward's kernels)")
     args = ap.parse_args()
     by_name = {name: (kwargs, ex) for name, kwargs, ex, _ in cases()}
     if args.case not in by_name:
@@ -34,9 +36,15 @@ def main():
     q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda")
     k = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
     v = torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda")
-    with torch.no_grad():
+    if args.backward:
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        dout = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda")
         for _ in range(args.runs):
-            run(q, k, v)
+            torch.autograd.grad(run(q, k, v), (q, k, v), dout)
+    else:
+        with torch.no_grad():
+            for _ in range(args.runs):
+                run(q, k, v)
     torch.cuda.synchronize()
 
 

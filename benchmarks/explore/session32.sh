@@ -8,6 +8,9 @@
 # 3: the backward walks its lists ascending (part 2's documents row: 1.49x FlexAttention; the causal lists'
 #    backward 13% over the flag's with the same tiles and loop size): block-sparse backward GPU tests, then the
 #    A/B of part 1 (main, base, main), ~7 min
+# 4: where the lists' backward loses to the flag's with the same tiles (part 3: the walk's direction moved nothing;
+#    reverted): ncu of the d128 role split's main kernel, causal flag, causal as lists, documents as lists and as
+#    varlen (duration, active cycles max / mean, instructions, warp states), ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -26,5 +29,14 @@ case "$part" in
   3) shards 200 tests/test_block_sparse_gpu.py -k "backward or refine"
      branch base
      flex_ab "$root" main1; flex_ab /tmp/base base1; flex_ab "$root" main2 ;;
-  *) echo "part 1-3" ;;
+  4) for c in "causal flag" "causal mask_mod + block sparse" "documents of 512 (mask_mod + block sparse)" \
+              "documents of 512 (varlen)"; do
+       f="$OUT/ncu_$(echo "$c" | tr -c 'a-z0-9\n' '_').csv"
+       FA4_SM120_OCCUPANCY=model timeout 100 ncu --kernel-name regex:RoleSplit --launch-skip 2 --launch-count 1 \
+         --section SpeedOfLight --section WarpStateStats --section InstructionStats --section LaunchStats \
+         --metrics sm__cycles_active.max,sm__cycles_active.avg,smsp__inst_executed.sum,lts__t_sectors_op_red.sum \
+         --page raw --csv python3 benchmarks/explore/profile_lists.py --backward --case "$c" > "$f" 2>/dev/null
+       echo "$c: $(wc -l < "$f") lines"
+     done ;;
+  *) echo "part 1-4" ;;
 esac
