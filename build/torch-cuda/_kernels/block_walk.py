@@ -58,6 +58,25 @@ class SparseWalk:
         return n
 
 
+@cute.jit
+def raw_entry(walk: SparseWalk, it: Int32) -> Int32:
+    """A one-tile-per-entry walk's (``per`` 1: the backward's) entry of step ``it`` as stored, unclamped, or 0
+    past the walk's last step: a look-ahead read whose value is first used a step later (``clamp_entry`` then),
+    so that nothing waits on the load where it is issued."""
+    v = Int32(0)
+    if it < walk.n_mask:
+        v = Int32(walk.mask_idx[walk.n_mask - 1 - it])
+    elif it < walk.count:
+        v = Int32(walk.full_idx[walk.count - 1 - it])
+    return v
+
+
+@cute.jit
+def clamp_entry(walk: SparseWalk, v: Int32) -> Int32:
+    """``raw_entry``'s value held to the walk's entries (as ``SparseWalk.block`` holds it)."""
+    return cutlass.min(cutlass.max(v, 0), walk.last)
+
+
 def _row(t, batch, head, q_block):
     """Row ``(b, h, q_block)`` of a block-sparse tensor whose batch / head dimensions may be 1 (broadcast: the
     host checks each is 1 or the call's, so the min picks 0 or the index)."""

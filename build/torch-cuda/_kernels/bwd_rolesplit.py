@@ -34,10 +34,11 @@ from types import SimpleNamespace
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, const_expr
+from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
 from .. import flex
+from .block_walk import clamp_entry, raw_entry
 from .bwd_multistage import FlashBwdMultistage
 from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
 from .flex_mods import FlexMods, apply_mods
@@ -119,20 +120,38 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
     def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
         acc_kv = cute.make_rmem_tensor(ctx.thr_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_kv.fill(0.0)
-        for it in cutlass.range(num_steps, unroll=1):
-            acc_kv = self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ, acc_kv)
+        if const_expr(self.spec.block_sparse is not None):
+            # the walk's entries of this step and the next travel with the loop: each step reads the one after
+            # them at its start and uses it a step later, so no step waits on a list read (ncu, session 32: the
+            # reads at the step's start doubled the long-scoreboard stalls against the flag's kernel)
+            ent0, ent1 = raw_entry(ctx.walk, Int32(0)), raw_entry(ctx.walk, Int32(1))
+            for it in cutlass.range(num_steps, unroll=1):
+                acc_kv, ent0, ent1 = self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
+                                               acc_kv, (ent0, ent1))
+        else:
+            for it in cutlass.range(num_steps, unroll=1):
+                acc_kv = self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ, acc_kv)
         ctx.acc_kv = acc_kv
         if const_expr(self.spec.deterministic):
             self.pass_previous_turn(ctx, num_steps, mSem, mCuSeqlensQ, ctx.tidx - _RELEASE)  # the last step's
 
     @cute.jit
     def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
-             acc_kv):
+             acc_kv, entries=None):
+        """One step; ``entries``: a block-sparse walk's entries of steps ``it`` and ``it + 1`` (``main_loop``),
+        returned with ``acc_kv`` as those of ``it + 1`` and ``it + 2``."""
         cfg = self.config
-        head, m, sq, sdo, has_next = self.step_schedule(ctx, it, num_steps)
+        next_coords = None
+        if const_expr(entries is not None):
+            head, m = self.entry_coords(ctx, clamp_entry(ctx.walk, entries[0]))
+            sq, sdo, has_next = it % cfg.stages_q, it % cfg.stages_do, it + 1 < num_steps
+            next_coords = self.entry_coords(ctx, clamp_entry(ctx.walk, entries[1]))
+            ent2 = raw_entry(ctx.walk, it + 2)  # used a step later
+        else:
+            head, m, sq, sdo, has_next = self.step_schedule(ctx, it, num_steps)
         # a. The next step's double-buffered tiles (every thread), into the stage the previous step used.
         if has_next:
-            self.load_q_do(ctx, sm, it + 1, True, cfg.stages_do == 2)
+            self.load_q_do(ctx, sm, it + 1, True, cfg.stages_do == 2, next_coords)
         cute.arch.cp_async_commit_group()
         ranges, turn = self.block_turn(ctx, head, m, mSem, mCuSeqlensQ, None)  # group 1 reads after dP
         # plain locals for the branches (see the class docstring)
@@ -143,8 +162,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         n_block, seqlen_q, seqlen_k = ctx.n_block, ctx.seqlen_q, ctx.seqlen_k
         window_left, window_right, scale_log2 = ctx.window_left, ctx.window_right, ctx.scale_log2
         mdO_s, tidx = ctx.mdO_s, ctx.tidx
-        if const_expr(self.spec.block_sparse is not None):  # the walk has no step past its last
-            head_next, m_next = self.step_coords(ctx, cutlass.min(it + 1, num_steps - 1))
+        if const_expr(entries is not None):
+            head_next, m_next = next_coords
         else:
             head_next, m_next = self.step_coords(ctx, it + 1)
         gLSE2 = workspace_row(mLSE2, ctx.batch, head, mCuSeqlensQ, ctx.total_q)
@@ -246,6 +265,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         # e. The next step's tiles have landed; every warp is done with sP, sdS and this step's stages.
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
+        if const_expr(entries is not None):
+            return acc_kv, entries[1], ent2
         return acc_kv
 
     @cute.jit

@@ -413,11 +413,12 @@ class FlashBwdMultistage:
 
     @cute.jit
     def load_q_do(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, q: cutlass.Constexpr[bool],
-                  do: cutlass.Constexpr[bool]):
+                  do: cutlass.Constexpr[bool], coords=None):
         """cp.async step ``it``'s Q tile (with ``q``) and / or dO tile (with ``do``): query block m of query
-        head g, rows past seqlen_q zero-filled, into stage it % stages."""
+        head g, rows past seqlen_q zero-filled, into stage it % stages. ``coords``: the step's (head, m) when the
+        caller has them."""
         tidx = ctx.tidx
-        head, m = self.step_coords(ctx, it)
+        head, m = self.step_coords(ctx, it) if const_expr(coords is None) else coords
         cfg = self.config
         for wanted, src, dst, tiled, width, real, stages in (
                 (q, ctx.mQ_s, sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim, cfg.stages_q),
@@ -435,9 +436,13 @@ class FlashBwdMultistage:
         """(query head, query block) of step ``it``: the group's query heads outer, the key block's query blocks
         inner."""
         if const_expr(self.spec.block_sparse is not None):
-            t = ctx.walk.block(it)
-            return ctx.head_kv * ctx.group + t // ctx.num_m, t % ctx.num_m
+            return self.entry_coords(ctx, ctx.walk.block(it))
         return ctx.head_kv * ctx.group + it // ctx.num_m, ctx.m_start + it % ctx.num_m
+
+    @cute.jit
+    def entry_coords(self, ctx: SimpleNamespace, t):
+        """(query head, query block) of a block-sparse walk's entry ``t`` (``g * query_tiles + m``)."""
+        return ctx.head_kv * ctx.group + t // ctx.num_m, t % ctx.num_m
 
     @cute.jit
     def step_schedule(self, ctx: SimpleNamespace, it, num_steps):
