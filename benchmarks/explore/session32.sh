@@ -11,6 +11,9 @@
 # 4: where the lists' backward loses to the flag's with the same tiles (part 3: the walk's direction moved nothing;
 #    reverted): ncu of the d128 role split's main kernel, causal flag, causal as lists, documents as lists and as
 #    varlen (duration, active cycles max / mean, instructions, warp states), ~4 min
+# 5: the role split's walk reads its list entries a step ahead (part 4: long-scoreboard stalls 1.43 against the
+#    flag's 0.70): block-sparse and flex backward GPU tests, then the A/B main / prev (the refinement alone,
+#    _br/prev.patch) / base (the tree before the session) / main, ~9 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -38,5 +41,8 @@ case "$part" in
          --page raw --csv python3 benchmarks/explore/profile_lists.py --backward --case "$c" > "$f" 2>/dev/null
        echo "$c: $(wc -l < "$f") lines"
      done ;;
-  *) echo "part 1-4" ;;
+  5) shards 230 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py -k "backward or refine or bwd or grad"
+     branch base; branch prev
+     flex_ab "$root" main1; flex_ab /tmp/prev prev1; flex_ab /tmp/base base1; flex_ab "$root" main2 ;;
+  *) echo "part 1-5" ;;
 esac
