@@ -41,7 +41,7 @@ case "$part" in
          --page raw --csv python3 benchmarks/explore/profile_lists.py --backward --case "$c" > "$f" 2>/dev/null
        echo "$c: $(wc -l < "$f") lines"
      done ;;
-  5) shards 230 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py -k "backward or refine or bwd or grad"
+  5) shards 150 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py -k "backward or refine or bwd or grad"
      branch base; branch prev
      flex_ab "$root" main1; flex_ab /tmp/prev prev1; flex_ab /tmp/base base1; flex_ab "$root" main2 ;;
   *) echo "part 1-5" ;;
