@@ -387,6 +387,14 @@ def _sparse_runs():
                 qg, kg = q.clone().requires_grad_(), k.clone().requires_grad_()
                 out, _ = fa.flash_attn_func(qg, kg, kg, block_sparse_tensors=lists, **mods)
                 torch.autograd.grad(out, (qg, kg), torch.ones_like(out))
+    # the backward lists refined by a mask_mod that reads an aux tensor (``_kernels/sparse_refine``), odd lengths
+    docs = fx.documents((torch.arange(517, device="cuda") // 150).to(torch.int32))
+    fwd, _ = bs.block_sparse_from_example(docs, 1, 1, 517, 517, (128, 128), "cuda")
+    qg = torch.randn(2, 517, 4, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    k = torch.randn(2, 517, 2, 128, dtype=torch.bfloat16, device="cuda")
+    out, _ = fa.flash_attn_func(qg, k, k, mask_mod=docs.mask_mod, aux_tensors=list(docs.aux_tensors),
+                                block_sparse_tensors=fwd)
+    torch.autograd.grad(out, (qg,), torch.ones_like(out))
     torch.cuda.synchronize()
 
 

@@ -14,6 +14,8 @@
 # 5: the role split's walk reads its list entries a step ahead (part 4: long-scoreboard stalls 1.43 against the
 #    flag's 0.70): block-sparse and flex backward GPU tests, then the A/B main / prev (the refinement alone,
 #    _br/prev.patch) / base (the tree before the session) / main, ~9 min
+# 6: the carried walk in the 8-warp kernel too (not d256's 32 x 32 tile): block-sparse, flex and dropout GPU tests,
+#    then memcheck + racecheck of the sparse (now with a refinement reading an aux tensor) and flex families, ~9 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -44,5 +46,9 @@ case "$part" in
   5) shards 150 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py -k "backward or refine or bwd or grad"
      branch base; branch prev
      flex_ab "$root" main1; flex_ab /tmp/prev prev1; flex_ab /tmp/base base1; flex_ab "$root" main2 ;;
-  *) echo "part 1-5" ;;
+  6) shards 300 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py tests/test_dropout_gpu.py -k "not large"
+     timeout 270 python3 tools/sanitize.py --families sparse flex --tools memcheck racecheck --jobs 4 \
+       --json "$OUT/sanitizer_sparse.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_sparse.txt" 2>&1
+     tail -8 "$OUT/sanitizer_sparse.txt" ;;
+  *) echo "part 1-6" ;;
 esac

@@ -38,7 +38,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
 from .. import flex
-from .block_walk import clamp_entry, raw_entry
+from .block_walk import raw_entry
 from .bwd_multistage import FlashBwdMultistage
 from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
 from .flex_mods import FlexMods, apply_mods
@@ -120,10 +120,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
     def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
         acc_kv = cute.make_rmem_tensor(ctx.thr_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_kv.fill(0.0)
-        if const_expr(self.spec.block_sparse is not None):
-            # the walk's entries of this step and the next travel with the loop: each step reads the one after
-            # them at its start and uses it a step later, so no step waits on a list read (ncu, session 32: the
-            # reads at the step's start doubled the long-scoreboard stalls against the flag's kernel)
+        if const_expr(self.spec.block_sparse is not None):  # the walk's entries travel with the loop
             ent0, ent1 = raw_entry(ctx.walk, Int32(0)), raw_entry(ctx.walk, Int32(1))
             for it in cutlass.range(num_steps, unroll=1):
                 acc_kv, ent0, ent1 = self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
@@ -143,10 +140,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         cfg = self.config
         next_coords = None
         if const_expr(entries is not None):
-            head, m = self.entry_coords(ctx, clamp_entry(ctx.walk, entries[0]))
-            sq, sdo, has_next = it % cfg.stages_q, it % cfg.stages_do, it + 1 < num_steps
-            next_coords = self.entry_coords(ctx, clamp_entry(ctx.walk, entries[1]))
-            ent2 = raw_entry(ctx.walk, it + 2)  # used a step later
+            head, m, sq, sdo, has_next, next_coords, ent2 = self.sparse_schedule(ctx, it, num_steps, entries)
         else:
             head, m, sq, sdo, has_next = self.step_schedule(ctx, it, num_steps)
         # a. The next step's double-buffered tiles (every thread), into the stage the previous step used.

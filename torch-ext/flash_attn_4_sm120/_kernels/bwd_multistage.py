@@ -59,7 +59,7 @@ from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
 from .dq_accum import (add_fragment, dq_tiled_mma, pass_turn, read_turn, semaphore_ptr, slice_offset, wait_turn,
                        warp_tiled_mma)
-from .block_walk import tile_walk
+from .block_walk import clamp_entry, raw_entry, tile_walk
 from .dropout_mask import DropoutMask, check_cells
 from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd, aux_list
 from .fragments import acc_rows_cols, convert
@@ -445,6 +445,16 @@ class FlashBwdMultistage:
         return ctx.head_kv * ctx.group + t // ctx.num_m, t % ctx.num_m
 
     @cute.jit
+    def sparse_schedule(self, ctx: SimpleNamespace, it, num_steps, entries):
+        """``step_schedule`` of a block-sparse walk from the entries of steps ``it`` and ``it + 1`` that
+        ``main_loop`` carries, plus the next step's (query head, query block) and the entry of step ``it + 2``,
+        read now and first used a step later: no step waits on a list read at its start (ncu, session 32: those
+        reads doubled the long-scoreboard stalls against the flag's kernel)."""
+        head, m = self.entry_coords(ctx, clamp_entry(ctx.walk, entries[0]))
+        return (head, m, it % self.config.stages_q, it % self.config.stages_do, it + 1 < num_steps,
+                self.entry_coords(ctx, clamp_entry(ctx.walk, entries[1])), raw_entry(ctx.walk, it + 2))
+
+    @cute.jit
     def step_schedule(self, ctx: SimpleNamespace, it, num_steps):
         """(query head, query block, Q stage, dO stage, whether a step follows) of step ``it``."""
         head, m = self.step_coords(ctx, it)
@@ -466,21 +476,34 @@ class FlashBwdMultistage:
 
     @cute.jit
     def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
-        for it in cutlass.range(num_steps, unroll=1):
-            self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ)
+        # a block-sparse walk's entries travel with the loop (``sparse_schedule``), but on key tiles under 64 keys
+        # (d256's 32 x 32 tile: at 255 registers the carried entries spill), whose steps read them at their start
+        if const_expr(self.spec.block_sparse is not None and self.tile_n >= 64):
+            ent0, ent1 = raw_entry(ctx.walk, Int32(0)), raw_entry(ctx.walk, Int32(1))
+            for it in cutlass.range(num_steps, unroll=1):
+                ent0, ent1 = self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ, (ent0, ent1))
+        else:
+            for it in cutlass.range(num_steps, unroll=1):
+                self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ)
 
     # ------------------------------------------------------------------------------------------
     # The step
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem,
-             mCuSeqlensQ):
+             mCuSeqlensQ, entries=None):
+        """One step; ``entries``: a block-sparse walk's entries of steps ``it`` and ``it + 1`` (``main_loop``),
+        returned as those of ``it + 1`` and ``it + 2``."""
         cfg = self.config
-        head, m, sq, sdo, has_next = self.step_schedule(ctx, it, num_steps)
+        nxt = None
+        if const_expr(entries is not None):
+            head, m, sq, sdo, has_next, nxt, ent2 = self.sparse_schedule(ctx, it, num_steps, entries)
+        else:
+            head, m, sq, sdo, has_next = self.step_schedule(ctx, it, num_steps)
         # a. The next step's double-buffered tiles, into the stage the previous step used.
         if const_expr(cfg.stages_q == 2 or cfg.stages_do == 2):
             if has_next:
-                self.load_q_do(ctx, sm, it + 1, cfg.stages_q == 2, cfg.stages_do == 2)
+                self.load_q_do(ctx, sm, it + 1, cfg.stages_q == 2, cfg.stages_do == 2, nxt)
             cute.arch.cp_async_commit_group()
         ranges, turn = self.block_turn(ctx, head, m, mSem, mCuSeqlensQ, ctx.tidx)
         # This block's rows of LSE2 and D' (padded workspaces: every row of the tile exists).
@@ -534,7 +557,7 @@ class FlashBwdMultistage:
                 pass_turn(turn[0], ctx.tidx)
             if const_expr(cfg.stages_do == 1):
                 if has_next:
-                    self.load_q_do(ctx, sm, it + 1, False, True)
+                    self.load_q_do(ctx, sm, it + 1, False, True, nxt)
                 cute.arch.cp_async_commit_group()
         # g. dK += dS^T Q; a single-buffered Q tile is free after it
         for ch in cutlass.range_constexpr(cfg.dkv_chunks):
@@ -542,11 +565,13 @@ class FlashBwdMultistage:
         if const_expr(cfg.stages_q == 1):
             cute.arch.sync_threads()
             if has_next:
-                self.load_q_do(ctx, sm, it + 1, True, False)
+                self.load_q_do(ctx, sm, it + 1, True, False, nxt)
             cute.arch.cp_async_commit_group()
         # h. The next step's tiles have landed and every warp is done with P and dS.
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
+        if const_expr(entries is not None):
+            return entries[1], ent2
 
     @cute.jit
     def dq_into_accumulator(self, ctx: SimpleNamespace, sm: SimpleNamespace, gAcc: cute.Tensor, m):
