@@ -16,6 +16,8 @@
 #    _br/prev.patch) / base (the tree before the session) / main, ~9 min
 # 6: the carried walk in the 8-warp kernel too (not d256's 32 x 32 tile): block-sparse, flex and dropout GPU tests,
 #    then memcheck + racecheck of the sparse (now with a refinement reading an aux tensor) and flex families, ~9 min
+# 7: why documents as lists did not move with the carried walk (1.71 against varlen's 1.57 ms): ncu source
+#    counters (stall samples per SASS instruction) of the d128 backward, documents as lists and as varlen, ~3 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -50,5 +52,13 @@ case "$part" in
      timeout 270 python3 tools/sanitize.py --families sparse flex --tools memcheck racecheck --jobs 4 \
        --json "$OUT/sanitizer_sparse.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_sparse.txt" 2>&1
      tail -8 "$OUT/sanitizer_sparse.txt" ;;
-  *) echo "part 1-6" ;;
+  7) for c in "documents of 512 (mask_mod + block sparse)" "documents of 512 (varlen)"; do
+       t=$(echo "$c" | tr -c 'a-z0-9\n' '_')
+       FA4_SM120_OCCUPANCY=model timeout 120 ncu --kernel-name regex:RoleSplit --launch-skip 2 --launch-count 1 \
+         --section SourceCounters --section WarpStateStats --section SpeedOfLight -o "/tmp/rep_$t" -f \
+         python3 benchmarks/explore/profile_lists.py --backward --case "$c" > /dev/null 2>&1
+       ncu -i "/tmp/rep_$t.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/src_$t.csv.gz"
+       ncu -i "/tmp/rep_$t.ncu-rep" --page details --csv 2>/dev/null > "$OUT/details_$t.csv"
+     done; ls -la "$OUT" ;;
+  *) echo "part 1-7" ;;
 esac
