@@ -18,6 +18,9 @@
 #    then memcheck + racecheck of the sparse (now with a refinement reading an aux tensor) and flex families, ~9 min
 # 7: why documents as lists did not move with the carried walk (1.71 against varlen's 1.57 ms): ncu source
 #    counters (stall samples per SASS instruction) of the d128 backward, documents as lists and as varlen, ~3 min
+# 8: backward list entries packed as g << 16 | m (part 7: the entry's integer division by the query tiles held
+#    4% of the lists kernel's stall samples): block-sparse backward GPU tests, then the A/B main / prev (the tree
+#    before the packing, _br/prev.patch), interleaved, ~7 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -60,5 +63,8 @@ case "$part" in
        ncu -i "/tmp/rep_$t.ncu-rep" --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/src_$t.csv.gz"
        ncu -i "/tmp/rep_$t.ncu-rep" --page details --csv 2>/dev/null > "$OUT/details_$t.csv"
      done; ls -la "$OUT" ;;
-  *) echo "part 1-7" ;;
+  8) shards 150 tests/test_block_sparse_gpu.py -k "backward or refine or lists"
+     branch prev
+     flex_ab "$root" main1; flex_ab /tmp/prev prev1; flex_ab "$root" main2; flex_ab /tmp/prev prev2 ;;
+  *) echo "part 1-8" ;;
 esac
