@@ -389,8 +389,10 @@ def test_ci_subset_of_real_cases_conforms(real_ci):
         assert case["smem_bytes"] <= report["smem_limit"]
         if case["config"].get("uses_mma", True):
             assert case["families"].get("HMMA", 0) > 0
-        else:  # the split-KV combine (fp32 adds) and the KV-cache append (copies, fp32 rotary): no MMA
-            assert case["config"]["kernel"] in ("fwd_combine", "kv_append") and "HMMA" not in case["families"]
+        else:  # the split-KV combine (fp32 adds), the KV-cache append (copies, fp32 rotary) and the block-sparse
+            # refinement (a mask_mod's evaluation): no MMA
+            assert case["config"]["kernel"] in ("fwd_combine", "kv_append", "sparse_refine") \
+                and "HMMA" not in case["families"]
 
 
 @needs_cutlass

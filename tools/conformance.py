@@ -21,7 +21,8 @@ Rules (the SM120 execution model, ``flash_attn_4_sm120.execution_model``):
     SASS has no local-memory instructions (``LDL``/``STL``);
   * shared memory per CTA (dynamic + static) <= the model's ``smem_per_cta`` (101376 B on SM120);
   * warp-level ``mma.sync`` is present (``HMMA``; FP8/FP4 forms are ``QMMA``/``OMMA``), unless the
-    case's ``describe()`` says ``uses_mma: False`` (the split-KV combine only adds fp32 partials);
+    case's ``describe()`` says ``uses_mma: False`` (the split-KV combine, the KV-cache append, the
+    block-sparse refinement);
   * nothing from sm_90a/sm_100a: ``HGMMA``/``IGMMA``/``QGMMA``/``BGMMA`` and ``WARPGROUP`` (wgmma),
     ``UTC*`` (tcgen05: UTCHMMA, UTCQMMA, UTCBAR, UTCCP, ...), ``LDTM``/``STTM`` (TMEM), TMA multicast;
     in the PTX: ``wgmma.*``, ``tcgen05.*``, ``.multicast::cluster``, ``.cta_group::2``.
