@@ -21,6 +21,9 @@
 # 8: backward list entries packed as g << 16 | m (part 7: the entry's integer division by the query tiles held
 #    4% of the lists kernel's stall samples): block-sparse backward GPU tests, then the A/B main / prev (the tree
 #    before the packing, _br/prev.patch), interleaved, ~7 min
+# 9 (prepared, not run this session): branch sparse-causal-tiles (_br/sparse-causal-tiles.patch: the
+#    refinement's causal tiles take the built-in causal mask): its block-sparse and flex backward GPU tests, then
+#    the A/B main / branch / main / branch, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -66,5 +69,10 @@ case "$part" in
   8) shards 150 tests/test_block_sparse_gpu.py -k "backward or refine or lists"
      branch prev
      flex_ab "$root" main1; flex_ab /tmp/prev prev1; flex_ab "$root" main2; flex_ab /tmp/prev prev2 ;;
-  *) echo "part 1-8" ;;
+  9) branch sparse-causal-tiles
+     (cd /tmp/sparse-causal-tiles && shards 200 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py \
+        -k "backward or refine or bwd or grad")
+     flex_ab "$root" main1; flex_ab /tmp/sparse-causal-tiles causal1; flex_ab "$root" main2
+     flex_ab /tmp/sparse-causal-tiles causal2 ;;
+  *) echo "part 1-9" ;;
 esac
