@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/
-import bench_fwd  # noqa: E402,F401  (puts torch-ext on the path)
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "torch-ext"))
 from flash_attn_4_sm120 import backward, block_sparse as bs, flex_examples as fx  # noqa: E402
 from timing import median_ms  # noqa: E402
 

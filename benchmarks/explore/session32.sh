@@ -24,6 +24,9 @@
 # 9 (prepared, not run this session): branch sparse-causal-tiles (_br/sparse-causal-tiles.patch: the
 #    refinement's causal tiles take the built-in causal mask): its block-sparse and flex backward GPU tests, then
 #    the A/B main / branch / main / branch, ~8 min
+# 10 (prepared, not run this session): branch refine-early-exit (_br/refine-early-exit.patch: the refinement stops
+#    reading a tile once it shows a kept and a dropped element): its refinement tests, then refine_cost.py (the
+#    refinement's device time on documents and on a random map of truly partial tiles), main / branch twice, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -74,5 +77,10 @@ case "$part" in
         -k "backward or refine or bwd or grad")
      flex_ab "$root" main1; flex_ab /tmp/sparse-causal-tiles causal1; flex_ab "$root" main2
      flex_ab /tmp/sparse-causal-tiles causal2 ;;
-  *) echo "part 1-9" ;;
+  10) branch refine-early-exit
+      (cd /tmp/refine-early-exit && shards 150 tests/test_block_sparse_gpu.py -k "refine or backward_of_example")
+      for t in "$root" /tmp/refine-early-exit "$root" /tmp/refine-early-exit; do
+        (cd "$t" && timeout 100 python3 benchmarks/explore/refine_cost.py 2>&1 | grep -v -i warn | tail -2)
+      done ;;
+  *) echo "part 1-10" ;;
 esac
