@@ -21,10 +21,10 @@
 # 8: backward list entries packed as g << 16 | m (part 7: the entry's integer division by the query tiles held
 #    4% of the lists kernel's stall samples): block-sparse backward GPU tests, then the A/B main / prev (the tree
 #    before the packing, _br/prev.patch), interleaved, ~7 min
-# 9 (prepared, not run this session): branch sparse-causal-tiles (_br/sparse-causal-tiles.patch: the
+# 9 (prepared, not run this session): branch sparse-causal-tiles (branches/sparse-causal-tiles.patch: the
 #    refinement's causal tiles take the built-in causal mask): its block-sparse and flex backward GPU tests, then
 #    the A/B main / branch / main / branch, ~8 min
-# 10 (prepared, not run this session): branch refine-early-exit (_br/refine-early-exit.patch: the refinement stops
+# 10 (prepared, not run this session): branch refine-early-exit (branches/refine-early-exit.patch: the refinement stops
 #    reading a tile once it shows a kept and a dropped element): its refinement tests, then refine_cost.py (the
 #    refinement's device time on documents and on a random map of truly partial tiles), main / branch twice, ~5 min
 set -u
@@ -72,12 +72,12 @@ case "$part" in
   8) shards 150 tests/test_block_sparse_gpu.py -k "backward or refine or lists"
      branch prev
      flex_ab "$root" main1; flex_ab /tmp/prev prev1; flex_ab "$root" main2; flex_ab /tmp/prev prev2 ;;
-  9) branch sparse-causal-tiles
+  9) mkdir -p _br && cp benchmarks/explore/branches/sparse-causal-tiles.patch _br/ && branch sparse-causal-tiles
      (cd /tmp/sparse-causal-tiles && shards 200 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py \
         -k "backward or refine or bwd or grad")
      flex_ab "$root" main1; flex_ab /tmp/sparse-causal-tiles causal1; flex_ab "$root" main2
      flex_ab /tmp/sparse-causal-tiles causal2 ;;
-  10) branch refine-early-exit
+  10) mkdir -p _br && cp benchmarks/explore/branches/refine-early-exit.patch _br/ && branch refine-early-exit
       (cd /tmp/refine-early-exit && shards 150 tests/test_block_sparse_gpu.py -k "refine or backward_of_example")
       for t in "$root" /tmp/refine-early-exit "$root" /tmp/refine-early-exit; do
         (cd "$t" && timeout 100 python3 benchmarks/explore/refine_cost.py 2>&1 | grep -v -i warn | tail -2)
