@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Session 33 (issue 20: the two branches session 32 prepared). One part per call.
+#   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session33.sh N", carry=[".kit_bench"])
+# 1: branch sparse-causal-tiles (branches/sparse-causal-tiles.patch: the refinement's causal tiles take the built-in
+#    causal mask): its block-sparse and flex backward GPU tests, then bench_flex's flag / lists / varlen rows, main /
+#    branch / main / branch interleaved (session32.sh part 9), ~8 min
+# 2: branch refine-early-exit (branches/refine-early-exit.patch): its refinement tests, then refine_cost.py main /
+#    branch twice (session32.sh part 10), then memcheck + racecheck of the sparse family on branch
+#    sparse-causal-tiles, ~8 min
+set -u
+cd "$(dirname "$0")/../.."
+root=$PWD
+part="${1:-1}"
+source benchmarks/explore/shards.sh
+flex_ab() {  # $1: tree, $2: label
+  (cd "$1/benchmarks" && timeout 170 python3 bench_flex.py --occupancy sm120 --impls ours --cases "causal flag" \
+     "block sparse" "varlen" --out "$OUT/flex_$2.json" 2>&1 | grep -v -i warn | grep "\[" | tail -7)
+}
+take() { mkdir -p _br && cp "benchmarks/explore/branches/$1.patch" _br/ && branch "$1"; }
+case "$part" in
+  1) take sparse-causal-tiles
+     (cd /tmp/sparse-causal-tiles && shards 200 tests/test_block_sparse_gpu.py tests/test_flex_gpu.py \
+        -k "backward or refine or bwd or grad")
+     flex_ab "$root" main1; flex_ab /tmp/sparse-causal-tiles causal1; flex_ab "$root" main2
+     flex_ab /tmp/sparse-causal-tiles causal2 ;;
+  2) take refine-early-exit
+     (cd /tmp/refine-early-exit && shards 120 tests/test_block_sparse_gpu.py -k "refine or backward_of_example")
+     for t in "$root" /tmp/refine-early-exit "$root" /tmp/refine-early-exit; do
+       (cd "$t" && timeout 90 python3 benchmarks/explore/refine_cost.py 2>&1 | grep -v -i warn | tail -2)
+     done
+     take sparse-causal-tiles
+     (cd /tmp/sparse-causal-tiles && timeout 250 python3 tools/sanitize.py --families sparse --tools memcheck racecheck \
+        --jobs 4 --json "$OUT/sanitizer_sparse.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_sparse.txt" 2>&1)
+     tail -8 "$OUT/sanitizer_sparse.txt" ;;
+  *) echo "part 1-2" ;;
+esac
