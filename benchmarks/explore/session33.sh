@@ -5,8 +5,8 @@
 #    causal mask): its block-sparse and flex backward GPU tests, then bench_flex's flag / lists / varlen rows, main /
 #    branch / main / branch interleaved (session32.sh part 9), ~8 min
 # 2: branch refine-early-exit (branches/refine-early-exit.patch): its refinement tests, then refine_cost.py main /
-#    branch twice (session32.sh part 10), then memcheck + racecheck of the sparse family on branch
-#    sparse-causal-tiles, ~8 min
+#    branch twice (session32.sh part 10), ~4 min (part 1: the causal-tiles branch measured no gain, so its
+#    sanitizer run was dropped)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -28,9 +28,6 @@ case "$part" in
      for t in "$root" /tmp/refine-early-exit "$root" /tmp/refine-early-exit; do
        (cd "$t" && timeout 90 python3 benchmarks/explore/refine_cost.py 2>&1 | grep -v -i warn | tail -2)
      done
-     take sparse-causal-tiles
-     (cd /tmp/sparse-causal-tiles && timeout 250 python3 tools/sanitize.py --families sparse --tools memcheck racecheck \
-        --jobs 4 --json "$OUT/sanitizer_sparse.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_sparse.txt" 2>&1)
-     tail -8 "$OUT/sanitizer_sparse.txt" ;;
+     ;;
   *) echo "part 1-2" ;;
 esac
