@@ -294,6 +294,9 @@ class FlashBwdMultistage:
                 ctx.walk = tile_walk(mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, batch, head_kv, n_block,
                                      group * ctx.num_m)
                 num_steps = ctx.walk.count
+            # step -> (query head, query block) divides by the query blocks every step: a multiply-high by a
+            # magic number built once here instead of a division's reciprocal chain in each step's address math
+            ctx.num_m_div = cute.fast_divmod_create_divisor_v2(cutlass.max(ctx.num_m, 1))
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)
             cute.arch.cp_async_commit_group()
@@ -437,12 +440,14 @@ class FlashBwdMultistage:
         inner."""
         if const_expr(self.spec.block_sparse is not None):
             return self.entry_coords(ctx, ctx.walk.block(it))
-        return ctx.head_kv * ctx.group + it // ctx.num_m, ctx.m_start + it % ctx.num_m
+        g, m = divmod(it, ctx.num_m_div)
+        return ctx.head_kv * ctx.group + g, ctx.m_start + m
 
     @cute.jit
     def entry_coords(self, ctx: SimpleNamespace, t):
         """(query head, query block) of a block-sparse walk's entry ``t`` (``g * query_tiles + m``)."""
-        return ctx.head_kv * ctx.group + t // ctx.num_m, t % ctx.num_m
+        g, m = divmod(t, ctx.num_m_div)
+        return ctx.head_kv * ctx.group + g, m
 
     @cute.jit
     def sparse_schedule(self, ctx: SimpleNamespace, it, num_steps, entries):
