@@ -8,9 +8,10 @@
 #    branch twice (session32.sh part 10), ~4 min (part 1: the causal-tiles branch measured no gain, so its
 #    sanitizer run was dropped)
 # 3: the backward's step -> (query head, query block) through a FastDivmod divisor (sm_120a: the d128 role split's
-#    causal step loop 1071 -> 1016 instructions, full 980 -> 975): the backward and block-sparse backward GPU
-#    tests, then bench_bwd (ours, default and deterministic) main / prev (_br/prev.patch: the division) twice, ~9 min
-# 4: part 3's change on the lists: bench_flex's rows main / prev twice, then memcheck of the bwd family, ~7 min
+#    causal step loop 1071 -> 1016 instructions, full 980 -> 975): bench_bwd (ours, default and deterministic)
+#    main / prev (_br/prev.patch: the division) twice, interleaved, ~8 min
+# 4: part 3's change: the backward and block-sparse backward GPU tests, then bench_flex's rows main / prev, ~7 min
+# 5: memcheck of the bwd and bwd_det families, ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -33,18 +34,18 @@ case "$part" in
        (cd "$t" && timeout 90 python3 benchmarks/explore/refine_cost.py 2>&1 | grep -v -i warn | tail -2)
      done
      ;;
-  3) shards 200 tests/test_bwd_gpu.py tests/test_block_sparse_gpu.py -k "not large and (bwd or backward or grad or \
-        causal or gqa or varlen or deterministic or split)"
-     branch prev
+  3) branch prev
      for t in "$root:main1" /tmp/prev:prev1 "$root:main2" /tmp/prev:prev2; do
-       (cd "${t%%:*}/benchmarks" && timeout 110 python3 bench_bwd.py --occupancy sm120 --impls ours ours_deterministic \
+       (cd "${t%%:*}/benchmarks" && timeout 115 python3 bench_bwd.py --occupancy sm120 --impls ours ours_deterministic \
           --cases d128_4x4096_32/8 d64_4x4096_32/8_causal d128_4x2048_8/2 d96 --out "$OUT/bwd_${t##*:}.json" 2>&1 \
           | grep -v -i warn | grep "\[" | tail -8)
      done ;;
-  4) branch prev
-     flex_ab "$root" main1; flex_ab /tmp/prev prev1; flex_ab "$root" main2; flex_ab /tmp/prev prev2
-     timeout 200 python3 tools/sanitize.py --families bwd --tools memcheck --jobs 4 \
+  4) shards 270 tests/test_bwd_gpu.py tests/test_block_sparse_gpu.py -k "not large and (bwd or backward or grad or \
+        causal or gqa or varlen or deterministic or split)"
+     branch prev
+     flex_ab "$root" main1; flex_ab /tmp/prev prev1 ;;
+  5) timeout 250 python3 tools/sanitize.py --families bwd bwd_det --tools memcheck --jobs 4 \
        --json "$OUT/sanitizer_bwd.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_bwd.txt" 2>&1
      tail -6 "$OUT/sanitizer_bwd.txt" ;;
-  *) echo "part 1-4" ;;
+  *) echo "part 1-5" ;;
 esac
