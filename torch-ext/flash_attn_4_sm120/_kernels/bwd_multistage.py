@@ -85,10 +85,12 @@ def transposed(s: cute.Tensor, rows: int, cols: int, stages: int = 0) -> cute.Te
 class FlashBwdMultistage:
     """cp.async + mma.sync backward main kernel. Build with a spec, a config and an execution model."""
 
-    #: a step's (query head, query block) through a FastDivmod divisor built once per CTA (a multiply-high) instead
-    #: of a runtime division in every step's address math. Off here: with the divisor's registers live through the
-    #: loop, six 8-warp and 4-warp configs at 255 registers spilled (d256 / d200 32x32, d64 64x128 softcap and varlen
-    #: dropout; sm_120a gate, 2026-11-26); the role split turns it on
+    #: a dense step's (query head, query block) through a FastDivmod divisor built once per CTA (a multiply-high)
+    #: instead of a runtime division in every step's address math. Off here: with the divisor's registers live
+    #: through the loop, six 8-warp and 4-warp configs at 255 registers spilled (d256 / d200 32x32, d64 64x128
+    #: softcap and varlen dropout; sm_120a gate, 2026-11-26); the role split turns it on. Block-sparse list
+    #: entries keep the division: with the divisor the prefix-LM lists' backward ran 1.05x slower (session33.sh
+    #: part 4, as two other changes to that walk did in sessions 32-33), documents and causal lists unchanged
     step_divisor = False
 
     def __init__(self, spec: BwdSpec, config: BwdConfig, model: ExecutionModel):
@@ -301,7 +303,7 @@ class FlashBwdMultistage:
                                      group * ctx.num_m)
                 num_steps = ctx.walk.count
             ctx.num_m_div = None
-            if const_expr(self.step_divisor):
+            if const_expr(self.step_divisor and self.spec.block_sparse is None):
                 ctx.num_m_div = cute.fast_divmod_create_divisor_v2(cutlass.max(ctx.num_m, 1))
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)
@@ -446,21 +448,15 @@ class FlashBwdMultistage:
         inner."""
         if const_expr(self.spec.block_sparse is not None):
             return self.entry_coords(ctx, ctx.walk.block(it))
-        g, m = self.divide_steps(ctx, it)
-        return ctx.head_kv * ctx.group + g, ctx.m_start + m
+        if const_expr(self.step_divisor):
+            g, m = divmod(it, ctx.num_m_div)
+            return ctx.head_kv * ctx.group + g, ctx.m_start + m
+        return ctx.head_kv * ctx.group + it // ctx.num_m, ctx.m_start + it % ctx.num_m
 
     @cute.jit
     def entry_coords(self, ctx: SimpleNamespace, t):
         """(query head, query block) of a block-sparse walk's entry ``t`` (``g * query_tiles + m``)."""
-        g, m = self.divide_steps(ctx, t)
-        return ctx.head_kv * ctx.group + g, m
-
-    @cute.jit
-    def divide_steps(self, ctx: SimpleNamespace, t):
-        """(t // query blocks, t % query blocks): a step or list entry's query-head and query-block parts."""
-        if const_expr(self.step_divisor):
-            return divmod(t, ctx.num_m_div)
-        return t // ctx.num_m, t % ctx.num_m
+        return ctx.head_kv * ctx.group + t // ctx.num_m, t % ctx.num_m
 
     @cute.jit
     def sparse_schedule(self, ctx: SimpleNamespace, it, num_steps, entries):
