@@ -11,7 +11,11 @@
 #    causal step loop 1071 -> 1016 instructions, full 980 -> 975): bench_bwd (ours, default and deterministic)
 #    main / prev (_br/prev.patch: the division) twice, interleaved, ~8 min
 # 4: part 3's change: the backward and block-sparse backward GPU tests, then bench_flex's rows main / prev, ~7 min
-# 5: memcheck of the bwd and bwd_det families, ~4 min
+# 4 ran with the divisor in every kernel: prefix-LM lists 7.77 -> 8.19 ms; since then list entries keep the division
+#    (their SASS identical to before the session) and only the role split's dense steps take the divisor
+# 5: the dropout and flex GPU suites (role-split dense steps with the divisor), then memcheck of the bwd, bwd_det
+#    and bwd_rolesplit families, ~8 min
+# 6: bench_bwd, every case and peer, both occupancies (the README's backward table), ~9.5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -44,8 +48,11 @@ case "$part" in
         causal or gqa or varlen or deterministic or split)"
      branch prev
      flex_ab "$root" main1; flex_ab /tmp/prev prev1 ;;
-  5) timeout 250 python3 tools/sanitize.py --families bwd bwd_det --tools memcheck --jobs 4 \
+  5) shards 200 tests/test_dropout_gpu.py tests/test_flex_gpu.py -k "not large"
+     timeout 300 python3 tools/sanitize.py --families bwd bwd_det bwd_rolesplit --tools memcheck --jobs 4 \
        --json "$OUT/sanitizer_bwd.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_bwd.txt" 2>&1
      tail -6 "$OUT/sanitizer_bwd.txt" ;;
-  *) echo "part 1-5" ;;
+  6) (cd benchmarks && timeout 575 python3 bench_bwd.py --occupancy both --out "$OUT/bwd.json" 2>&1 \
+       | grep -v -i warn | grep "\[" | tail -24) ;;
+  *) echo "part 1-6" ;;
 esac
