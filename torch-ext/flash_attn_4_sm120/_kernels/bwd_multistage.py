@@ -85,14 +85,6 @@ def transposed(s: cute.Tensor, rows: int, cols: int, stages: int = 0) -> cute.Te
 class FlashBwdMultistage:
     """cp.async + mma.sync backward main kernel. Build with a spec, a config and an execution model."""
 
-    #: a dense step's (query head, query block) through a FastDivmod divisor built once per CTA (a multiply-high)
-    #: instead of a runtime division in every step's address math. Off here: with the divisor's registers live
-    #: through the loop, six 8-warp and 4-warp configs at 255 registers spilled (d256 / d200 32x32, d64 64x128
-    #: softcap and varlen dropout; sm_120a gate, 2026-11-26); the role split turns it on. Block-sparse list
-    #: entries keep the division: with the divisor the prefix-LM lists' backward ran 1.05x slower (session33.sh
-    #: part 4, as two other changes to that walk did in sessions 32-33), documents and causal lists unchanged
-    step_divisor = False
-
     def __init__(self, spec: BwdSpec, config: BwdConfig, model: ExecutionModel):
         self.spec = spec
         self.config = config
@@ -106,6 +98,8 @@ class FlashBwdMultistage:
         self.tile_n = config.tile_n
         self.num_threads = config.num_threads
         self.key_blocks = KeyBlockScheduler(bwd_banded(spec, config))  # the grid's order of key blocks
+        #: dense steps' (query head, query block) by a FastDivmod divisor (``BwdConfig.step_divisor``)
+        self.step_divisor = config.step_divisor and spec.block_sparse is None
         #: dynamic smem to launch with when larger than the kernel's own (occupancy on a larger part)
         self.launch_smem = 0
 
@@ -303,7 +297,7 @@ class FlashBwdMultistage:
                                      group * ctx.num_m)
                 num_steps = ctx.walk.count
             ctx.num_m_div = None
-            if const_expr(self.step_divisor and self.spec.block_sparse is None):
+            if const_expr(self.step_divisor):
                 ctx.num_m_div = cute.fast_divmod_create_divisor_v2(cutlass.max(ctx.num_m, 1))
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)

@@ -70,11 +70,6 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
     the main loop. So the group branches of ``step`` touch plain locals only (operands made in the branch, the
     dK-or-dV accumulator a loop-carried local of ``main_loop``), and ``store_dkv`` has no branch at all."""
 
-    #: H100 at SM120 occupancy, same run against the division (session33.sh part 3): backward d64 causal 0.97x,
-    #: d128 0.99x, d128 causal 0.98x, 4x2048 8/2 causal 0.98x, d96 causal 1.01x; sm_120a: every role-split config
-    #: conforms, the d128 causal step loop 1071 -> 1016 instructions
-    step_divisor = True
-
     def _setup(self):
         super()._setup()
         cfg = self.config
