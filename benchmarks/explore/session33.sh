@@ -15,7 +15,10 @@
 #    (their SASS identical to before the session) and only the role split's dense steps take the divisor
 # 5: the dropout and flex GPU suites (role-split dense steps with the divisor), then memcheck of the bwd, bwd_det
 #    and bwd_rolesplit families, ~8 min
-# 6: bench_bwd, every case and peer, both occupancies (the README's backward table), ~9.5 min
+# 6: bench_bwd, every case and peer, both occupancies (the README's backward table), ~6 min
+# 7: the step divisor kept to d128's role split (BwdConfig.step_divisor; part 6 had it in every role split: d64 full
+#    254 -> 244 TFLOPS against session 31's run): d64 full and causal, main / d64div (_br/d64div.patch: the divisor
+#    at d64 too) twice, interleaved, ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -54,5 +57,10 @@ case "$part" in
      tail -6 "$OUT/sanitizer_bwd.txt" ;;
   6) (cd benchmarks && timeout 575 python3 bench_bwd.py --occupancy both --out "$OUT/bwd.json" 2>&1 \
        | grep -v -i warn | grep "\[" | tail -24) ;;
-  *) echo "part 1-6" ;;
+  7) branch d64div
+     for t in "$root:main1" /tmp/d64div:div1 "$root:main2" /tmp/d64div:div2; do
+       (cd "${t%%:*}/benchmarks" && timeout 100 python3 bench_bwd.py --occupancy sm120 --impls ours \
+          --cases d64_4x4096 --out "$OUT/bwd_${t##*:}.json" 2>&1 | grep -v -i warn | grep "\[" | tail -2)
+     done ;;
+  *) echo "part 1-7" ;;
 esac
