@@ -19,6 +19,8 @@
 # 7: the step divisor kept to d128's role split (BwdConfig.step_divisor; part 6 had it in every role split: d64 full
 #    254 -> 244 TFLOPS against session 31's run): d64 full and causal, main / d64div (_br/d64div.patch: the divisor
 #    at d64 too) twice, interleaved, ~4 min
+# 8: bench_bwd's 4x2048 8/2 row again, twice (part 6's second run gave its fwd+bwd below its backward alone: a
+#    disturbed measurement of a 0.4 ms call), ~3 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -62,5 +64,9 @@ case "$part" in
        (cd "${t%%:*}/benchmarks" && timeout 100 python3 bench_bwd.py --occupancy sm120 --impls ours \
           --cases d64_4x4096 --out "$OUT/bwd_${t##*:}.json" 2>&1 | grep -v -i warn | grep "\[" | tail -2)
      done ;;
-  *) echo "part 1-7" ;;
+  8) for i in 1 2; do
+       (cd benchmarks && timeout 140 python3 bench_bwd.py --occupancy both --cases 4x2048 --out "$OUT/bwd_4x2048_$i.json" \
+          2>&1 | grep -v -i warn | grep "\[" | tail -2)
+     done ;;
+  *) echo "part 1-8" ;;
 esac
