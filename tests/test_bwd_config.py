@@ -53,6 +53,11 @@ def test_role_split_predicate():
     assert any("must match" in p for p in bwd_config_problems(BwdSpec("bf16", 192, 128, True), cfg, SM120))
     assert any("double-buffered Q" in p for p in bwd_config_problems(
         BwdSpec("bf16", 128, 128, True), BwdConfig(64, 64, 8, 1, 1, role_split=True), SM120))
+    # the step divisor is the role split's: the 8-warp and 4-warp tiles spilled with it
+    assert any("step divisor" in p for p in bwd_config_problems(
+        BwdSpec("bf16", 128, 128, True), BwdConfig(64, 64, 8, 2, 1, step_divisor=True), SM120))
+    assert bwd_config_problems(BwdSpec("bf16", 128, 128, True), BwdConfig(
+        64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, step_divisor=True), SM120) == ()
     # 4 warps split S/dP: 8 warps along the rows do not fit a group
     assert any("S/dP" in p for p in bwd_config_problems(
         BwdSpec("bf16", 128, 128, True), BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=8, role_split=True), SM120))

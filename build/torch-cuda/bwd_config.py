@@ -55,6 +55,12 @@ class BwdConfig:
     #: and dK, each GEMM on 4 warps (32x32 S/dP warp tiles at 64x64), P handed over through shared memory
     #: with named barriers; dQ on all 8 warps. ``sdp_warps_m`` / ``dkv_warps_n`` then split 4 warps.
     role_split: bool = False
+    #: the role split's dense step -> (query head, query block) through a FastDivmod divisor built once per CTA (a
+    #: multiply-high) instead of a runtime division in each step's address math. A per-class choice, measured (H100,
+    #: SM120 occupancy, session 33): d128's 64x64 role split 0.98-0.99x the backward's time with it (d128 full and
+    #: causal, 8x2048, 2x4096 16/4); d96's 64x64 split (two dO stages) 1.01-1.02x and d64's 64x128 split 1.04x
+    #: (full) slower, so they keep the division; block-sparse list entries always do (prefix-LM lists 1.05x slower)
+    step_divisor: bool = False
 
     @property
     def num_threads(self) -> int:
@@ -110,6 +116,9 @@ def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num
 def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) -> tuple[str, ...]:
     """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
     out = []
+    if cfg.step_divisor and not cfg.role_split:
+        # sm_120a gate, 2026-11-26: six 8-warp and 4-warp configs at 255 registers spilled with the divisor live
+        out.append("the step divisor is the role split's (the 8-warp and 4-warp tiles spill with it)")
     if spec.block_sparse is not None:  # (the role split walks lists too; it refuses score_mods below)
         q_block, k_block = spec.block_sparse
         if q_block % cfg.tile_m or k_block % cfg.tile_n:
@@ -233,7 +242,7 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 BWD_TABLE = {
     64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
     96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True),
-    128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True),
+    128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True),
     192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
     256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, dq_chunks=2, dkv_chunks=2),
 }
@@ -338,16 +347,16 @@ BWD_ROLE_SPLIT_CANDIDATES = {
 def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfig]:
     """Configs the backward tuner may pick from for ``spec``: the class's candidate tiles with every warp
     split of the three GEMM shapes, filtered by the validity predicate (the conformance gate screens
-    them for spills with ``--subset candidates``)."""
+    them for spills with ``--subset candidates``). Role-split tiles come with and without the step divisor."""
     out = []
     cls = bwd_head_dim_class(spec)
     tiles = [(*t, False) for t in BWD_TILE_CANDIDATES[cls]]
     tiles += [(*t, True) for t in BWD_ROLE_SPLIT_CANDIDATES.get(cls, ())]
     for tm, tn, w, sq, sdo, ch, kch, rs in tiles:
         splits = [x for x in (1, 2, 4, 8) if x <= w]
-        for sdp, dkv, dq in product(splits, splits, splits):
+        for sdp, dkv, dq, div in product(splits, splits, splits, (False, True) if rs else (False,)):
             cfg = BwdConfig(tm, tn, w, sq, sdo, sdp_warps_m=sdp, dkv_warps_n=dkv, dq_warps_m=dq, dq_chunks=ch,
-                            dkv_chunks=kch, role_split=rs)
+                            dkv_chunks=kch, role_split=rs, step_divisor=div)
             if not bwd_config_problems(spec, cfg, model):
                 out.append(cfg)
     return list(dict.fromkeys(out))

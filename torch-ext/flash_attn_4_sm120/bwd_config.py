@@ -347,16 +347,16 @@ BWD_ROLE_SPLIT_CANDIDATES = {
 def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfig]:
     """Configs the backward tuner may pick from for ``spec``: the class's candidate tiles with every warp
     split of the three GEMM shapes, filtered by the validity predicate (the conformance gate screens
-    them for spills with ``--subset candidates``)."""
+    them for spills with ``--subset candidates``). Role-split tiles come with and without the step divisor."""
     out = []
     cls = bwd_head_dim_class(spec)
     tiles = [(*t, False) for t in BWD_TILE_CANDIDATES[cls]]
     tiles += [(*t, True) for t in BWD_ROLE_SPLIT_CANDIDATES.get(cls, ())]
     for tm, tn, w, sq, sdo, ch, kch, rs in tiles:
         splits = [x for x in (1, 2, 4, 8) if x <= w]
-        for sdp, dkv, dq in product(splits, splits, splits):
+        for sdp, dkv, dq, div in product(splits, splits, splits, (False, True) if rs else (False,)):
             cfg = BwdConfig(tm, tn, w, sq, sdo, sdp_warps_m=sdp, dkv_warps_n=dkv, dq_warps_m=dq, dq_chunks=ch,
-                            dkv_chunks=kch, role_split=rs)
+                            dkv_chunks=kch, role_split=rs, step_divisor=div)
             if not bwd_config_problems(spec, cfg, model):
                 out.append(cfg)
     return list(dict.fromkeys(out))

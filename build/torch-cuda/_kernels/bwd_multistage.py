@@ -98,6 +98,8 @@ class FlashBwdMultistage:
         self.tile_n = config.tile_n
         self.num_threads = config.num_threads
         self.key_blocks = KeyBlockScheduler(bwd_banded(spec, config))  # the grid's order of key blocks
+        #: dense steps' (query head, query block) by a FastDivmod divisor (``BwdConfig.step_divisor``)
+        self.step_divisor = config.step_divisor and spec.block_sparse is None
         #: dynamic smem to launch with when larger than the kernel's own (occupancy on a larger part)
         self.launch_smem = 0
 
@@ -294,6 +296,9 @@ class FlashBwdMultistage:
                 ctx.walk = tile_walk(mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, batch, head_kv, n_block,
                                      group * ctx.num_m)
                 num_steps = ctx.walk.count
+            ctx.num_m_div = None
+            if const_expr(self.step_divisor):
+                ctx.num_m_div = cute.fast_divmod_create_divisor_v2(cutlass.max(ctx.num_m, 1))
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)
             cute.arch.cp_async_commit_group()
@@ -437,6 +442,9 @@ class FlashBwdMultistage:
         inner."""
         if const_expr(self.spec.block_sparse is not None):
             return self.entry_coords(ctx, ctx.walk.block(it))
+        if const_expr(self.step_divisor):
+            g, m = divmod(it, ctx.num_m_div)
+            return ctx.head_kv * ctx.group + g, ctx.m_start + m
         return ctx.head_kv * ctx.group + it // ctx.num_m, ctx.m_start + it % ctx.num_m
 
     @cute.jit
