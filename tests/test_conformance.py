@@ -371,6 +371,10 @@ def test_declared_cases_are_named_uniquely_and_have_a_ci_subset():
     assert len(names) == len(set(names))
     assert any(c.subset_ci for c in cases)
     assert all(isinstance(c.describe(), dict) for c in cases)
+    # the tuner's candidates too: two configs that differ only in a knob the name leaves out would share a report
+    # entry (the role split's step divisor: ``_rsd``)
+    names = [c.name for c in provider.candidate_cases()]
+    assert len(names) == len(set(names)) and any(n.endswith("_rsd") for n in names)
 
 
 @pytest.fixture(scope="module")
