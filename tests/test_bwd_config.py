@@ -9,7 +9,8 @@ import torch
 
 from flash_attn_4_sm120._kernels import block_info
 from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BWD_TABLE_UNSPLIT, BwdConfig,
-                                           bwd_banded, bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes,
+                                           bwd_banded, bwd_config_problems, bwd_padded_head_dim, bwd_rotated_start,
+                                           bwd_smem_bytes,
                                            bwd_tile_band, candidate_bwd_configs, dispatchable_bwd,
                                            select_bwd_config)
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
@@ -249,3 +250,12 @@ def test_group_split_still_splits_grids_no_band_fills(b, s, hq, hkv, d, best):
     tile_n = 128 if d == 64 else 64
     assert bwd_group_split(s, s, 64, tile_n, hkv, hq // hkv, b, True, 132, banded=True, l2_bytes=50 << 20,
                            head_dim=d, head_dim_v=d) == best
+
+
+def test_rotated_start_only_where_every_key_block_sees_every_query_block():
+    assert bwd_rotated_start(BwdSpec("bf16", 128, 128, causal=False))
+    assert bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False, varlen_q=True, varlen_k=True))
+    assert not bwd_rotated_start(BwdSpec("bf16", 128, 128, causal=True))
+    assert not bwd_rotated_start(BwdSpec("bf16", 128, 128, causal=False, local=True))
+    assert not bwd_rotated_start(BwdSpec("bf16", 128, 128, causal=False, deterministic=True))
+    assert not bwd_rotated_start(BwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 128, True)))

@@ -484,6 +484,15 @@ def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
     return max(free)
 
 
+def bwd_rotated_start(spec: BwdSpec) -> bool:
+    """Whether the main kernel's key block n walks its query blocks from block n (mod their count) instead of
+    from the first. Without a causal mask or a window every key block of a head visits every query block, and
+    from the same start the head's CTAs, launched together, add their dQ into the same query block at once (the
+    L2's reductions on one block's addresses serialize). Not with block-sparse lists (their own order), nor in
+    deterministic mode (its counters give each query block's key blocks a fixed order of additions)."""
+    return not (spec.causal or spec.local or spec.deterministic or spec.block_sparse is not None)
+
+
 #: Key tiles of at least this many keys run in the banded longest-first order where the spec asks for it
 #: (``bwd_banded``: causal masks and block-sparse lists).
 BWD_BANDED_MIN_TILE_N = 64

@@ -53,7 +53,8 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
 from .. import flex
-from ..bwd_config import BwdConfig, bwd_banded, bwd_config_problems, bwd_padded_head_dim, bwd_smem_bytes
+from ..bwd_config import (BwdConfig, bwd_banded, bwd_config_problems, bwd_padded_head_dim, bwd_rotated_start,
+                          bwd_smem_bytes)
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
@@ -100,6 +101,10 @@ class FlashBwdMultistage:
         self.key_blocks = KeyBlockScheduler(bwd_banded(spec, config))  # the grid's order of key blocks
         #: dense steps' (query head, query block) by a FastDivmod divisor (``BwdConfig.step_divisor``)
         self.step_divisor = config.step_divisor and spec.block_sparse is None
+        #: without a mask every key block visits every query block: key block n starts at query block n (mod the
+        #: query blocks), so the CTAs of one head do not all add their dQ into the same query block at once
+        #: (``bwd_config.bwd_rotated_start``)
+        self.rotated_start = bwd_rotated_start(spec)
         #: dynamic smem to launch with when larger than the kernel's own (occupancy on a larger part)
         self.launch_smem = 0
 
@@ -296,6 +301,9 @@ class FlashBwdMultistage:
                 ctx.walk = tile_walk(mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, batch, head_kv, n_block,
                                      group * ctx.num_m)
                 num_steps = ctx.walk.count
+            ctx.m_rotation = None
+            if const_expr(self.rotated_start):
+                ctx.m_rotation = n_block % cutlass.max(ctx.num_m, 1)
             ctx.num_m_div = None
             if const_expr(self.step_divisor):
                 ctx.num_m_div = cute.fast_divmod_create_divisor_v2(cutlass.max(ctx.num_m, 1))
@@ -442,10 +450,16 @@ class FlashBwdMultistage:
         inner."""
         if const_expr(self.spec.block_sparse is not None):
             return self.entry_coords(ctx, ctx.walk.block(it))
+        g, m = Int32(0), Int32(0)
         if const_expr(self.step_divisor):
             g, m = divmod(it, ctx.num_m_div)
-            return ctx.head_kv * ctx.group + g, ctx.m_start + m
-        return ctx.head_kv * ctx.group + it // ctx.num_m, ctx.m_start + it % ctx.num_m
+        else:
+            g, m = it // ctx.num_m, it % ctx.num_m
+        if const_expr(self.rotated_start):
+            m = m + ctx.m_rotation
+            if m >= ctx.num_m:
+                m = m - ctx.num_m
+        return ctx.head_kv * ctx.group + g, ctx.m_start + m
 
     @cute.jit
     def entry_coords(self, ctx: SimpleNamespace, t):
