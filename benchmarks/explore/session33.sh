@@ -21,6 +21,9 @@
 #    at d64 too) twice, interleaved, ~4 min
 # 8: bench_bwd's 4x2048 8/2 row again, twice (part 6's second run gave its fwd+bwd below its backward alone: a
 #    disturbed measurement of a 0.4 ms call), ~3 min
+# 9: non-causal key blocks start at query block n (bwd_config.bwd_rotated_start): bench_bwd's d64 and d128
+#    non-causal rows main / prev (_br/prev.patch: every key block from query block 0) twice, interleaved, then the
+#    backward GPU suite, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -68,5 +71,12 @@ case "$part" in
        (cd benchmarks && timeout 140 python3 bench_bwd.py --occupancy both --cases 4x2048 --out "$OUT/bwd_4x2048_$i.json" \
           2>&1 | grep -v -i warn | grep "\[" | tail -2)
      done ;;
-  *) echo "part 1-8" ;;
+  9) branch prev
+     for t in "$root:main1" /tmp/prev:prev1 "$root:main2" /tmp/prev:prev2; do
+       (cd "${t%%:*}/benchmarks" && timeout 90 python3 bench_bwd.py --occupancy sm120 --impls ours \
+          --cases d64_4x4096_32/8 d128_4x4096_32/8 --out "$OUT/bwd_${t##*:}.json" 2>&1 | grep -v -i warn \
+          | grep "\[" | grep -v causal)
+     done
+     shards 230 tests/test_bwd_gpu.py -k "not large" ;;
+  *) echo "part 1-9" ;;
 esac
