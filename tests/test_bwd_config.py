@@ -253,9 +253,12 @@ def test_group_split_still_splits_grids_no_band_fills(b, s, hq, hkv, d, best):
 
 
 def test_rotated_start_only_where_every_key_block_sees_every_query_block():
-    assert bwd_rotated_start(BwdSpec("bf16", 128, 128, causal=False))
-    assert bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False, varlen_q=True, varlen_k=True))
-    assert not bwd_rotated_start(BwdSpec("bf16", 128, 128, causal=True))
-    assert not bwd_rotated_start(BwdSpec("bf16", 128, 128, causal=False, local=True))
-    assert not bwd_rotated_start(BwdSpec("bf16", 128, 128, causal=False, deterministic=True))
-    assert not bwd_rotated_start(BwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 128, True)))
+    rot = BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True)
+    assert BWD_TABLE[64].rotated_start and not BWD_TABLE[128].rotated_start  # measured per class (session 33)
+    assert bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False), rot)
+    assert bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False, varlen_q=True, varlen_k=True), rot)
+    assert not bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False), BWD_TABLE[128])
+    assert not bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=True), rot)
+    assert not bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False, local=True), rot)
+    assert not bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False, deterministic=True), rot)
+    assert not bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False, block_sparse=(128, 128, True)), rot)

@@ -12,7 +12,7 @@ specs with softcap or varlen where the class's tile has no registers to spare, `
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import product
 
@@ -61,6 +61,12 @@ class BwdConfig:
     #: causal, 8x2048, 2x4096 16/4); d96's 64x64 split (two dO stages) 1.01-1.02x and d64's 64x128 split 1.04x
     #: (full) slower, so they keep the division; block-sparse list entries always do (prefix-LM lists 1.05x slower)
     step_divisor: bool = False
+    #: without a mask (``bwd_rotated_start``) key block n walks its query blocks from block n (mod their count)
+    #: instead of from the first, so the head's CTAs do not add their dQ into one query block at once. A per-class
+    #: choice, measured (H100, SM120 occupancy, session 33, same call): d64's 64x128 role split 0.97x the backward's
+    #: time with it (4x4096 32/8 non-causal 255 / 257 -> 263 / 265 TFLOPS); d128's 64x64 split 1.02x slower (256 /
+    #: 252 -> 250 / 249), so it keeps the common start
+    rotated_start: bool = False
 
     @property
     def num_threads(self) -> int:
@@ -240,7 +246,7 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: (since it draws dropout once and passes equal barrier counts) takes 0.95x the 4-warp tile's time at 4x4096 full
 #: and causal and at 2x4096 full, 1.01x at 2x4096 causal; deterministic 0.88 / 0.92x / 0.89x / 0.94x.
 BWD_TABLE = {
-    64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
+    64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True),
     96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True),
     192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
@@ -347,18 +353,25 @@ BWD_ROLE_SPLIT_CANDIDATES = {
 def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfig]:
     """Configs the backward tuner may pick from for ``spec``: the class's candidate tiles with every warp
     split of the three GEMM shapes, filtered by the validity predicate (the conformance gate screens
-    them for spills with ``--subset candidates``). Role-split tiles come with and without the step divisor."""
+    them for spills with ``--subset candidates``). The class's role-split entry's tile and split also come with
+    and without the step divisor and the rotated start (the latter changes nothing under a mask)."""
     out = []
     cls = bwd_head_dim_class(spec)
     tiles = [(*t, False) for t in BWD_TILE_CANDIDATES[cls]]
     tiles += [(*t, True) for t in BWD_ROLE_SPLIT_CANDIDATES.get(cls, ())]
     for tm, tn, w, sq, sdo, ch, kch, rs in tiles:
         splits = [x for x in (1, 2, 4, 8) if x <= w]
-        for sdp, dkv, dq, div in product(splits, splits, splits, (False, True) if rs else (False,)):
-            cfg = BwdConfig(tm, tn, w, sq, sdo, sdp_warps_m=sdp, dkv_warps_n=dkv, dq_warps_m=dq, dq_chunks=ch,
-                            dkv_chunks=kch, role_split=rs, step_divisor=div)
-            if not bwd_config_problems(spec, cfg, model):
-                out.append(cfg)
+        for sdp, dkv, dq in product(splits, splits, splits):
+            base = BwdConfig(tm, tn, w, sq, sdo, sdp_warps_m=sdp, dkv_warps_n=dkv, dq_warps_m=dq, dq_chunks=ch,
+                             dkv_chunks=kch, role_split=rs)
+            # the role split's step knobs, tried at the split the class's entry has (tile first, then knobs)
+            table = BWD_TABLE.get(cls)
+            knobs = ((False, True) if rs and table is not None and
+                     replace(table, step_divisor=False, rotated_start=False) == base else (False,))
+            for div, rot in product(knobs, knobs):
+                cfg = replace(base, step_divisor=div, rotated_start=rot)
+                if not bwd_config_problems(spec, cfg, model):
+                    out.append(cfg)
     return list(dict.fromkeys(out))
 
 
@@ -484,13 +497,13 @@ def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
     return max(free)
 
 
-def bwd_rotated_start(spec: BwdSpec) -> bool:
+def bwd_rotated_start(spec: BwdSpec, cfg: BwdConfig) -> bool:
     """Whether the main kernel's key block n walks its query blocks from block n (mod their count) instead of
-    from the first. Without a causal mask or a window every key block of a head visits every query block, and
-    from the same start the head's CTAs, launched together, add their dQ into the same query block at once (the
-    L2's reductions on one block's addresses serialize). Not with block-sparse lists (their own order), nor in
-    deterministic mode (its counters give each query block's key blocks a fixed order of additions)."""
-    return not (spec.causal or spec.local or spec.deterministic or spec.block_sparse is not None)
+    from the first (``BwdConfig.rotated_start``). Without a causal mask or a window every key block of a head
+    visits every query block, and from the same start the head's CTAs, launched together, add their dQ into the
+    same query block at once. Not with block-sparse lists (their own order), nor in deterministic mode (its
+    counters give each query block's key blocks a fixed order of additions)."""
+    return cfg.rotated_start and not (spec.causal or spec.local or spec.deterministic or spec.block_sparse is not None)
 
 
 #: Key tiles of at least this many keys run in the banded longest-first order where the spec asks for it

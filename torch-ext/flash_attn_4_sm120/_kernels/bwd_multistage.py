@@ -101,10 +101,8 @@ class FlashBwdMultistage:
         self.key_blocks = KeyBlockScheduler(bwd_banded(spec, config))  # the grid's order of key blocks
         #: dense steps' (query head, query block) by a FastDivmod divisor (``BwdConfig.step_divisor``)
         self.step_divisor = config.step_divisor and spec.block_sparse is None
-        #: without a mask every key block visits every query block: key block n starts at query block n (mod the
-        #: query blocks), so the CTAs of one head do not all add their dQ into the same query block at once
-        #: (``bwd_config.bwd_rotated_start``)
-        self.rotated_start = bwd_rotated_start(spec)
+        #: key block n starts at query block n, mod the query blocks (``bwd_config.bwd_rotated_start``)
+        self.rotated_start = bwd_rotated_start(spec, config)
         #: dynamic smem to launch with when larger than the kernel's own (occupancy on a larger part)
         self.launch_smem = 0
 
