@@ -24,6 +24,9 @@
 # 9: non-causal key blocks start at query block n (bwd_config.bwd_rotated_start): bench_bwd's d64 and d128
 #    non-causal rows main / prev (_br/prev.patch: every key block from query block 0) twice, interleaved, then the
 #    backward GPU suite, ~8 min
+# 10: after part 9 (d64 0.97x, d128 1.02x slower: BwdConfig.rotated_start on d64's entry only): the dropout and flex
+#    GPU suites (d64 non-causal dropout and mods on the rotated kernel), then bench_bwd's d64 rows, both
+#    occupancies, every peer (merged into the README's table), ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -78,5 +81,8 @@ case "$part" in
           | grep "\[" | grep -v causal)
      done
      shards 230 tests/test_bwd_gpu.py -k "not large" ;;
-  *) echo "part 1-9" ;;
+  10) shards 200 tests/test_dropout_gpu.py tests/test_flex_gpu.py -k "not large"
+      (cd benchmarks && timeout 150 python3 bench_bwd.py --occupancy both --cases d64_4x4096 --out "$OUT/bwd_d64.json" \
+         2>&1 | grep -v -i warn | grep "\[") ;;
+  *) echo "part 1-10" ;;
 esac
