@@ -359,15 +359,15 @@ def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfi
     cls = bwd_head_dim_class(spec)
     tiles = [(*t, False) for t in BWD_TILE_CANDIDATES[cls]]
     tiles += [(*t, True) for t in BWD_ROLE_SPLIT_CANDIDATES.get(cls, ())]
+    # the role split's step knobs are tried at the tile and split the class's entry has (tile first, then knobs)
+    entry = BWD_TABLE.get(cls)
+    entry = replace(entry, step_divisor=False, rotated_start=False) if entry is not None and entry.role_split else None
     for tm, tn, w, sq, sdo, ch, kch, rs in tiles:
         splits = [x for x in (1, 2, 4, 8) if x <= w]
         for sdp, dkv, dq in product(splits, splits, splits):
             base = BwdConfig(tm, tn, w, sq, sdo, sdp_warps_m=sdp, dkv_warps_n=dkv, dq_warps_m=dq, dq_chunks=ch,
                              dkv_chunks=kch, role_split=rs)
-            # the role split's step knobs, tried at the split the class's entry has (tile first, then knobs)
-            table = BWD_TABLE.get(cls)
-            knobs = ((False, True) if rs and table is not None and
-                     replace(table, step_divisor=False, rotated_start=False) == base else (False,))
+            knobs = (False, True) if base == entry else (False,)
             for div, rot in product(knobs, knobs):
                 cfg = replace(base, step_divisor=div, rotated_start=rot)
                 if not bwd_config_problems(spec, cfg, model):

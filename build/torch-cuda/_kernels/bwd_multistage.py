@@ -448,11 +448,7 @@ class FlashBwdMultistage:
         inner."""
         if const_expr(self.spec.block_sparse is not None):
             return self.entry_coords(ctx, ctx.walk.block(it))
-        g, m = Int32(0), Int32(0)
-        if const_expr(self.step_divisor):
-            g, m = divmod(it, ctx.num_m_div)
-        else:
-            g, m = it // ctx.num_m, it % ctx.num_m
+        g, m = divmod(it, ctx.num_m_div) if const_expr(self.step_divisor) else (it // ctx.num_m, it % ctx.num_m)
         if const_expr(self.rotated_start):
             m = m + ctx.m_rotation
             if m >= ctx.num_m:
