@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 33 (issue 20: the two branches session 32 prepared). One part per call.
+# Session 33 (issue 20: the two branches session 32 prepared; issue 19: the backward role split's step knobs). One part per call.
 #   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session33.sh N", carry=[".kit_bench"])
 # 1: branch sparse-causal-tiles (branches/sparse-causal-tiles.patch: the refinement's causal tiles take the built-in
 #    causal mask): its block-sparse and flex backward GPU tests, then bench_flex's flag / lists / varlen rows, main /
