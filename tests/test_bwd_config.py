@@ -10,7 +10,7 @@ import torch
 from flash_attn_4_sm120._kernels import block_info
 from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BWD_TABLE_UNSPLIT, BwdConfig,
                                            bwd_banded, bwd_config_problems, bwd_padded_head_dim, bwd_rotated_start,
-                                           bwd_smem_bytes,
+                                           bwd_smem_bytes, bwd_step_divisor,
                                            bwd_tile_band, candidate_bwd_configs, dispatchable_bwd,
                                            select_bwd_config)
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
@@ -262,3 +262,10 @@ def test_rotated_start_only_where_every_key_block_sees_every_query_block():
     assert not bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False, local=True), rot)
     assert not bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False, deterministic=True), rot)
     assert not bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False, block_sparse=(128, 128, True)), rot)
+
+
+def test_step_divisor_for_dense_steps_of_the_entries_that_carry_it():
+    assert bwd_step_divisor(BwdSpec("bf16", 128, 128, causal=True), BWD_TABLE[128])
+    assert not bwd_step_divisor(BwdSpec("bf16", 64, 64, causal=True), BWD_TABLE[64])
+    # block-sparse list entries keep the division (measured: prefix-LM lists slower with the divisor)
+    assert not bwd_step_divisor(BwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 128, True)), BWD_TABLE[128])

@@ -497,6 +497,13 @@ def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
     return max(free)
 
 
+def bwd_step_divisor(spec: BwdSpec, cfg: BwdConfig) -> bool:
+    """Whether the main kernel finds a dense step's (query head, query block) with ``BwdConfig.step_divisor``'s
+    FastDivmod divisor. Block-sparse list entries keep the division (with the divisor prefix-LM lists ran 1.05x
+    slower, H100 at SM120 occupancy, session 33)."""
+    return cfg.step_divisor and spec.block_sparse is None
+
+
 def bwd_rotated_start(spec: BwdSpec, cfg: BwdConfig) -> bool:
     """Whether the main kernel's key block n walks its query blocks from block n (mod their count) instead of
     from the first (``BwdConfig.rotated_start``). Without a causal mask or a window every key block of a head

@@ -54,7 +54,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from .. import flex
 from ..bwd_config import (BwdConfig, bwd_banded, bwd_config_problems, bwd_padded_head_dim, bwd_rotated_start,
-                          bwd_smem_bytes)
+                          bwd_smem_bytes, bwd_step_divisor)
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
@@ -99,8 +99,8 @@ class FlashBwdMultistage:
         self.tile_n = config.tile_n
         self.num_threads = config.num_threads
         self.key_blocks = KeyBlockScheduler(bwd_banded(spec, config))  # the grid's order of key blocks
-        #: dense steps' (query head, query block) by a FastDivmod divisor (``BwdConfig.step_divisor``)
-        self.step_divisor = config.step_divisor and spec.block_sparse is None
+        #: dense steps' (query head, query block) by a FastDivmod divisor (``bwd_config.bwd_step_divisor``)
+        self.step_divisor = bwd_step_divisor(spec, config)
         #: key block n starts at query block n, mod the query blocks (``bwd_config.bwd_rotated_start``)
         self.rotated_start = bwd_rotated_start(spec, config)
         #: dynamic smem to launch with when larger than the kernel's own (occupancy on a larger part)
