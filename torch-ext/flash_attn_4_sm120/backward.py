@@ -75,8 +75,7 @@ def _group_split(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_b
     split = bwd_group_split(shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n, shape.num_heads_kv,
                             shape.num_heads // shape.num_heads_kv, shape.batch, causal,
                             _slots(bspec, cfg, model, num_sms), banded=bwd_banded(bspec, cfg) and causal,
-                            l2_bytes=l2_bytes, head_dim=bspec.head_dim, head_dim_v=bspec.head_dim_v,
-                            highest_first=bspec.deterministic)
+                            l2_bytes=l2_bytes, head_dim=bspec.head_dim, head_dim_v=bspec.head_dim_v)
     if split > 1 and bwd_config_problems(_split_spec(bspec, split), cfg, model):
         return 1  # the predicate keeps this spec unsplit
     return split

@@ -430,7 +430,7 @@ GROUP_SPLIT_FIXED_STEPS = 2.0
 @lru_cache(maxsize=4096)
 def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int, batch: int,
                     causal: bool, slots: int, banded: bool = False, l2_bytes: int = 0, head_dim: int = 0,
-                    head_dim_v: int = 0, highest_first: bool = False) -> int:
+                    head_dim_v: int = 0) -> int:
     """Query-head splits of each KV head's group for the backward: the main kernel runs one CTA per (key
     block, KV head, batch) and walks ``group`` query heads in it, so a GQA model with few KV heads launches a
     small grid of long CTAs (8/2 heads at 4 x 2048 keys: 256 CTAs of 4 heads each), and the causal CTAs of
@@ -445,13 +445,13 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
     ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 1. ``banded``: the kernel runs the key
     blocks longest first in bands of pairs (``bwd_banded``), each split at the band ``bwd_tile_band`` gives it
     (``l2_bytes``, ``head_dim``, ``head_dim_v``: that rule's inputs); else key block fastest, one pair after
-    another, from key block 0 or, ``highest_first`` (the deterministic mode's order), from the last. The banded
+    another, from key block 0 (the deterministic mode runs the same orders: ``_kernels/dq_accum``). The banded
     order removes most of the tail the split was for: H100, SM120 occupancy, causal, 2026-11-26
     (group_split_ab_h100_2026-11-26.json), whole groups ran faster than any split at every shape measured (4 x
     2048 8/2 d128 209 TFLOPS, split 4 189; 8 x 1024 16/4 d64 168 against 143; 2 x 4096 16/4 237 against 227), as
     this model predicts; in the per-pair order the split had gained 1.12-1.28x
-    (group_split_ab_h100_2026-11-25.json, in git history), and it still does in the deterministic mode (4 x 2048
-    8/2 125 -> 153 TFLOPS with 4 splits, 8 x 1024 16/4 d64 116 -> 129, 2 x 4096 16/4 168 -> 197). What still
+    (group_split_ab_h100_2026-11-25.json, in git history), as it did in the deterministic mode while that launched
+    each pair highest first (before 2026-11-26's session 34: 4 x 2048 8/2 125 -> 153 TFLOPS with 4 splits). What still
     splits by default: grids too small to fill the device at any band (one or two pairs: MQA and small batches)."""
     num_n = -(-seqlen_k // tile_n)
     if group <= 1 or slots <= 0 or num_n <= 0 or seqlen_q <= 0:
@@ -466,7 +466,7 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
         band = (bwd_tile_band(l2_bytes, seqlen_q, seqlen_k, head_dim, head_dim_v, tile_m, tile_n, group // s, pairs,
                               slots) if banded else 1)
         works = [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
-        times.append(_makespan(works[::-1] if highest_first else works, pairs, band, slots))
+        times.append(_makespan(works, pairs, band, slots))
     best = min(range(len(splits)), key=lambda i: (times[i], splits[i]))
     saved = times[0] - times[best]
     return splits[best] if saved > times[best] * GROUP_SPLIT_SLACK and saved >= GROUP_SPLIT_MIN_SAVED_STEPS else 1

@@ -143,11 +143,9 @@ class BwdSpec:
         (``_kernels/tile_scheduler.KeyBlockScheduler``): under a causal mask key block n is visited by the query
         blocks from its diagonal on, so the CTAs' lengths fall with n; block-sparse lists too, as in the forward
         (their usual patterns -- causal, prefix-LM, chunked or sliding windows as mask_mods -- fall with n as
-        causal does; lists of equal lengths lose nothing by the order). Not in deterministic mode (its key blocks
-        launch highest first: a CTA waits only on CTAs launched before it) nor under a window without lists
-        (lengths about equal)."""
-        if self.deterministic:
-            return False
+        causal does; lists of equal lengths lose nothing by the order). The deterministic mode's counters allow
+        it (``_kernels/dq_accum``: a pair's key blocks still launch in ascending order). Not under a window without
+        lists (lengths about equal)."""
         return self.block_sparse is not None or (self.causal and not self.local)
 
     @staticmethod

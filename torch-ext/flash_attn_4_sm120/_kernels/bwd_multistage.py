@@ -267,9 +267,6 @@ class FlashBwdMultistage:
         mV_s, _ = sequence_heads(mV, batch, mCuSeqlensK, mSeqUsedK)
         mQ_s, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
         mdO_s, _ = sequence_heads(mdO, batch, mCuSeqlensQ, mSeqUsedQ)
-        if const_expr(self.spec.deterministic):
-            # key blocks launch highest first: a CTA waits only on CTAs launched before it (dq_accum)
-            n_block = (seqlen_k + self.tile_n - 1) // self.tile_n - 1 - n_block
         if n_block * self.tile_n < seqlen_k and n_block >= 0:
             m_start, m_end = block_info.query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
                                                           self.spec.causal, self.spec.local, window_left,
@@ -302,9 +299,10 @@ class FlashBwdMultistage:
             ctx.m_rotation = None
             if const_expr(self.rotated_start):
                 ctx.m_rotation = n_block % cutlass.max(ctx.num_m, 1)
-            ctx.num_m_div = None
+            ctx.step_div = None  # the inner count of a dense step index: query blocks, or the heads (deterministic)
             if const_expr(self.step_divisor):
-                ctx.num_m_div = cute.fast_divmod_create_divisor_v2(cutlass.max(ctx.num_m, 1))
+                ctx.step_div = cute.fast_divmod_create_divisor_v2(
+                    group if const_expr(self.spec.deterministic) else cutlass.max(ctx.num_m, 1))
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)
             cute.arch.cp_async_commit_group()
@@ -445,10 +443,15 @@ class FlashBwdMultistage:
     @cute.jit
     def step_coords(self, ctx: SimpleNamespace, it):
         """(query head, query block) of step ``it``: the group's query heads outer, the key block's query blocks
-        inner."""
+        inner; in deterministic mode the query blocks outer, last first, and the heads inner, so that every key
+        block of a pair reaches a (query head, query block) at the same step and the lowest, which adds first
+        (``dq_accum``), never waits on a later one."""
         if const_expr(self.spec.block_sparse is not None):
             return self.entry_coords(ctx, ctx.walk.block(it))
-        g, m = divmod(it, ctx.num_m_div) if const_expr(self.step_divisor) else (it // ctx.num_m, it % ctx.num_m)
+        if const_expr(self.spec.deterministic):
+            k, g = divmod(it, ctx.step_div) if const_expr(self.step_divisor) else (it // ctx.group, it % ctx.group)
+            return ctx.head_kv * ctx.group + g, ctx.m_start + ctx.num_m - 1 - k
+        g, m = divmod(it, ctx.step_div) if const_expr(self.step_divisor) else (it // ctx.num_m, it % ctx.num_m)
         if const_expr(self.rotated_start):
             m = m + ctx.m_rotation
             if m >= ctx.num_m:
@@ -486,7 +489,7 @@ class FlashBwdMultistage:
         turn = None
         if const_expr(self.spec.deterministic):
             sem = semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q)
-            turn = (sem, ranges[3] - 1 - ctx.n_block,
+            turn = (sem, ctx.n_block - ranges[0],
                     read_turn(sem, poll_tidx) if const_expr(poll_tidx is not None) else None)
         return ranges, turn
 

@@ -84,10 +84,14 @@ def load_fragment(acc: cute.Tensor, ptr: cute.Pointer, tidx, num_threads: cutlas
 # Deterministic mode: the key blocks that visit a query block add their dQ in a fixed order. One int32
 # counter per (sequence, head, query block) starts at 0; key block n waits until it reads its rank,
 # adds, and increments it (the role split a step later, in a warp group's slack: the release waits for
-# the reductions and the acquire invalidates L1, each stalling its warp). Rank = (last visiting key
-# block) - n: the highest key block goes first, so with the grid's key blocks launched in descending
-# order a CTA only ever waits on one launched before it (forward progress), and a causal or windowed
-# CTA's first query block, where it is the highest visitor, never waits.
+# the reductions and the acquire invalidates L1, each stalling its warp). Rank = n - (first visiting key
+# block): the lowest key block goes first. Every order of the grid launches a pair's key blocks in
+# ascending order (per pair, or the banded longest-first order), so a CTA only ever waits on one launched
+# before it (forward progress); and the kernels walk a key block's query blocks last first (heads inner),
+# so the key blocks of a pair, whose ranges end together (causal) or both ends rise with n (windows),
+# reach each (head, query block) at the same step of their walks, lower ones no later: a CTA waits on its
+# predecessor's release only, not on a walk that is behind it (the highest-first order with ascending walks
+# had that property too, but it launched a causal pair's longest CTA last).
 # ------------------------------------------------------------------------------------------------
 @cute.jit
 def semaphore_ptr(mSem: cute.Tensor, batch, head, m, tile_m: cutlass.Constexpr[int], mCuSeqlensQ, total_q):
