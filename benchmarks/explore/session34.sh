@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Session 34 (issue 19: the deterministic backward's order). One part per call.
+#   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session34.sh N", carry=[".kit_bench"])
+# 1: the deterministic order turned around (branch det-lowest-first: the lowest key block adds first, a key block
+#    walks its query blocks last first with the heads inner, the grid in the default's banded longest-first order):
+#    bench_bwd's deterministic causal rows, this tree / prev (_br/prev.patch: main's highest-first order) twice,
+#    interleaved, and the default once, ~8 min
+# 2: the deterministic GPU tests on this tree, then bench_bwd's other deterministic rows this tree / prev, ~8 min
+set -u
+cd "$(dirname "$0")/../.."
+root=$PWD
+part="${1:-1}"
+source benchmarks/explore/shards.sh
+bwd_ab() {  # $1: tree, $2: label, $3: impls, rest: cases
+  local tree="$1" label="$2" impls="$3"; shift 3
+  (cd "$tree/benchmarks" && timeout 150 python3 bench_bwd.py --occupancy sm120 --impls $impls --cases "$@" \
+     --out "$OUT/bwd_$label.json" 2>&1 | grep -v -i warn | grep "\[")
+}
+case "$part" in
+  1) branch prev
+     causal="d128_4x2048_8/2 d128_2x4096_16/4 d128_8x2048 d128_4x4096_32/8_causal d64_4x4096_32/8_causal"
+     bwd_ab "$root" new1 ours_deterministic $causal
+     bwd_ab /tmp/prev prev1 ours_deterministic $causal
+     bwd_ab "$root" new2 ours_deterministic $causal
+     bwd_ab /tmp/prev prev2 ours_deterministic $causal
+     bwd_ab "$root" default ours $causal ;;
+  2) shards 240 tests/test_bwd_gpu.py tests/test_dropout_gpu.py tests/test_call_plans.py \
+       -k "deterministic or group_split or bitwise or repeatable"
+     branch prev
+     other="d96 d192 d256 d128_4x4096_32/8 d64_4x4096_32/8"
+     bwd_ab "$root" new3 ours_deterministic $other
+     bwd_ab /tmp/prev prev3 ours_deterministic $other ;;
+  *) echo "part 1-2" ;;
+esac
