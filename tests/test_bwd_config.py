@@ -117,18 +117,19 @@ def test_dispatchable_covers_every_class_and_mask():
 
 
 def test_causal_key_block_order_and_its_band():
-    """Causal specs and block-sparse lists run their key blocks longest first in bands (deterministic ones too: a
-    pair's key blocks still launch in ascending order; not windows without lists; not key tiles under 64 keys); the band
+    """Causal specs and block-sparse lists run their key blocks longest first in bands (deterministic ones in their
+    lowest-first order only; not windows without lists; not key tiles under 64 keys); the band
     is the smallest the schedule model finds within 1% of its best among bands whose Q, dO and dQ accumulator rows
     fit the L2, at least one."""
-    assert BwdSpec("bf16", 64, 64, True).longest_first and BwdSpec("bf16", 64, 64, True, deterministic=True).longest_first
+    assert BwdSpec("bf16", 64, 64, True).longest_first
+    assert BwdSpec("bf16", 64, 64, True, deterministic=True, lowest_first=True).longest_first
     for spec in (BwdSpec("bf16", 64, 64, False, block_sparse=(128, 128)),
                  BwdSpec("bf16", 128, 128, True, local=True, block_sparse=(128, 128))):
         assert spec.longest_first and bwd_banded(spec, select_bwd_config(spec, SM120)), spec
     for d, banded in ((64, True), (96, True), (128, True), (192, True), (256, False)):  # d256: 32-key tiles
         spec = BwdSpec("bf16", d, d, True)
         assert bwd_banded(spec, select_bwd_config(spec, SM120)) is banded, d
-    for spec in (BwdSpec("bf16", 64, 64, False), BwdSpec("bf16", 64, 64, False, deterministic=True),
+    for spec in (BwdSpec("bf16", 64, 64, False), BwdSpec("bf16", 64, 64, True, deterministic=True),
                  BwdSpec("bf16", 64, 64, True, local=True)):
         assert not spec.longest_first, spec
     # the schedule model (H100 sizes: 132 SMs at one CTA each, 50 MB of L2), causal 4x4096 32/8 with 4 query
@@ -258,3 +259,50 @@ def test_step_divisor_for_dense_steps_of_the_entries_that_carry_it():
     assert not bwd_step_divisor(BwdSpec("bf16", 64, 64, causal=True), BWD_TABLE[64])
     # block-sparse list entries keep the division (measured: prefix-LM lists slower with the divisor)
     assert not bwd_step_divisor(BwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 128, True)), BWD_TABLE[128])
+
+
+@pytest.mark.parametrize("b,s,hq,hkv,d,lowest", [(4, 2048, 8, 2, 128, True), (2, 4096, 16, 4, 128, True),
+                                                 (4, 4096, 32, 8, 128, True), (4, 4096, 32, 8, 64, True),
+                                                 (8, 2048, 16, 16, 128, False)])
+def test_det_order_picks_the_measured_winner(b, s, hq, hkv, d, lowest):
+    """The causal deterministic order (H100, SM120 occupancy, session 34, deterministic_order_h100_2026-11-26.json):
+    lowest first ran 0.90-0.98x the highest-first time at the GQA shapes, 1.42x at 8 x 2048 16/16 (MHA: 128 pairs of
+    short CTAs, whose chains the banded order starts together)."""
+    from flash_attn_4_sm120.bwd_config import bwd_det_order
+
+    tile_n = 128 if d == 64 else 64
+    got = bwd_det_order(s, s, 64, tile_n, hkv, hq // hkv, b, 132, 50 << 20, d, d, True)
+    assert got[0] is lowest and (got[2] == 1 or lowest), got
+
+
+def test_chained_makespan_starts_a_pairs_ctas_a_lag_apart():
+    from flash_attn_4_sm120.bwd_config import _chained_makespan, _makespan
+
+    assert _chained_makespan([10, 10, 10], 1, 1, 3, 0.9) == pytest.approx(11.8)
+    assert _chained_makespan([10, 10, 10], 2, 2, 6, 0.9) == pytest.approx(11.8)  # pairs do not chain
+    assert _chained_makespan([12, 8, 4], 4, 2, 5, 0.0) == _makespan([12, 8, 4], 4, 2, 5)
+
+
+@pytest.mark.parametrize("sq,sk,tm,tn", [(333, 333, 64, 64), (200, 333, 64, 128), (517, 130, 32, 64), (64, 1000, 64, 32)])
+@pytest.mark.parametrize("mask", [(True, False, 0, 0), (False, True, 96, 32), (False, True, 40, 0), (False, False, 0, 0)])
+def test_turn_ranks_order_every_query_blocks_adders(sq, sk, tm, tn, mask):
+    """The deterministic counters (``_kernels/dq_accum``): the key blocks whose backward range visits query block m
+    are exactly the forward's range of m, and each order ranks them 0 .. k-1 (a rank missing or repeated would
+    hang a CTA); lowest first, a higher key block's rank is higher (it launches later)."""
+    from flash_attn_4_sm120._kernels.block_info import block_range, query_block_range
+    from flash_attn_4_sm120._kernels.dq_accum import turn_rank
+
+    causal, local, left, right = mask
+    num_m, num_n = -(-sq // tm), -(-sk // tn)
+    visitors = {m: [] for m in range(num_m)}
+    for n in range(num_n):
+        lo, hi = query_block_range(n, sq, sk, tm, tn, causal, local, left, right)
+        for m in range(lo, hi):
+            visitors[m].append(n)
+    for m, ns in visitors.items():
+        ranges = block_range(m, sq, sk, tm, tn, causal, local, left, right)
+        assert ns == list(range(ranges[0], ranges[3])), (m, ns, ranges)
+        for lowest in (False, True):
+            ranks = [turn_rank(n, ranges, lowest) for n in ns]
+            assert sorted(ranks) == list(range(len(ns))), (m, lowest, ranks)
+            assert ranks == sorted(ranks, reverse=not lowest)

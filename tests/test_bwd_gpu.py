@@ -200,6 +200,33 @@ def test_bwd_deterministic_varlen_is_correct():
 def test_bwd_deterministic_is_bitwise_repeatable(d, mask):
     """Large enough that many key blocks add into every query block at once: the default mode's order varies
     between runs; the deterministic mode's gradients (dsink included) must not."""
+    _assert_repeatable(d, mask)
+
+
+@pytest.fixture(params=[(False, 1, 1), (True, 1, 1), (True, 1, 3), (True, 2, 2)],
+                ids=["highest", "lowest", "lowest-band3", "lowest-split2"])
+def det_order(request, monkeypatch):
+    """The causal deterministic mode's (order, group split, band) forced (``backward._det_order``; the rule picks
+    them by the schedule model, ``bwd_config.bwd_det_order``)."""
+    from flash_attn_4_sm120 import backward
+
+    monkeypatch.setattr(backward, "_det_order", lambda *a: request.param)
+    backward.bwd_launch.cache_clear()
+    yield request.param
+    backward.bwd_launch.cache_clear()  # before monkeypatch puts the rule back: no forced order stays cached
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+def test_bwd_deterministic_orders(det_order, d):
+    """Both orders of the causal deterministic mode, whole, split and banded: gradients against the reference
+    (square and bottom-right, dense and varlen) and bitwise repeatable (``_kernels/dq_accum``)."""
+    run_dense(2, 333, 333, 4, 2, d, d, causal=True, deterministic=True)
+    run_dense(1, 200, 333, 4, 2, d, d, causal=True, sink=True, deterministic=True)
+    run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, d, causal=True, deterministic=True)
+    _assert_repeatable(d, dict(causal=True))
+
+
+def _assert_repeatable(d, mask):
     import flash_attn_4_sm120 as fa
 
     torch.manual_seed(0)

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
-                 "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "flex", "sparse", "dropout")
+                 "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "bwd_det_orders", "flex", "sparse", "dropout")
 
 
 def _i32(xs, device="cuda"):
@@ -162,6 +162,17 @@ def _bwd_runs(deterministic=False, role_split=False):
             torch.autograd.grad(out, [q, k, v] + ([sink] if "learnable_sink" in kw else []), torch.ones_like(out))
     _varlen_runs(1, False, grad=True, deterministic=deterministic)
     torch.cuda.synchronize()
+
+
+def _bwd_det_order_runs():
+    """``_bwd_runs``' deterministic calls in each causal order forced (``backward._det_order``: highest first;
+    lowest first, whole, and split over 2 CTAs in bands of 3 pairs)."""
+    from flash_attn_4_sm120 import backward
+
+    for order in ((False, 1, 1), (True, 1, 1), (True, 2, 3)):
+        backward._det_order = lambda *a, order=order: order
+        backward.bwd_launch.cache_clear()
+        _bwd_runs(deterministic=True)
 
 
 def _bwd_split_runs():
@@ -433,6 +444,7 @@ FAMILIES = {
     "bwd": _bwd_runs,
     "bwd_det": lambda: _bwd_runs(deterministic=True),
     "bwd_rolesplit": lambda: _bwd_runs(deterministic=True, role_split=True),
+    "bwd_det_orders": _bwd_det_order_runs,
     "bwd_split": _bwd_split_runs,
     "flex": _flex_runs,
     "sparse": _sparse_runs,

@@ -5,7 +5,12 @@
 #    walks its query blocks last first with the heads inner, the grid in the default's banded longest-first order):
 #    bench_bwd's deterministic causal rows, this tree / prev (_br/prev.patch: main's highest-first order) twice,
 #    interleaved, and the default once, ~8 min
-# 2: the deterministic GPU tests on this tree, then bench_bwd's other deterministic rows this tree / prev, ~8 min
+# 2: (superseded by 3: part 1 found 8x2048 16/16 1.42x slower in the turned order, as its chained model says)
+# 3: both orders kept (BwdSpec.lowest_first), chosen per call by bwd_config.bwd_det_order: the deterministic GPU
+#    tests (tests/test_bwd_gpu.py's det_order fixture forces each order), then bench_bwd's deterministic causal rows
+#    this tree / prev twice, interleaved, ~9 min
+# 4: memcheck of bwd_det_orders, racecheck of bwd_det_orders (each order forced), ~6 min
+# 5: bench_bwd, every case and peer, both occupancies (the README's backward table), ~6 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -30,5 +35,20 @@ case "$part" in
      other="d96 d192 d256 d128_4x4096_32/8 d64_4x4096_32/8"
      bwd_ab "$root" new3 ours_deterministic $other
      bwd_ab /tmp/prev prev3 ours_deterministic $other ;;
-  *) echo "part 1-2" ;;
+  3) shards 300 tests/test_bwd_gpu.py tests/test_dropout_gpu.py tests/test_call_plans.py \
+       -k "deterministic or group_split or det_order"
+     branch prev
+     causal="d128_4x2048_8/2 d128_2x4096_16/4 d128_8x2048 d128_4x4096_32/8_causal d64_4x4096_32/8_causal d96 d192 d256"
+     bwd_ab "$root" new1 ours_deterministic $causal
+     bwd_ab /tmp/prev prev1 ours_deterministic $causal
+     bwd_ab "$root" new2 ours_deterministic $causal
+     bwd_ab /tmp/prev prev2 ours_deterministic $causal ;;
+  4) for tool in memcheck racecheck; do
+       timeout 280 python3 tools/sanitize.py --families bwd_det_orders --tools $tool --jobs 4 \
+         --json "$OUT/sanitizer_$tool.json" --log-dir "$OUT/sanlog_$tool" > "$OUT/sanitizer_$tool.txt" 2>&1
+       tail -4 "$OUT/sanitizer_$tool.txt"
+     done ;;
+  5) (cd benchmarks && timeout 575 python3 bench_bwd.py --occupancy both --out "$OUT/bwd.json" 2>&1 \
+       | grep -v -i warn | grep "\[" | tail -24) ;;
+  *) echo "part 1-5" ;;
 esac

@@ -122,6 +122,8 @@ def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num
 def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) -> tuple[str, ...]:
     """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
     out = []
+    if spec.lowest_first and not (spec.deterministic and spec.causal and not spec.local):
+        out.append("the lowest-first order is the deterministic mode's, under a causal mask without a window")
     if cfg.step_divisor and not cfg.role_split:
         # sm_120a gate, 2026-11-26: six 8-warp and 4-warp configs at 255 registers spilled with the divisor live
         out.append("the step divisor is the role split's (the 8-warp and 4-warp tiles spill with it)")
@@ -397,11 +399,17 @@ def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
                                  varlen_k=True, seqused_q=True, seqused_k=True))
             specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", deterministic=True))
         specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True))
+        # the deterministic mode's lowest-first order (``bwd_det_order``), dense and packed, whole and split
+        specs += [BwdSpec("bf16", d, dv, causal=True, deterministic=True, lowest_first=True, group_split=s)
+                  for s in (1, 2)]
+        specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True,
+                             lowest_first=True))
         specs.append(BwdSpec("bf16", d, dv // 2, causal=True))  # head_dim != head_dim_v
         # the group splits of small GQA grids (each a compile-time divisor), and the heaviest layout split
         specs += [BwdSpec("bf16", d, dv, causal=True, group_split=s) for s in GROUP_SPLITS]
-        specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, seqused_q=True,
-                             seqused_k=True, deterministic=True, softcap=True, group_split=2))
+        for lowest in (False, True):
+            specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, seqused_q=True,
+                                 seqused_k=True, deterministic=True, softcap=True, group_split=2, lowest_first=lowest))
     return [(spec, select_bwd_config(spec, model)) for spec in dict.fromkeys(specs)]
 
 
@@ -497,6 +505,70 @@ def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
     return max(free)
 
 
+#: The deterministic lowest-first order's chain (``_kernels/dq_accum``): key blocks of a pair that start together
+#: reach each query block at the same step, and each adds after its predecessor has released it; in the role split
+#: the release comes in the next step, after dP: about 0.9 of a step after the wait (the model's CTA starts that
+#: much after its predecessor's). H100, SM120 occupancy, session 34 (deterministic_order_h100_2026-11-26.json):
+#: with it the model gives lowest first / highest first 1.45x at 8 x 2048 16/16 d128 causal with the band the
+#: default's rule takes (measured 1.42x), 0.99x at 2 x 4096 16/4 (0.98x), 0.97-0.98x at 4 x 4096 32/8 d128 and 4 x
+#: 2048 8/2 (0.92-0.94x), 0.95x at d64 4 x 4096 32/8 (0.90x).
+DET_CHAIN_LAG = 0.9
+
+
+def _chained_makespan(works: list, pairs: int, band: int, slots: int, lag: float) -> float:
+    """``_makespan`` with each CTA starting no earlier than ``lag`` after the previous key block of its pair
+    started (the lowest-first order's chain; it holds its slot meanwhile)."""
+    import heapq
+
+    free = [0.0] * slots
+    last = [float("-inf")] * pairs
+    for first in range(0, pairs, band):
+        width = min(band, pairs - first)
+        for w in works:
+            for p in range(first, first + width):
+                start = max(free[0], last[p] + lag)
+                last[p] = start
+                heapq.heapreplace(free, start + w)
+    return max(free)
+
+
+def bwd_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int, batch: int,
+                  slots: int, l2_bytes: int, head_dim: int, head_dim_v: int, banded: bool) -> tuple:
+    """(lowest first, group split, band) of a causal deterministic backward (``BwdSpec.lowest_first``): the order
+    whose schedule model is faster. Highest first: per pair, shortest CTA first, each split as ``bwd_group_split``
+    models it (no chain: a key block reaches a query block a step after the one it waits on). Lowest first: the
+    longest-first bands (``banded``: the kernel runs them; the band the L2 allows whose chained model --
+    ``_chained_makespan``, ``DET_CHAIN_LAG`` -- is fastest), each split. Small GQA grids gain from the longest
+    CTAs starting first; grids of many short pairs (MHA) lose more to the chain than the tail costs them."""
+    unit = max(tile_m, tile_n)  # lengths rounded up to whole tiles, as ``bwd_tile_band``'s
+    return _modelled_det_order(-(-seqlen_q // unit) * unit, -(-seqlen_k // unit) * unit, tile_m, tile_n, heads_kv,
+                               group, batch, slots, l2_bytes, head_dim, head_dim_v, banded)
+
+
+@lru_cache(maxsize=4096)
+def _modelled_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int,
+                        batch: int, slots: int, l2_bytes: int, head_dim: int, head_dim_v: int, banded: bool) -> tuple:
+    num_n = -(-seqlen_k // tile_n)
+    if slots <= 0 or num_n <= 0 or seqlen_q <= 0:
+        return False, 1, 1
+    visits = _visits(seqlen_q, seqlen_k, tile_m, tile_n, True)
+    splits = [1] + [s for s in GROUP_SPLITS if group % s == 0]
+    whole = num_n * heads_kv * batch >= GROUP_SPLIT_MIN_WAVES * slots  # no split (``bwd_group_split``)
+    best = None
+    for s in splits[:1] if whole else splits:
+        pairs = heads_kv * s * batch
+        works = [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
+        extra = 0 if s == 1 else GROUP_SPLIT_MIN_SAVED_STEPS  # a split's reductions and host time
+        cands = [(_makespan(works[::-1], pairs, 1, slots) + extra, False, s, 1)]
+        cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, group // s, pairs) if banded else 1
+        cands += [(_chained_makespan(works, pairs, b, slots, DET_CHAIN_LAG) + extra, True, s, b)
+                  for b in range(1, cap + 1)]
+        for c in cands:
+            if best is None or c[0] < best[0] * (1 - BWD_BAND_SLACK):
+                best = c
+    return best[1:]
+
+
 def bwd_step_divisor(spec: BwdSpec, cfg: BwdConfig) -> bool:
     """Whether the main kernel finds a dense step's (query head, query block) with ``BwdConfig.step_divisor``'s
     FastDivmod divisor. Block-sparse list entries keep the division (with the divisor prefix-LM lists ran 1.05x
@@ -562,14 +634,20 @@ def bwd_tile_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, he
 def _modelled_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, head_dim_v: int, tile_m: int,
                    tile_n: int, heads: int, pairs: int, slots: int) -> int:
     """``bwd_tile_band`` on tile-rounded lengths (its host time: 1-9 ms per new entry at 32-128 pairs)."""
-    pair_bytes = max(1, seqlen_q) * max(1, heads) * ((head_dim + head_dim_v) * BYTES_PER_ELEM + head_dim * 4)
-    cap = min(pairs, max(1, int(l2_bytes * BWD_L2_BAND_SHARE) // pair_bytes), BWD_MAX_BAND)
+    cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, heads, pairs)
     if cap <= 1 or slots <= 0 or seqlen_q <= 0 or seqlen_k <= 0:
         return 1
     works = [heads * v + GROUP_SPLIT_FIXED_STEPS for v in _visits(seqlen_q, seqlen_k, tile_m, tile_n, True)]
     times = {band: _makespan(works, pairs, band, slots) for band in range(1, cap + 1)}
     best = min(times.values())
     return min(band for band, t in times.items() if t <= best * (1 + BWD_BAND_SLACK))
+
+
+def _band_cap(l2_bytes: int, seqlen_q: int, head_dim: int, head_dim_v: int, heads: int, pairs: int) -> int:
+    """The most pairs a band may hold: their rows -- Q and dO of ``heads`` query heads (16-bit) and the fp32 dQ
+    accumulator -- within ``BWD_L2_BAND_SHARE`` of the L2, at most ``BWD_MAX_BAND``."""
+    pair_bytes = max(1, seqlen_q) * max(1, heads) * ((head_dim + head_dim_v) * BYTES_PER_ELEM + head_dim * 4)
+    return min(pairs, max(1, int(l2_bytes * BWD_L2_BAND_SHARE) // pair_bytes), BWD_MAX_BAND)
 
 
 #: Bands the model weighs at most (its host time grows with each; bands of 4 to 16 pairs balanced every causal
