@@ -11,6 +11,7 @@
 #    this tree / prev twice, interleaved, ~9 min
 # 4: memcheck of bwd_det_orders, racecheck of bwd_det_orders (each order forced), ~6 min
 # 5: bench_bwd, every case and peer, both occupancies (the README's backward table), ~6 min
+# 6: explore/det_order_probe.py: each (order, split, band) forced at four causal d128 shapes, three rounds, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -50,5 +51,7 @@ case "$part" in
      done ;;
   5) (cd benchmarks && timeout 575 python3 bench_bwd.py --occupancy both --out "$OUT/bwd.json" 2>&1 \
        | grep -v -i warn | grep "\[" | tail -24) ;;
-  *) echo "part 1-5" ;;
+  6) (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 420 python3 explore/det_order_probe.py \
+       --out "$OUT/det_order.json" 2>&1 | grep -v -i warn | tail -6) ;;
+  *) echo "part 1-6" ;;
 esac
