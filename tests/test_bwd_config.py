@@ -261,18 +261,21 @@ def test_step_divisor_for_dense_steps_of_the_entries_that_carry_it():
     assert not bwd_step_divisor(BwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 128, True)), BWD_TABLE[128])
 
 
-@pytest.mark.parametrize("b,s,hq,hkv,d,lowest", [(4, 2048, 8, 2, 128, True), (2, 4096, 16, 4, 128, True),
-                                                 (4, 4096, 32, 8, 128, True), (4, 4096, 32, 8, 64, True),
-                                                 (8, 2048, 16, 16, 128, False)])
-def test_det_order_picks_the_measured_winner(b, s, hq, hkv, d, lowest):
+@pytest.mark.parametrize("b,s,hq,hkv,d,best", [(4, 2048, 8, 2, 128, (True, 1, 8)), (16, 1024, 32, 8, 128, (True, 1, 8)),
+                                               (2, 4096, 16, 4, 128, (True, 1, None)),
+                                               (4, 4096, 32, 8, 128, (True, 1, None)),
+                                               (4, 4096, 32, 8, 64, (True, 1, None)),
+                                               (8, 2048, 16, 16, 128, (False, 1, 1))])
+def test_det_order_picks_the_measured_winner(b, s, hq, hkv, d, best):
     """The causal deterministic order (H100, SM120 occupancy, session 34, deterministic_order_h100_2026-11-26.json):
-    lowest first ran 0.90-0.98x the highest-first time at the GQA shapes, 1.42x at 8 x 2048 16/16 (MHA: 128 pairs of
-    short CTAs, whose chains the banded order starts together)."""
+    lowest first ran 0.90-0.93x the highest-first time at the GQA shapes (probe: bands of 8 fastest at 4 x 2048 8/2
+    and 16 x 1024 32/8, 4 and 8 equal at 2 x 4096 16/4; whole groups faster than split 2), 1.42x at 8 x 2048 16/16
+    (MHA: 128 pairs of short CTAs, whose chains the banded order starts together). None: any band."""
     from flash_attn_4_sm120.bwd_config import bwd_det_order
 
     tile_n = 128 if d == 64 else 64
     got = bwd_det_order(s, s, 64, tile_n, hkv, hq // hkv, b, 132, 50 << 20, d, d, True)
-    assert got[0] is lowest and (got[2] == 1 or lowest), got
+    assert got[:2] == best[:2] and best[2] in (None, got[2]), got
 
 
 def test_chained_makespan_starts_a_pairs_ctas_a_lag_apart():

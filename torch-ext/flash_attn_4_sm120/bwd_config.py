@@ -513,6 +513,12 @@ def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
 #: default's rule takes (measured 1.42x), 0.99x at 2 x 4096 16/4 (0.98x), 0.97-0.98x at 4 x 4096 32/8 d128 and 4 x
 #: 2048 8/2 (0.92-0.94x), 0.95x at d64 4 x 4096 32/8 (0.90x).
 DET_CHAIN_LAG = 0.9
+#: The lowest-first order's bands may hold rows up to this share of the L2 (the default's ``BWD_L2_BAND_SHARE``:
+#: 1.0): larger bands start fewer CTAs of a pair together, so shorter chains. Session 34's probe
+#: (det_order_probe.py, deterministic_order_h100_2026-11-26.json), d128 causal: 4 x 2048 8/2 band 8 (64 MB of rows)
+#: 0.492 ms against 0.529 with 4; 2 x 4096 16/4 band 8 (128 MB) 1.628 against 1.631 with 4; 16 x 1024 32/8 band 8
+#: (32 MB) 1.979 against 2.003 with 16.
+DET_L2_BAND_SHARE = 2.0
 
 
 def _chained_makespan(works: list, pairs: int, band: int, slots: int, lag: float) -> float:
@@ -538,8 +544,9 @@ def bwd_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_
     whose schedule model is faster. Highest first: per pair, shortest CTA first, each split as ``bwd_group_split``
     models it (no chain: a key block reaches a query block a step after the one it waits on). Lowest first: the
     longest-first bands (``banded``: the kernel runs them; the band the L2 allows whose chained model --
-    ``_chained_makespan``, ``DET_CHAIN_LAG`` -- is fastest), each split. Small GQA grids gain from the longest
-    CTAs starting first; grids of many short pairs (MHA) lose more to the chain than the tail costs them."""
+    ``_chained_makespan``, ``DET_CHAIN_LAG`` -- is fastest, rows up to ``DET_L2_BAND_SHARE`` of the L2), whole
+    groups only. Small GQA grids gain from the longest CTAs starting first; grids of many short pairs (MHA) lose
+    more to the chain than the tail costs them."""
     unit = max(tile_m, tile_n)  # lengths rounded up to whole tiles, as ``bwd_tile_band``'s
     return _modelled_det_order(-(-seqlen_q // unit) * unit, -(-seqlen_k // unit) * unit, tile_m, tile_n, heads_kv,
                                group, batch, slots, l2_bytes, head_dim, head_dim_v, banded)
@@ -560,9 +567,12 @@ def _modelled_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, 
         works = [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
         extra = 0 if s == 1 else GROUP_SPLIT_MIN_SAVED_STEPS  # a split's reductions and host time
         cands = [(_makespan(works[::-1], pairs, 1, slots) + extra, False, s, 1)]
-        cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, group // s, pairs) if banded else 1
-        cands += [(_chained_makespan(works, pairs, b, slots, DET_CHAIN_LAG) + extra, True, s, b)
-                  for b in range(1, cap + 1)]
+        # lowest first: whole groups only. Session 34's probe, split 2 / whole at the best bands: 1.04x (2 x 4096
+        # 16/4), 1.05x (4 x 2048 8/2), 1.15x (16 x 1024 32/8) slower, where the model (a split's 16 fixed steps
+        # added) gave 1.02x faster to 1.05x slower. Highest first keeps its splits (small grids: MQA, batch 1).
+        if s == 1:
+            cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, group, pairs, DET_L2_BAND_SHARE) if banded else 1
+            cands += [(_chained_makespan(works, pairs, b, slots, DET_CHAIN_LAG), True, s, b) for b in range(1, cap + 1)]
         for c in cands:
             if best is None or c[0] < best[0] * (1 - BWD_BAND_SLACK):
                 best = c
@@ -643,11 +653,12 @@ def _modelled_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, h
     return min(band for band, t in times.items() if t <= best * (1 + BWD_BAND_SLACK))
 
 
-def _band_cap(l2_bytes: int, seqlen_q: int, head_dim: int, head_dim_v: int, heads: int, pairs: int) -> int:
+def _band_cap(l2_bytes: int, seqlen_q: int, head_dim: int, head_dim_v: int, heads: int, pairs: int,
+              share: float = BWD_L2_BAND_SHARE) -> int:
     """The most pairs a band may hold: their rows -- Q and dO of ``heads`` query heads (16-bit) and the fp32 dQ
-    accumulator -- within ``BWD_L2_BAND_SHARE`` of the L2, at most ``BWD_MAX_BAND``."""
+    accumulator -- within ``share`` of the L2, at most ``BWD_MAX_BAND``."""
     pair_bytes = max(1, seqlen_q) * max(1, heads) * ((head_dim + head_dim_v) * BYTES_PER_ELEM + head_dim * 4)
-    return min(pairs, max(1, int(l2_bytes * BWD_L2_BAND_SHARE) // pair_bytes), BWD_MAX_BAND)
+    return min(pairs, max(1, int(l2_bytes * share) // pair_bytes), BWD_MAX_BAND)
 
 
 #: Bands the model weighs at most (its host time grows with each; bands of 4 to 16 pairs balanced every causal
