@@ -11,6 +11,9 @@
 #    this tree / prev twice, interleaved, ~9 min
 # 4: memcheck of bwd_det_orders, racecheck of bwd_det_orders (each order forced), ~6 min
 # 5: bench_bwd, every case and peer, both occupancies (the README's backward table), ~6 min
+# 4 ran on a fresh machine: memcheck's compile warm-up (270 s) left it no time; racecheck clean
+# 7: memcheck of bwd_det_orders again (warm), then bench_bwd ours and ours_deterministic, every case, SM120
+#    occupancy (the deterministic / default column), ~7 min
 # 6: explore/det_order_probe.py: each (order, split, band) forced at four causal d128 shapes, three rounds, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
@@ -53,5 +56,10 @@ case "$part" in
        | grep -v -i warn | grep "\[" | tail -24) ;;
   6) (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 420 python3 explore/det_order_probe.py \
        --out "$OUT/det_order.json" 2>&1 | grep -v -i warn | tail -6) ;;
-  *) echo "part 1-6" ;;
+  7) timeout 330 python3 tools/sanitize.py --families bwd_det_orders --tools memcheck --jobs 4 \
+       --json "$OUT/sanitizer_memcheck.json" --log-dir "$OUT/sanlog_memcheck" > "$OUT/sanitizer_memcheck.txt" 2>&1
+     tail -3 "$OUT/sanitizer_memcheck.txt"
+     (cd benchmarks && timeout 230 python3 bench_bwd.py --occupancy sm120 --impls ours ours_deterministic \
+        --out "$OUT/bwd_det.json" 2>&1 | grep -v -i warn | grep "\[") ;;
+  *) echo "part 1-7" ;;
 esac
