@@ -1,6 +1,9 @@
 """The deterministic backward's launch order under the schedule model (a script, not a test; CPU only): which
 orders its dQ counters allow, and what ``bwd_config._makespan``'s greedy model makes of them at causal shapes.
 
+(Session 33's study of the highest-first order; session 34 added the lowest-first order, chosen per call by
+``bwd_config.bwd_det_order``, which removes most of the tail modelled here: ``det_order_probe.py``.)
+
 The deterministic mode must launch each (batch, KV head) pair's key blocks highest first (shortest first under a
 causal mask): key block n adds its dQ to query block m after the higher key blocks that visit m, so a CTA may only
 wait on CTAs launched before it. The default mode launches longest first in bands of pairs, which the deterministic
