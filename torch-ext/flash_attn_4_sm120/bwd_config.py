@@ -475,9 +475,15 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
                               slots) if banded else 1)
         works = [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
         times.append(_makespan(works, pairs, band, slots))
+    return splits[_split_choice(splits, times)]
+
+
+def _split_choice(splits: list, times: list) -> int:
+    """Index of the split to run among ``splits`` (the first is 1) of modelled ``times``: the fastest where it
+    beats the whole group by more than ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 0."""
     best = min(range(len(splits)), key=lambda i: (times[i], splits[i]))
     saved = times[0] - times[best]
-    return splits[best] if saved > times[best] * GROUP_SPLIT_SLACK and saved >= GROUP_SPLIT_MIN_SAVED_STEPS else 1
+    return best if saved > times[best] * GROUP_SPLIT_SLACK and saved >= GROUP_SPLIT_MIN_SAVED_STEPS else 0
 
 
 def _visits(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool) -> list:
@@ -560,22 +566,25 @@ def _modelled_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, 
         return False, 1, 1
     visits = _visits(seqlen_q, seqlen_k, tile_m, tile_n, True)
     splits = [1] + [s for s in GROUP_SPLITS if group % s == 0]
-    whole = num_n * heads_kv * batch >= GROUP_SPLIT_MIN_WAVES * slots  # no split (``bwd_group_split``)
-    best = None
-    for s in splits[:1] if whole else splits:
-        pairs = heads_kv * s * batch
-        works = [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
-        extra = 0 if s == 1 else GROUP_SPLIT_MIN_SAVED_STEPS  # a split's reductions and host time
-        cands = [(_makespan(works[::-1], pairs, 1, slots) + extra, False, s, 1)]
-        # lowest first: whole groups only. Session 34's probe, split 2 / whole at the best bands: 1.04x (2 x 4096
-        # 16/4), 1.05x (4 x 2048 8/2), 1.15x (16 x 1024 32/8) slower, where the model (a split's 16 fixed steps
-        # added) gave 1.02x faster to 1.05x slower. Highest first keeps its splits (small grids: MQA, batch 1).
-        if s == 1:
-            cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, group, pairs, DET_L2_BAND_SHARE) if banded else 1
-            cands += [(_chained_makespan(works, pairs, b, slots, DET_CHAIN_LAG), True, s, b) for b in range(1, cap + 1)]
-        for c in cands:
-            if best is None or c[0] < best[0] * (1 - BWD_BAND_SLACK):
-                best = c
+    if num_n * heads_kv * batch >= GROUP_SPLIT_MIN_WAVES * slots:
+        splits = [1]  # as ``bwd_group_split``: a grid of many waves stays whole
+
+    def works(s):
+        return [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
+
+    # highest first: per pair, shortest CTA first, the split chosen as ``bwd_group_split`` chooses
+    times = [_makespan(works(s)[::-1], heads_kv * s * batch, 1, slots) for s in splits]
+    pick = _split_choice(splits, times)
+    best = (times[pick], False, splits[pick], 1)
+    # lowest first: whole groups only (session 34's probe, split 2 / whole at the best bands: 1.04x at 2 x 4096
+    # 16/4, 1.05x at 4 x 2048 8/2, 1.15x at 16 x 1024 32/8 slower, where the model, with a split's 16 fixed steps
+    # added, said 1.02x faster to 1.05x slower); each band, a larger one only where it is faster by BWD_BAND_SLACK
+    pairs = heads_kv * batch
+    cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, group, pairs, DET_L2_BAND_SHARE) if banded else 1
+    for band in range(1, cap + 1):
+        t = _chained_makespan(works(1), pairs, band, slots, DET_CHAIN_LAG)
+        if t < best[0] * (1 - BWD_BAND_SLACK):
+            best = (t, True, 1, band)
     return best[1:]
 
 

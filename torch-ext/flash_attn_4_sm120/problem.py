@@ -126,7 +126,7 @@ class BwdSpec:
     #: the deterministic mode's order (``bwd_config.bwd_det_order``; causal, no window): the lowest key block of a
     #: query block adds first, the key blocks launch lowest first in the banded longest-first order and walk their
     #: query blocks last first, heads inner; else the highest adds first, the key blocks launch highest first, one
-    #: pair after another, and walk their query blocks first first (``_kernels/dq_accum``)
+    #: pair after another, and walk their query blocks first to last (``_kernels/dq_accum``)
     lowest_first: bool = False
     #: issue 20: the forward's mods (``flex.ModKey``): the backward recomputes the modified scores and applies
     #: score_mod_bwd to dS
