@@ -24,8 +24,8 @@ from typing import Optional
 import torch
 
 from . import block_sparse, compiler, flex
-from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_group_split, bwd_padded_head_dim,
-                          bwd_smem_bytes, bwd_tile_band, select_bwd_config)
+from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_det_order, bwd_group_split,
+                          bwd_padded_head_dim, bwd_smem_bytes, bwd_tile_band, select_bwd_config)
 from .config import STATIC_SMEM_BYTES
 from .problem import LOG2_E, BwdSpec, FwdShape, FwdSpec, RefineSpec
 
@@ -42,17 +42,17 @@ def _main_kernel(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[
 
 
 @functools.lru_cache(maxsize=None)
-def _kernels(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]]):
-    """(preprocess, main (unsplit), postprocess, config) for ``spec``."""
+def _side_kernels(spec: BwdSpec, model, target: str):
+    """(preprocess, postprocess, config) for ``spec``."""
     cfg = select_bwd_config(spec, model)
     return (compiler.get_bwd_side_kernel("preprocess", spec, cfg, model, target),
-            _main_kernel(spec, model, target, device_smem),
             compiler.get_bwd_side_kernel("postprocess", spec, cfg, model, target), cfg)
 
 
 def clear_caches() -> None:
     """Forget the chosen configs and kernels (tests and the tuner patch the tables)."""
-    for cached in (select_bwd_config, _main_kernel, _kernels, _slots, _bwd_spec, bwd_launch, _mask_refine):
+    for cached in (select_bwd_config, _main_kernel, _side_kernels, _slots, _bwd_spec, _main_spec, bwd_launch,
+                   _mask_refine):
         cached.cache_clear()
 
 
@@ -75,10 +75,7 @@ def _group_split(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_b
     split = bwd_group_split(shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n, shape.num_heads_kv,
                             shape.num_heads // shape.num_heads_kv, shape.batch, causal,
                             _slots(bspec, cfg, model, num_sms), banded=bwd_banded(bspec, cfg) and causal,
-                            l2_bytes=l2_bytes, head_dim=bspec.head_dim, head_dim_v=bspec.head_dim_v,
-                            highest_first=bspec.deterministic)
-    if split > 1 and bwd_config_problems(_split_spec(bspec, split), cfg, model):
-        return 1  # the predicate keeps this spec unsplit
+                            l2_bytes=l2_bytes, head_dim=bspec.head_dim, head_dim_v=bspec.head_dim_v)
     return split
 
 
@@ -90,9 +87,17 @@ def _tile_band(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_byt
                          shape.num_heads_kv * split * shape.batch, _slots(bspec, cfg, model, num_sms))
 
 
+def _det_order(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_bytes: int) -> tuple:
+    """``bwd_config.bwd_det_order`` for this call: (lowest first, group split, band)."""
+    return bwd_det_order(shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n, shape.num_heads_kv,
+                         shape.num_heads // shape.num_heads_kv, shape.batch, _slots(bspec, cfg, model, num_sms),
+                         l2_bytes, bspec.head_dim, bspec.head_dim_v,
+                         bwd_banded(_main_spec(bspec, True, 1), cfg))
+
+
 @functools.lru_cache(maxsize=None)
-def _split_spec(bspec: BwdSpec, split: int) -> BwdSpec:
-    return dataclasses.replace(bspec, group_split=split)
+def _main_spec(bspec: BwdSpec, lowest_first: bool, split: int) -> BwdSpec:
+    return dataclasses.replace(bspec, lowest_first=lowest_first, group_split=split)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -120,15 +125,22 @@ def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem:
                num_sms: int, l2_bytes: int) -> BwdLaunch:
     """The ``BwdLaunch`` of ``bspec`` at ``shape`` (``run_bwd``'s arguments of the same names). Memoized (a
     training step repeats its shapes; host time counts at small ones)."""
-    pre, main, post, cfg = _kernels(bspec, model, target, device_smem)
+    pre, post, cfg = _side_kernels(bspec, model, target)
     # A small grid splits each KV head's query-head group over `split` CTAs (the main kernel's spec), each
     # writing a partial dK / dV head (KV head h's are heads h * split .. h * split + split - 1), summed in
     # run_bwd in fp32 in a fixed order (deterministic mode holds). Block sparsity walks per-KV-head lists: never split.
-    split = _group_split(bspec, cfg, shape, model, num_sms, l2_bytes) if num_sms and bspec.block_sparse is None else 1
-    if split > 1:
-        main = _main_kernel(_split_spec(bspec, split), model, target, device_smem)
-    band = 1  # causal / block-sparse key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
-    if bwd_banded(bspec, cfg) and num_sms:
+    # A causal deterministic call takes its order, split and band together (bwd_config.bwd_det_order).
+    lowest, split, band = False, 1, 1
+    if bspec.deterministic and bspec.causal and not bspec.local and num_sms:
+        lowest, split, band = _det_order(bspec, cfg, shape, model, num_sms, l2_bytes)
+    elif num_sms and bspec.block_sparse is None:
+        split = _group_split(bspec, cfg, shape, model, num_sms, l2_bytes)
+    if split > 1 and bwd_config_problems(_main_spec(bspec, lowest, split), cfg, model):
+        split = 1  # the predicate keeps this spec unsplit
+    mspec = _main_spec(bspec, lowest, split)
+    main = _main_kernel(mspec, model, target, device_smem)
+    # causal / block-sparse key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
+    if bwd_banded(mspec, cfg) and num_sms and not bspec.deterministic:
         band = _tile_band(bspec, cfg, shape, model, num_sms, l2_bytes, split)
     return BwdLaunch(pre, main, post, cfg, split, band, bwd_padded_head_dim(bspec.head_dim, cfg))
 

@@ -122,6 +122,8 @@ def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num
 def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) -> tuple[str, ...]:
     """Every reason ``cfg`` cannot run ``spec`` under ``model``; empty when valid."""
     out = []
+    if spec.lowest_first and not (spec.deterministic and spec.causal and not spec.local):
+        out.append("the lowest-first order is the deterministic mode's, under a causal mask without a window")
     if cfg.step_divisor and not cfg.role_split:
         # sm_120a gate, 2026-11-26: six 8-warp and 4-warp configs at 255 registers spilled with the divisor live
         out.append("the step divisor is the role split's (the 8-warp and 4-warp tiles spill with it)")
@@ -397,11 +399,17 @@ def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
                                  varlen_k=True, seqused_q=True, seqused_k=True))
             specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", deterministic=True))
         specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True))
+        # the deterministic mode's lowest-first order (``bwd_det_order``), dense and packed, whole and split
+        specs += [BwdSpec("bf16", d, dv, causal=True, deterministic=True, lowest_first=True, group_split=s)
+                  for s in (1, 2)]
+        specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True,
+                             lowest_first=True))
         specs.append(BwdSpec("bf16", d, dv // 2, causal=True))  # head_dim != head_dim_v
         # the group splits of small GQA grids (each a compile-time divisor), and the heaviest layout split
         specs += [BwdSpec("bf16", d, dv, causal=True, group_split=s) for s in GROUP_SPLITS]
-        specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, seqused_q=True,
-                             seqused_k=True, deterministic=True, softcap=True, group_split=2))
+        for lowest in (False, True):
+            specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, seqused_q=True,
+                                 seqused_k=True, deterministic=True, softcap=True, group_split=2, lowest_first=lowest))
     return [(spec, select_bwd_config(spec, model)) for spec in dict.fromkeys(specs)]
 
 
@@ -430,7 +438,7 @@ GROUP_SPLIT_FIXED_STEPS = 2.0
 @lru_cache(maxsize=4096)
 def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int, batch: int,
                     causal: bool, slots: int, banded: bool = False, l2_bytes: int = 0, head_dim: int = 0,
-                    head_dim_v: int = 0, highest_first: bool = False) -> int:
+                    head_dim_v: int = 0) -> int:
     """Query-head splits of each KV head's group for the backward: the main kernel runs one CTA per (key
     block, KV head, batch) and walks ``group`` query heads in it, so a GQA model with few KV heads launches a
     small grid of long CTAs (8/2 heads at 4 x 2048 keys: 256 CTAs of 4 heads each), and the causal CTAs of
@@ -445,13 +453,13 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
     ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 1. ``banded``: the kernel runs the key
     blocks longest first in bands of pairs (``bwd_banded``), each split at the band ``bwd_tile_band`` gives it
     (``l2_bytes``, ``head_dim``, ``head_dim_v``: that rule's inputs); else key block fastest, one pair after
-    another, from key block 0 or, ``highest_first`` (the deterministic mode's order), from the last. The banded
+    another, from key block 0 (the deterministic mode runs the same orders: ``_kernels/dq_accum``). The banded
     order removes most of the tail the split was for: H100, SM120 occupancy, causal, 2026-11-26
     (group_split_ab_h100_2026-11-26.json), whole groups ran faster than any split at every shape measured (4 x
     2048 8/2 d128 209 TFLOPS, split 4 189; 8 x 1024 16/4 d64 168 against 143; 2 x 4096 16/4 237 against 227), as
     this model predicts; in the per-pair order the split had gained 1.12-1.28x
-    (group_split_ab_h100_2026-11-25.json, in git history), and it still does in the deterministic mode (4 x 2048
-    8/2 125 -> 153 TFLOPS with 4 splits, 8 x 1024 16/4 d64 116 -> 129, 2 x 4096 16/4 168 -> 197). What still
+    (group_split_ab_h100_2026-11-25.json, in git history), as it did in the deterministic mode while that launched
+    each pair highest first (before 2026-11-26's session 34: 4 x 2048 8/2 125 -> 153 TFLOPS with 4 splits). What still
     splits by default: grids too small to fill the device at any band (one or two pairs: MQA and small batches)."""
     num_n = -(-seqlen_k // tile_n)
     if group <= 1 or slots <= 0 or num_n <= 0 or seqlen_q <= 0:
@@ -466,10 +474,16 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
         band = (bwd_tile_band(l2_bytes, seqlen_q, seqlen_k, head_dim, head_dim_v, tile_m, tile_n, group // s, pairs,
                               slots) if banded else 1)
         works = [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
-        times.append(_makespan(works[::-1] if highest_first else works, pairs, band, slots))
+        times.append(_makespan(works, pairs, band, slots))
+    return splits[_split_choice(splits, times)]
+
+
+def _split_choice(splits: list, times: list) -> int:
+    """Index of the split to run among ``splits`` (the first is 1) of modelled ``times``: the fastest where it
+    beats the whole group by more than ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 0."""
     best = min(range(len(splits)), key=lambda i: (times[i], splits[i]))
     saved = times[0] - times[best]
-    return splits[best] if saved > times[best] * GROUP_SPLIT_SLACK and saved >= GROUP_SPLIT_MIN_SAVED_STEPS else 1
+    return best if saved > times[best] * GROUP_SPLIT_SLACK and saved >= GROUP_SPLIT_MIN_SAVED_STEPS else 0
 
 
 def _visits(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool) -> list:
@@ -495,6 +509,83 @@ def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
             for _ in range(width):
                 heapq.heapreplace(free, free[0] + w)
     return max(free)
+
+
+#: The deterministic lowest-first order's chain (``_kernels/dq_accum``): key blocks of a pair that start together
+#: reach each query block at the same step, and each adds after its predecessor has released it; in the role split
+#: the release comes in the next step, after dP: about 0.9 of a step after the wait (the model's CTA starts that
+#: much after its predecessor's). H100, SM120 occupancy, session 34 (deterministic_order_h100_2026-11-26.json):
+#: with it the model gives lowest first / highest first 1.45x at 8 x 2048 16/16 d128 causal with the band the
+#: default's rule takes (measured 1.42x), 0.99x at 2 x 4096 16/4 (0.98x), 0.97-0.98x at 4 x 4096 32/8 d128 and 4 x
+#: 2048 8/2 (0.92-0.94x), 0.95x at d64 4 x 4096 32/8 (0.90x).
+DET_CHAIN_LAG = 0.9
+#: The lowest-first order's bands may hold rows up to this share of the L2 (the default's ``BWD_L2_BAND_SHARE``:
+#: 1.0): larger bands start fewer CTAs of a pair together, so shorter chains. Session 34's probe
+#: (det_order_probe.py, deterministic_order_h100_2026-11-26.json), d128 causal: 4 x 2048 8/2 band 8 (64 MB of rows)
+#: 0.492 ms against 0.529 with 4; 2 x 4096 16/4 band 8 (128 MB) 1.628 against 1.631 with 4; 16 x 1024 32/8 band 8
+#: (32 MB) 1.979 against 2.003 with 16.
+DET_L2_BAND_SHARE = 2.0
+
+
+def _chained_makespan(works: list, pairs: int, band: int, slots: int, lag: float) -> float:
+    """``_makespan`` with each CTA starting no earlier than ``lag`` after the previous key block of its pair
+    started (the lowest-first order's chain; it holds its slot meanwhile)."""
+    import heapq
+
+    free = [0.0] * slots
+    last = [float("-inf")] * pairs
+    for first in range(0, pairs, band):
+        width = min(band, pairs - first)
+        for w in works:
+            for p in range(first, first + width):
+                start = max(free[0], last[p] + lag)
+                last[p] = start
+                heapq.heapreplace(free, start + w)
+    return max(free)
+
+
+def bwd_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int, batch: int,
+                  slots: int, l2_bytes: int, head_dim: int, head_dim_v: int, banded: bool) -> tuple:
+    """(lowest first, group split, band) of a causal deterministic backward (``BwdSpec.lowest_first``): the order
+    whose schedule model is faster. Highest first: per pair, shortest CTA first, each split as ``bwd_group_split``
+    models it (no chain: a key block reaches a query block a step after the one it waits on). Lowest first: the
+    longest-first bands (``banded``: the kernel runs them; the band the L2 allows whose chained model --
+    ``_chained_makespan``, ``DET_CHAIN_LAG`` -- is fastest, rows up to ``DET_L2_BAND_SHARE`` of the L2), whole
+    groups only. Small GQA grids gain from the longest CTAs starting first; grids of many short pairs (MHA) lose
+    more to the chain than the tail costs them."""
+    unit = max(tile_m, tile_n)  # lengths rounded up to whole tiles, as ``bwd_tile_band``'s
+    return _modelled_det_order(-(-seqlen_q // unit) * unit, -(-seqlen_k // unit) * unit, tile_m, tile_n, heads_kv,
+                               group, batch, slots, l2_bytes, head_dim, head_dim_v, banded)
+
+
+@lru_cache(maxsize=4096)
+def _modelled_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int,
+                        batch: int, slots: int, l2_bytes: int, head_dim: int, head_dim_v: int, banded: bool) -> tuple:
+    num_n = -(-seqlen_k // tile_n)
+    if slots <= 0 or num_n <= 0 or seqlen_q <= 0:
+        return False, 1, 1
+    visits = _visits(seqlen_q, seqlen_k, tile_m, tile_n, True)
+    splits = [1] + [s for s in GROUP_SPLITS if group % s == 0]
+    if num_n * heads_kv * batch >= GROUP_SPLIT_MIN_WAVES * slots:
+        splits = [1]  # as ``bwd_group_split``: a grid of many waves stays whole
+
+    def works(s):
+        return [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
+
+    # highest first: per pair, shortest CTA first, the split chosen as ``bwd_group_split`` chooses
+    times = [_makespan(works(s)[::-1], heads_kv * s * batch, 1, slots) for s in splits]
+    pick = _split_choice(splits, times)
+    best = (times[pick], False, splits[pick], 1)
+    # lowest first: whole groups only (session 34's probe, split 2 / whole at the best bands: 1.04x at 2 x 4096
+    # 16/4, 1.05x at 4 x 2048 8/2, 1.15x at 16 x 1024 32/8 slower, where the model, with a split's 16 fixed steps
+    # added, said 1.02x faster to 1.05x slower); each band, a larger one only where it is faster by BWD_BAND_SLACK
+    pairs = heads_kv * batch
+    cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, group, pairs, DET_L2_BAND_SHARE) if banded else 1
+    for band in range(1, cap + 1):
+        t = _chained_makespan(works(1), pairs, band, slots, DET_CHAIN_LAG)
+        if t < best[0] * (1 - BWD_BAND_SLACK):
+            best = (t, True, 1, band)
+    return best[1:]
 
 
 def bwd_step_divisor(spec: BwdSpec, cfg: BwdConfig) -> bool:
@@ -562,14 +653,21 @@ def bwd_tile_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, he
 def _modelled_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, head_dim_v: int, tile_m: int,
                    tile_n: int, heads: int, pairs: int, slots: int) -> int:
     """``bwd_tile_band`` on tile-rounded lengths (its host time: 1-9 ms per new entry at 32-128 pairs)."""
-    pair_bytes = max(1, seqlen_q) * max(1, heads) * ((head_dim + head_dim_v) * BYTES_PER_ELEM + head_dim * 4)
-    cap = min(pairs, max(1, int(l2_bytes * BWD_L2_BAND_SHARE) // pair_bytes), BWD_MAX_BAND)
+    cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, heads, pairs)
     if cap <= 1 or slots <= 0 or seqlen_q <= 0 or seqlen_k <= 0:
         return 1
     works = [heads * v + GROUP_SPLIT_FIXED_STEPS for v in _visits(seqlen_q, seqlen_k, tile_m, tile_n, True)]
     times = {band: _makespan(works, pairs, band, slots) for band in range(1, cap + 1)}
     best = min(times.values())
     return min(band for band, t in times.items() if t <= best * (1 + BWD_BAND_SLACK))
+
+
+def _band_cap(l2_bytes: int, seqlen_q: int, head_dim: int, head_dim_v: int, heads: int, pairs: int,
+              share: float = BWD_L2_BAND_SHARE) -> int:
+    """The most pairs a band may hold: their rows -- Q and dO of ``heads`` query heads (16-bit) and the fp32 dQ
+    accumulator -- within ``share`` of the L2, at most ``BWD_MAX_BAND``."""
+    pair_bytes = max(1, seqlen_q) * max(1, heads) * ((head_dim + head_dim_v) * BYTES_PER_ELEM + head_dim * 4)
+    return min(pairs, max(1, int(l2_bytes * share) // pair_bytes), BWD_MAX_BAND)
 
 
 #: Bands the model weighs at most (its host time grows with each; bands of 4 to 16 pairs balanced every causal

@@ -123,6 +123,11 @@ class BwdSpec:
     #: bitwise-reproducible gradients: the key blocks of a query block add their dQ in a fixed order
     #: (a semaphore per query block; ``_kernels/dq_accum``)
     deterministic: bool = False
+    #: the deterministic mode's order (``bwd_config.bwd_det_order``; causal, no window): the lowest key block of a
+    #: query block adds first, the key blocks launch lowest first in the banded longest-first order and walk their
+    #: query blocks last first, heads inner; else the highest adds first, the key blocks launch highest first, one
+    #: pair after another, and walk their query blocks first to last (``_kernels/dq_accum``)
+    lowest_first: bool = False
     #: issue 20: the forward's mods (``flex.ModKey``): the backward recomputes the modified scores and applies
     #: score_mod_bwd to dS
     mods: Optional[ModKey] = None
@@ -143,10 +148,10 @@ class BwdSpec:
         (``_kernels/tile_scheduler.KeyBlockScheduler``): under a causal mask key block n is visited by the query
         blocks from its diagonal on, so the CTAs' lengths fall with n; block-sparse lists too, as in the forward
         (their usual patterns -- causal, prefix-LM, chunked or sliding windows as mask_mods -- fall with n as
-        causal does; lists of equal lengths lose nothing by the order). Not in deterministic mode (its key blocks
-        launch highest first: a CTA waits only on CTAs launched before it) nor under a window without lists
-        (lengths about equal)."""
-        if self.deterministic:
+        causal does; lists of equal lengths lose nothing by the order). The deterministic mode in its lowest-first
+        order only (``lowest_first``; its highest-first order launches a pair's key blocks highest first). Not under
+        a window without lists (lengths about equal)."""
+        if self.deterministic and not self.lowest_first:
             return False
         return self.block_sparse is not None or (self.causal and not self.local)
 

@@ -58,8 +58,8 @@ from ..bwd_config import (BwdConfig, bwd_banded, bwd_config_problems, bwd_padded
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
-from .dq_accum import (add_fragment, dq_tiled_mma, pass_turn, read_turn, semaphore_ptr, slice_offset, wait_turn,
-                       warp_tiled_mma)
+from .dq_accum import (add_fragment, dq_tiled_mma, pass_turn, read_turn, semaphore_ptr, slice_offset, turn_rank,
+                       wait_turn, warp_tiled_mma)
 from .block_walk import clamp_entry, raw_entry, tile_walk
 from .dropout_mask import DropoutMask, check_cells
 from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd, aux_list
@@ -267,8 +267,8 @@ class FlashBwdMultistage:
         mV_s, _ = sequence_heads(mV, batch, mCuSeqlensK, mSeqUsedK)
         mQ_s, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
         mdO_s, _ = sequence_heads(mdO, batch, mCuSeqlensQ, mSeqUsedQ)
-        if const_expr(self.spec.deterministic):
-            # key blocks launch highest first: a CTA waits only on CTAs launched before it (dq_accum)
+        if const_expr(self.spec.deterministic and not self.spec.lowest_first):
+            # the highest-first order: key blocks launch highest first, a CTA waits only on CTAs launched before it
             n_block = (seqlen_k + self.tile_n - 1) // self.tile_n - 1 - n_block
         if n_block * self.tile_n < seqlen_k and n_block >= 0:
             m_start, m_end = block_info.query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
@@ -302,9 +302,10 @@ class FlashBwdMultistage:
             ctx.m_rotation = None
             if const_expr(self.rotated_start):
                 ctx.m_rotation = n_block % cutlass.max(ctx.num_m, 1)
-            ctx.num_m_div = None
+            ctx.step_div = None  # the inner count of a dense step index: query blocks, or the heads (deterministic)
             if const_expr(self.step_divisor):
-                ctx.num_m_div = cute.fast_divmod_create_divisor_v2(cutlass.max(ctx.num_m, 1))
+                ctx.step_div = cute.fast_divmod_create_divisor_v2(
+                    group if const_expr(self.spec.lowest_first) else cutlass.max(ctx.num_m, 1))
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)
             cute.arch.cp_async_commit_group()
@@ -445,10 +446,15 @@ class FlashBwdMultistage:
     @cute.jit
     def step_coords(self, ctx: SimpleNamespace, it):
         """(query head, query block) of step ``it``: the group's query heads outer, the key block's query blocks
-        inner."""
+        inner; in the deterministic mode's lowest-first order the query blocks outer, last first, and the heads
+        inner, so that every key block of a pair reaches a (query head, query block) at the same step of its walk
+        and the lowest, which adds first (``dq_accum``), never waits on a walk behind it."""
         if const_expr(self.spec.block_sparse is not None):
             return self.entry_coords(ctx, ctx.walk.block(it))
-        g, m = divmod(it, ctx.num_m_div) if const_expr(self.step_divisor) else (it // ctx.num_m, it % ctx.num_m)
+        if const_expr(self.spec.lowest_first):
+            k, g = divmod(it, ctx.step_div) if const_expr(self.step_divisor) else (it // ctx.group, it % ctx.group)
+            return ctx.head_kv * ctx.group + g, ctx.m_start + ctx.num_m - 1 - k
+        g, m = divmod(it, ctx.step_div) if const_expr(self.step_divisor) else (it // ctx.num_m, it % ctx.num_m)
         if const_expr(self.rotated_start):
             m = m + ctx.m_rotation
             if m >= ctx.num_m:
@@ -486,7 +492,7 @@ class FlashBwdMultistage:
         turn = None
         if const_expr(self.spec.deterministic):
             sem = semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q)
-            turn = (sem, ranges[3] - 1 - ctx.n_block,
+            turn = (sem, turn_rank(ctx.n_block, ranges, self.spec.lowest_first),
                     read_turn(sem, poll_tidx) if const_expr(poll_tidx is not None) else None)
         return ranges, turn
 

@@ -84,11 +84,25 @@ def load_fragment(acc: cute.Tensor, ptr: cute.Pointer, tidx, num_threads: cutlas
 # Deterministic mode: the key blocks that visit a query block add their dQ in a fixed order. One int32
 # counter per (sequence, head, query block) starts at 0; key block n waits until it reads its rank,
 # adds, and increments it (the role split a step later, in a warp group's slack: the release waits for
-# the reductions and the acquire invalidates L1, each stalling its warp). Rank = (last visiting key
-# block) - n: the highest key block goes first, so with the grid's key blocks launched in descending
-# order a CTA only ever waits on one launched before it (forward progress), and a causal or windowed
-# CTA's first query block, where it is the highest visitor, never waits.
+# the reductions and the acquire invalidates L1, each stalling its warp). Two orders (``BwdSpec.lowest_first``,
+# chosen per call by ``bwd_config.bwd_det_order``), each launching a CTA only after every CTA it waits on
+# (forward progress) and walking so that a CTA never waits on a walk behind its own:
+#   highest first: rank = (last visiting key block) - n; a pair's key blocks launch highest first, one pair
+#     after another, and walk their query blocks first to last (heads outer): key block n reaches query
+#     block m a step after key block n + 1 did (causal), so the turn is usually there already; but a causal
+#     pair's longest CTA starts last.
+#   lowest first: rank = n - (first visiting key block); key blocks launch lowest first (per pair, or the
+#     banded longest-first order) and walk their query blocks last to first with the heads inner: the key
+#     blocks of a causal pair, whose ranges end together, reach each (head, query block) at the same step of
+#     their walks, so each CTA trails its predecessor by one release (``bwd_config.DET_CHAIN_LAG``) where they
+#     start together; the longest CTAs start first.
 # ------------------------------------------------------------------------------------------------
+def turn_rank(n_block, ranges, lowest_first: bool):
+    """Key block ``n_block``'s place in the order of additions into a query block whose visiting key blocks are
+    ``[ranges[0], ranges[3])`` (``block_info.block_range``)."""
+    return n_block - ranges[0] if lowest_first else ranges[3] - 1 - n_block
+
+
 @cute.jit
 def semaphore_ptr(mSem: cute.Tensor, batch, head, m, tile_m: cutlass.Constexpr[int], mCuSeqlensQ, total_q):
     """The counter of query block m of (batch, head): dense (batch, heads, blocks); packed (heads, slots)
