@@ -14,6 +14,9 @@
 # 4 ran on a fresh machine: memcheck's compile warm-up (270 s) left it no time; racecheck clean
 # 7: memcheck of bwd_det_orders again (warm), then bench_bwd ours and ours_deterministic, every case, SM120
 #    occupancy (the deterministic / default column), ~7 min
+# 8: the default non-causal backward's key blocks in bands of pairs (_br/ncband.patch: FA4_NCBAND=B forces the
+#    banded order and band B for non-causal calls; fewer CTAs of a pair add into one query block at once, as the
+#    deterministic order's chains showed): d64 and d128 4x4096 32/8, main / band 4 / band 16, twice, ~4 min
 # 6: explore/det_order_probe.py: each (order, split, band) forced at four causal d128 shapes, three rounds, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
@@ -61,5 +64,11 @@ case "$part" in
      tail -3 "$OUT/sanitizer_memcheck.txt"
      (cd benchmarks && timeout 230 python3 bench_bwd.py --occupancy sm120 --impls ours ours_deterministic \
         --out "$OUT/bwd_det.json" 2>&1 | grep -v -i warn | grep "\[") ;;
-  *) echo "part 1-7" ;;
+  8) branch ncband
+     for r in 1 2; do
+       bwd_ab "$root" main$r ours d128_4x4096_32/8 d64_4x4096_32/8 | grep -v causal
+       FA4_NCBAND=4 bwd_ab /tmp/ncband nb4_$r ours d128_4x4096_32/8 d64_4x4096_32/8 | grep -v causal
+       FA4_NCBAND=16 bwd_ab /tmp/ncband nb16_$r ours d128_4x4096_32/8 d64_4x4096_32/8 | grep -v causal
+     done ;;
+  *) echo "part 1-8" ;;
 esac
