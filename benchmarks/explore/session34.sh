@@ -17,6 +17,8 @@
 # 8: the default non-causal backward's key blocks in bands of pairs (_br/ncband.patch: FA4_NCBAND=B forces the
 #    banded order and band B for non-causal calls; fewer CTAs of a pair add into one query block at once, as the
 #    deterministic order's chains showed): d64 and d128 4x4096 32/8, main / band 4 / band 16, twice, ~4 min
+# 9: the final tree: the backward GPU suite and the block-sparse backward tests (bwd_launch's host path rebuilt
+#    this session), ~5 min
 # 6: explore/det_order_probe.py: each (order, split, band) forced at four causal d128 shapes, three rounds, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
@@ -70,5 +72,7 @@ case "$part" in
        FA4_NCBAND=4 bwd_ab /tmp/ncband nb4_$r ours d128_4x4096_32/8 d64_4x4096_32/8 | grep -v causal
        FA4_NCBAND=16 bwd_ab /tmp/ncband nb16_$r ours d128_4x4096_32/8 d64_4x4096_32/8 | grep -v causal
      done ;;
-  *) echo "part 1-8" ;;
+  9) shards 280 tests/test_bwd_gpu.py tests/test_block_sparse_gpu.py -k "not large and (bwd or backward or grad or \
+        causal or gqa or varlen or deterministic or split or order)" ;;
+  *) echo "part 1-9" ;;
 esac

@@ -453,7 +453,7 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
     ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 1. ``banded``: the kernel runs the key
     blocks longest first in bands of pairs (``bwd_banded``), each split at the band ``bwd_tile_band`` gives it
     (``l2_bytes``, ``head_dim``, ``head_dim_v``: that rule's inputs); else key block fastest, one pair after
-    another, from key block 0 (the deterministic mode runs the same orders: ``_kernels/dq_accum``). The banded
+    another, from key block 0 (a causal deterministic call takes its order and split from ``bwd_det_order``). The banded
     order removes most of the tail the split was for: H100, SM120 occupancy, causal, 2026-11-26
     (group_split_ab_h100_2026-11-26.json), whole groups ran faster than any split at every shape measured (4 x
     2048 8/2 d128 209 TFLOPS, split 4 189; 8 x 1024 16/4 d64 168 against 143; 2 x 4096 16/4 237 against 227), as
