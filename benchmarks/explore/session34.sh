@@ -18,7 +18,8 @@
 #    banded order and band B for non-causal calls; fewer CTAs of a pair add into one query block at once, as the
 #    deterministic order's chains showed): d64 and d128 4x4096 32/8, main / band 4 / band 16, twice, ~4 min
 # 9: the final tree: the backward GPU suite and the block-sparse backward tests (bwd_launch's host path rebuilt
-#    this session), ~5 min
+#    this session), ~5 min: 221/223, d96's lowest-first order not bitwise repeatable (2 variants); the predicate
+#    since keeps that order to single-buffered dO tiles (d96 and d64 varlen run highest first)
 # 6: explore/det_order_probe.py: each (order, split, band) forced at four causal d128 shapes, three rounds, ~5 min
 set -u
 cd "$(dirname "$0")/../.."

@@ -89,10 +89,11 @@ def _tile_band(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_byt
 
 def _det_order(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_bytes: int) -> tuple:
     """``bwd_config.bwd_det_order`` for this call: (lowest first, group split, band)."""
+    lowest = _main_spec(bspec, True, 1)
     return bwd_det_order(shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n, shape.num_heads_kv,
                          shape.num_heads // shape.num_heads_kv, shape.batch, _slots(bspec, cfg, model, num_sms),
-                         l2_bytes, bspec.head_dim, bspec.head_dim_v,
-                         bwd_banded(_main_spec(bspec, True, 1), cfg))
+                         l2_bytes, bspec.head_dim, bspec.head_dim_v, bwd_banded(lowest, cfg),
+                         not bwd_config_problems(lowest, cfg, model))
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,6 +134,8 @@ def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem:
     lowest, split, band = False, 1, 1
     if bspec.deterministic and bspec.causal and not bspec.local and num_sms:
         lowest, split, band = _det_order(bspec, cfg, shape, model, num_sms, l2_bytes)
+        if lowest and bwd_config_problems(_main_spec(bspec, True, 1), cfg, model):
+            lowest, band = False, 1  # (a forced order the config does not admit)
     elif num_sms and bspec.block_sparse is None:
         split = _group_split(bspec, cfg, shape, model, num_sms, l2_bytes)
     if split > 1 and bwd_config_problems(_main_spec(bspec, lowest, split), cfg, model):
