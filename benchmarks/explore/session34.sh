@@ -20,6 +20,7 @@
 # 9: the final tree: the backward GPU suite and the block-sparse backward tests (bwd_launch's host path rebuilt
 #    this session), ~5 min: 221/223, d96's lowest-first order not bitwise repeatable (2 variants); the predicate
 #    since keeps that order to single-buffered dO tiles (d96 and d64 varlen run highest first)
+# 10: d96's shipped deterministic order (highest first since part 9): its repeatability tests, ~2 min
 # 6: explore/det_order_probe.py: each (order, split, band) forced at four causal d128 shapes, three rounds, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
@@ -75,5 +76,6 @@ case "$part" in
      done ;;
   9) shards 280 tests/test_bwd_gpu.py tests/test_block_sparse_gpu.py -k "not large and (bwd or backward or grad or \
         causal or gqa or varlen or deterministic or split or order)" ;;
-  *) echo "part 1-9" ;;
+  10) shards 140 tests/test_bwd_gpu.py -k "96 and (bitwise_repeatable or deterministic_orders)" ;;
+  *) echo "part 1-10" ;;
 esac
