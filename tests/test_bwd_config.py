@@ -314,14 +314,14 @@ def test_turn_ranks_order_every_query_blocks_adders(sq, sk, tm, tn, mask):
 def test_lowest_first_order_only_on_single_buffered_do_tiles():
     """The predicate keeps the lowest-first order to causal deterministic specs on tiles with a single-buffered dO
     (d96's double-buffered role split was not bitwise repeatable in it, session 34); the rule then never weighs it."""
-    from flash_attn_4_sm120.bwd_config import _lowest_first_open, bwd_det_order
+    from flash_attn_4_sm120.bwd_config import bwd_det_order, bwd_lowest_first_open
 
     def lo(d, **kw):
         return BwdSpec("bf16", d, d, True, deterministic=True, lowest_first=True, **kw)
 
-    assert [_lowest_first_open(lo(d), SM120) for d in (64, 96, 128, 192, 256)] == [True, False, True, True, True]
-    assert not _lowest_first_open(lo(64, varlen_q=True, varlen_k=True), SM120)
-    assert _lowest_first_open(lo(128, varlen_q=True, varlen_k=True), SM120)
+    assert [bwd_lowest_first_open(lo(d), SM120) for d in (64, 96, 128, 192, 256)] == [True, False, True, True, True]
+    assert not bwd_lowest_first_open(lo(64, varlen_q=True, varlen_k=True), SM120)
+    assert bwd_lowest_first_open(lo(128, varlen_q=True, varlen_k=True), SM120)
     assert bwd_config_problems(BwdSpec("bf16", 64, 64, False, deterministic=True, lowest_first=True),
                                select_bwd_config(BwdSpec("bf16", 64, 64, False, deterministic=True), SM120), SM120)
     assert bwd_det_order(2048, 2048, 64, 64, 2, 4, 4, 132, 50 << 20, 96, 96, True, False)[0] is False

@@ -25,7 +25,7 @@ import torch
 
 from . import block_sparse, compiler, flex
 from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_det_order, bwd_group_split,
-                          bwd_padded_head_dim, bwd_smem_bytes, bwd_tile_band, select_bwd_config)
+                          bwd_lowest_first_open, bwd_padded_head_dim, bwd_smem_bytes, bwd_tile_band, select_bwd_config)
 from .config import STATIC_SMEM_BYTES
 from .problem import LOG2_E, BwdSpec, FwdShape, FwdSpec, RefineSpec
 
@@ -87,13 +87,12 @@ def _tile_band(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_byt
                          shape.num_heads_kv * split * shape.batch, _slots(bspec, cfg, model, num_sms))
 
 
-def _det_order(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_bytes: int) -> tuple:
+def _det_order(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_bytes: int, lowest_open: bool) -> tuple:
     """``bwd_config.bwd_det_order`` for this call: (lowest first, group split, band)."""
-    lowest = _main_spec(bspec, True, 1)
     return bwd_det_order(shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n, shape.num_heads_kv,
                          shape.num_heads // shape.num_heads_kv, shape.batch, _slots(bspec, cfg, model, num_sms),
-                         l2_bytes, bspec.head_dim, bspec.head_dim_v, bwd_banded(lowest, cfg),
-                         not bwd_config_problems(lowest, cfg, model))
+                         l2_bytes, bspec.head_dim, bspec.head_dim_v, bwd_banded(_main_spec(bspec, True, 1), cfg),
+                         lowest_open)
 
 
 @functools.lru_cache(maxsize=None)
@@ -133,8 +132,9 @@ def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem:
     # A causal deterministic call takes its order, split and band together (bwd_config.bwd_det_order).
     lowest, split, band = False, 1, 1
     if bspec.deterministic and bspec.causal and not bspec.local and num_sms:
-        lowest, split, band = _det_order(bspec, cfg, shape, model, num_sms, l2_bytes)
-        if lowest and bwd_config_problems(_main_spec(bspec, True, 1), cfg, model):
+        lowest_open = bwd_lowest_first_open(_main_spec(bspec, True, 1), model)
+        lowest, split, band = _det_order(bspec, cfg, shape, model, num_sms, l2_bytes, lowest_open)
+        if lowest and not lowest_open:
             lowest, band = False, 1  # (a forced order the config does not admit)
     elif num_sms and bspec.block_sparse is None:
         split = _group_split(bspec, cfg, shape, model, num_sms, l2_bytes)

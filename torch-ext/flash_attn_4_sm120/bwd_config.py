@@ -405,25 +405,23 @@ def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
                                  varlen_k=True, seqused_q=True, seqused_k=True))
             specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", deterministic=True))
         specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True))
-        # the deterministic mode's lowest-first order (``bwd_det_order``), dense and packed, whole and split, where
-        # the class's config admits it
-        specs += [s for s in [BwdSpec("bf16", d, dv, causal=True, deterministic=True, lowest_first=True, group_split=g)
-                              for g in (1, 2)]
-                  + [BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True,
-                             lowest_first=True)] if _lowest_first_open(s, model)]
         specs.append(BwdSpec("bf16", d, dv // 2, causal=True))  # head_dim != head_dim_v
         # the group splits of small GQA grids (each a compile-time divisor), and the heaviest layout split
         specs += [BwdSpec("bf16", d, dv, causal=True, group_split=s) for s in GROUP_SPLITS]
-        for lowest in (False, True):
-            spec = BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True,
-                           deterministic=True, softcap=True, group_split=2, lowest_first=lowest)
-            specs += [spec] if not lowest or _lowest_first_open(spec, model) else []
+        heaviest = BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True,
+                           deterministic=True, softcap=True, group_split=2)
+        specs.append(heaviest)
+        # the deterministic mode's lowest-first order (``bwd_det_order``) where the class's config admits it: dense
+        # whole and split, packed, and the heaviest layout
+        lowest = [BwdSpec("bf16", d, dv, causal=True, deterministic=True, group_split=g) for g in (1, 2)]
+        lowest += [BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True), heaviest]
+        specs += [s for s in (replace(x, lowest_first=True) for x in lowest) if bwd_lowest_first_open(s, model)]
     return [(spec, select_bwd_config(spec, model)) for spec in dict.fromkeys(specs)]
 
 
-def _lowest_first_open(spec: BwdSpec, model: ExecutionModel) -> bool:
+def bwd_lowest_first_open(spec: BwdSpec, model: ExecutionModel) -> bool:
     """Whether the config ``spec``'s highest-first twin runs admits the lowest-first order (``backward.bwd_launch``
-    asks the same before it weighs that order)."""
+    asks it before it weighs that order)."""
     twin = replace(spec, lowest_first=False)
     return not bwd_config_problems(spec, select_bwd_config(twin, model), model)
 
@@ -569,9 +567,8 @@ def bwd_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_
     ``_chained_makespan``, ``DET_CHAIN_LAG`` -- is fastest, rows up to ``DET_L2_BAND_SHARE`` of the L2), whole
     groups only (``lowest_open``: the predicate admits it for the call's config). Small GQA grids gain from the
     longest CTAs starting first; grids of many short pairs (MHA) lose more to the chain than the tail costs them."""
-    unit = max(tile_m, tile_n)  # lengths rounded up to whole tiles, as ``bwd_tile_band``'s
-    return _modelled_det_order(-(-seqlen_q // unit) * unit, -(-seqlen_k // unit) * unit, tile_m, tile_n, heads_kv,
-                               group, batch, slots, l2_bytes, head_dim, head_dim_v, banded, lowest_open)
+    return _modelled_det_order(*_tile_rounded(seqlen_q, seqlen_k, tile_m, tile_n), tile_m, tile_n, heads_kv, group,
+                               batch, slots, l2_bytes, head_dim, head_dim_v, banded, lowest_open)
 
 
 @lru_cache(maxsize=4096)
@@ -660,10 +657,15 @@ def bwd_tile_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, he
     d64 4x4096 32/8: 0.97x / 1.01x against 0.89x / 0.90x; model 0.99x / 1.01x against 0.88x / 0.88x).
     Block-sparse lists (on the device; their lengths are not read back) take the causal model's band: right for
     the causal-like patterns, harmless for lists of equal lengths (any band whose rows fit the L2)."""
-    # the model on lengths rounded up to whole tiles: varlen calls (max_seqlen per batch) share few cache entries
-    unit = max(tile_m, tile_n)
-    return _modelled_band(l2_bytes, -(-seqlen_q // unit) * unit, -(-seqlen_k // unit) * unit, head_dim, head_dim_v,
+    return _modelled_band(l2_bytes, *_tile_rounded(seqlen_q, seqlen_k, tile_m, tile_n), head_dim, head_dim_v,
                           tile_m, tile_n, heads, pairs, slots)
+
+
+def _tile_rounded(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int) -> tuple:
+    """The lengths the schedule models see: rounded up to whole tiles, so varlen calls (max_seqlen per batch)
+    share few cache entries."""
+    unit = max(tile_m, tile_n)
+    return -(-seqlen_q // unit) * unit, -(-seqlen_k // unit) * unit
 
 
 @lru_cache(maxsize=4096)
