@@ -302,10 +302,12 @@ class FlashBwdMultistage:
             ctx.m_rotation = None
             if const_expr(self.rotated_start):
                 ctx.m_rotation = n_block % cutlass.max(ctx.num_m, 1)
-            ctx.step_div = None  # the inner count of a dense step index: query blocks, or the heads (deterministic)
+            # the inner count of a dense step index: the query blocks, or the heads (the lowest-first order)
+            ctx.step_inner = group if const_expr(self.spec.lowest_first) else ctx.num_m
+            ctx.step_div = None
             if const_expr(self.step_divisor):
                 ctx.step_div = cute.fast_divmod_create_divisor_v2(
-                    group if const_expr(self.spec.lowest_first) else cutlass.max(ctx.num_m, 1))
+                    ctx.step_inner if const_expr(self.spec.lowest_first) else cutlass.max(ctx.num_m, 1))
             if num_steps > 0:
                 self.load_q_do(ctx, sm, 0, True, True)
             cute.arch.cp_async_commit_group()
@@ -451,10 +453,11 @@ class FlashBwdMultistage:
         and the lowest, which adds first (``dq_accum``), never waits on a walk behind it."""
         if const_expr(self.spec.block_sparse is not None):
             return self.entry_coords(ctx, ctx.walk.block(it))
+        outer, inner = (divmod(it, ctx.step_div) if const_expr(self.step_divisor)
+                        else (it // ctx.step_inner, it % ctx.step_inner))
         if const_expr(self.spec.lowest_first):
-            k, g = divmod(it, ctx.step_div) if const_expr(self.step_divisor) else (it // ctx.group, it % ctx.group)
-            return ctx.head_kv * ctx.group + g, ctx.m_start + ctx.num_m - 1 - k
-        g, m = divmod(it, ctx.step_div) if const_expr(self.step_divisor) else (it // ctx.num_m, it % ctx.num_m)
+            return ctx.head_kv * ctx.group + inner, ctx.m_start + ctx.num_m - 1 - outer
+        g, m = outer, inner
         if const_expr(self.rotated_start):
             m = m + ctx.m_rotation
             if m >= ctx.num_m:
