@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 35 (issue 19: d96's lowest-first order not bitwise repeatable, session 34 part 9). One part per call.
+#   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session35.sh N", carry=[".kit_bench"])
+# 1: session 34's owed part 10 (d96's repeatability tests in its shipped, highest-first order), then
+#    explore/det_repeat_probe.py (12 backward runs of one forward per variant at the test's 2 x 1500 8/2: d96 in
+#    both orders, with one dO stage, d64 with two, d64 / d128 controls; which gradient and which query blocks
+#    differ), then racecheck and initcheck of the d96 lowest-first variant, ~8 min
+set -u
+cd "$(dirname "$0")/../.."
+root=$PWD
+part="${1:-1}"
+source benchmarks/explore/shards.sh
+case "$part" in
+  1) shards 140 tests/test_bwd_gpu.py -k "96 and (bitwise_repeatable or deterministic_orders)"
+     (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 240 python3 explore/det_repeat_probe.py \
+        --out "$OUT/det_repeat.json" 2>&1 | grep -v -i warn | tail -12)
+     for tool in racecheck initcheck; do
+       (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 150 $(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer) --tool $tool --print-limit 20 \
+          python3 explore/det_repeat_probe.py --only "d96 lowest" --runs 2 > "$OUT/probe_$tool.txt" 2>&1
+        grep -v -i warn "$OUT/probe_$tool.txt" | tail -8)
+     done ;;
+  *) echo "part 1" ;;
+esac
