@@ -4,7 +4,12 @@
 # 1: session 34's owed part 10 (d96's repeatability tests in its shipped, highest-first order), then
 #    explore/det_repeat_probe.py (12 backward runs of one forward per variant at the test's 2 x 1500 8/2: d96 in
 #    both orders, with one dO stage, d64 with two, d64 / d128 controls; which gradient and which query blocks
-#    differ), then racecheck and initcheck of the d96 lowest-first variant, ~8 min
+#    differ), then racecheck and initcheck of the d96 lowest-first variant, ~8 min. Found: every variant's backward
+#    repeatable over one kept forward (d96 lowest first with two dO stages included); the forward itself differed
+#    between runs at d64 and d96 (their calls split the keys: 4 splits)
+# 2: explore/fwd_repeat_probe.py (the forward's repeatability: out / lse and the split partials over 12 runs with
+#    dirtied allocator blocks, then with NaN-poisoned partials), racecheck of the d96 split call, initcheck of it
+#    without the caching allocator, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -19,5 +24,14 @@ case "$part" in
           python3 explore/det_repeat_probe.py --only "d96 lowest" --runs 2 > "$OUT/probe_$tool.txt" 2>&1
         grep -v -i warn "$OUT/probe_$tool.txt" | tail -8)
      done ;;
-  *) echo "part 1" ;;
+  2) (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 240 python3 explore/fwd_repeat_probe.py \
+        --out "$OUT/fwd_repeat.json" 2>&1 | grep -v -i warn | tail -16)
+     san=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+     (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 150 $san --tool racecheck --print-limit 20 \
+        python3 explore/fwd_repeat_probe.py --only "d96 sink auto" --runs 2 > "$OUT/fwd_racecheck.txt" 2>&1
+      grep -v -i warn "$OUT/fwd_racecheck.txt" | grep -v "^d96" | tail -12)
+     (cd benchmarks && PYTORCH_NO_CUDA_MEMORY_CACHING=1 FA4_SM120_OCCUPANCY=model timeout 150 $san --tool initcheck \
+        --print-limit 20 python3 explore/fwd_repeat_probe.py --only "d96 sink auto" --runs 2 > "$OUT/fwd_initcheck.txt" 2>&1
+      grep -v -i warn "$OUT/fwd_initcheck.txt" | grep -v "^d96" | tail -30) ;;
+  *) echo "part 1-2" ;;
 esac
