@@ -10,7 +10,8 @@ Step for one key block S (scores for this block, masked entries = -inf):
   3. P = exp2(S * scale_log2 - base); corr = exp2(row_max * scale_log2 - base)  (corr = 0 at start)
   4. row_sum = row_sum * corr + rowsum(P); O *= corr; row_max = m_new
 The reference max only moves when the block max exceeds it by more than ``RESCALE_LOG2`` (log2
-units); otherwise corr = 1 and, when no row of the warp moved, O is not touched at all.
+units); otherwise corr = 1 exactly (a row's O never depends on another row's scores) and, when no row of
+the warp moved, O is not touched at all.
 Finalize: O /= rowsum, LSE = ln(rowsum) + row_max * scale; rows that saw no key give O = 0 and
 LSE = -inf (the log-sum-exp of an empty set). A learnable sink (gpt-oss) adds exp(sink) to the
 denominator and to the LSE.
@@ -98,7 +99,11 @@ def softmax_step(row_max: cute.Tensor, row_sum: cute.Tensor, acc_S_rc: cute.Tens
         changed = changed | (m_new != m_old)
         base = Float32(0.0) if m_new == -Float32.inf else m_new * scale
         p_row = cute.math.exp2(s_row * scale - base, fastmath=True)
-        corr[r] = cute.math.exp2(m_old * scale - base, fastmath=True)
+        # exactly 1 for a row whose reference stayed: m_old * scale - base, contracted into an FFMA, is the
+        # product's rounding error, not 0, and the warp vote below would apply that ~1 +- 2^-20 to this row only
+        # when another row of the warp moved -- rows past the sequence end among them, whose scores come from
+        # unwritten shared memory: O then differed between runs (H100, session 35)
+        corr[r] = Float32(1.0) if m_new == m_old else cute.math.exp2(m_old * scale - base, fastmath=True)
         row_sum[r] = row_sum[r] * corr[r] + p_row.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
         row_max[r] = m_new
         acc_S_rc[r, None].store(p_row)
