@@ -219,16 +219,8 @@ def det_order(request, monkeypatch):
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
 def test_bwd_deterministic_orders(det_order, d):
     """Both orders of the causal deterministic mode, whole, split and banded: gradients against the reference
-    (square and bottom-right, dense and varlen) and bitwise repeatable (``_kernels/dq_accum``). Where the class's
-    config does not admit the lowest-first order (d96's double-buffered dO; d64's varlen tile) the launch keeps
-    the highest-first one: a forced lowest-first order is skipped there (dense) or runs highest first (varlen)."""
-    from flash_attn_4_sm120.bwd_config import bwd_lowest_first_open
-    from flash_attn_4_sm120.execution_model import SM120
-    from flash_attn_4_sm120.problem import BwdSpec
-
-    lowest = BwdSpec("bf16", d, d, True, deterministic=True, lowest_first=True)
-    if det_order[0] and not bwd_lowest_first_open(lowest, SM120):
-        pytest.skip(f"the lowest-first order is not open to d{d}'s tile (bwd_config_problems)")
+    (square and bottom-right, dense and varlen) and bitwise repeatable (``_kernels/dq_accum``), on every class's
+    tile (d96's role split and d64's varlen tile with their double-buffered dO included)."""
     run_dense(2, 333, 333, 4, 2, d, d, causal=True, deterministic=True)
     run_dense(1, 200, 333, 4, 2, d, d, causal=True, sink=True, deterministic=True)
     run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, d, causal=True, deterministic=True)

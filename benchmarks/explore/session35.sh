@@ -9,7 +9,14 @@
 #    between runs at d64 and d96 (their calls split the keys: 4 splits)
 # 2: explore/fwd_repeat_probe.py (the forward's repeatability: out / lse and the split partials over 12 runs with
 #    dirtied allocator blocks, then with NaN-poisoned partials), racecheck of the d96 split call, initcheck of it
-#    without the caching allocator, ~5 min
+#    without the caching allocator, ~5 min. Found: O of the last (partial) M tile's valid rows differed between runs
+#    by ~1e-6 relative (LSE never), split or not, at 1500 tokens (not at 1024); racecheck clean, initcheck clean.
+#    Cause: softmax_step's warp vote applied corr ~ 1 +- 2^-20 (an FFMA's rounding error) to unchanged rows when
+#    another row of the warp moved, rows past the end (unwritten smem) among them; fixed (corr exactly 1)
+# 3: the fix: tests/test_mainloops_gpu.py's new test_forward_is_bitwise_repeatable on the tree before the fix
+#    (_br/prev.patch: expected to fail) and on this one, the deterministic backward's GPU tests (the lowest-first
+#    order now open to d96 and d64 varlen), fwd_repeat_probe.py again, forward time this tree / prev twice
+#    (explore/fwd_ab.py), ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -33,5 +40,18 @@ case "$part" in
      (cd benchmarks && PYTORCH_NO_CUDA_MEMORY_CACHING=1 FA4_SM120_OCCUPANCY=model timeout 150 $san --tool initcheck \
         --print-limit 20 python3 explore/fwd_repeat_probe.py --only "d96 sink auto" --runs 2 > "$OUT/fwd_initcheck.txt" 2>&1
       grep -v -i warn "$OUT/fwd_initcheck.txt" | grep -v "^d96" | tail -30) ;;
-  *) echo "part 1-2" ;;
+  3) branch prev
+     (cd /tmp/prev && timeout 200 python3 tools/pytest_shards.py -n 9 --log-dir /tmp/shp -- -m gpu \
+        tests/test_mainloops_gpu.py -k repeatable > "$OUT/tests_prev.txt" 2>&1; tail -12 "$OUT/tests_prev.txt")
+     shards 300 tests/test_mainloops_gpu.py tests/test_bwd_gpu.py -k "repeatable or deterministic or det_order"
+     (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 120 python3 explore/fwd_repeat_probe.py \
+        --only "d96 sink auto" "d96 sink unsplit" "d64 sink auto" "d128 sink split4" --runs 8 \
+        --out "$OUT/fwd_repeat.json" 2>&1 | grep -v -i warn | grep plain)
+     for r in 1 2; do
+       for t in "$root" /tmp/prev; do
+         (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 100 python3 explore/fwd_ab.py --tree "$t" \
+            --label "$(basename "$t")" --out "$OUT/fwd_ab.json" 2>&1 | grep -v -i warn | tail -7)
+       done
+     done ;;
+  *) echo "part 1-3" ;;
 esac
