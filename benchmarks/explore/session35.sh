@@ -16,12 +16,21 @@
 # 3: the fix: tests/test_mainloops_gpu.py's new test_forward_is_bitwise_repeatable on the tree before the fix
 #    (_br/prev.patch: expected to fail) and on this one, the deterministic backward's GPU tests (the lowest-first
 #    order now open to d96 and d64 varlen), fwd_repeat_probe.py again, forward time this tree / prev twice
-#    (explore/fwd_ab.py), ~8 min
+#    (explore/fwd_ab.py), ~8 min. Found: the new test fails on the tree before the fix (12 of 18) and passes on this
+#    one but for the plain TMA / warp-specialized loaders, which raised a TypeError at trace time (their prologue
+#    lacked the walk argument since session 25; fixed); fwd_repeat_probe 0 differing runs; fwd_ab too noisy to read
+# 4: the forward GPU tests (test_fwd_gpu, every TMA mainloop test, the repeatability test), bench_bwd d96 / d64
+#    causal default and deterministic (the lowest-first order now open to d96), fwd_ab this tree / prev x3, ~9 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
 part="${1:-1}"
 source benchmarks/explore/shards.sh
+bwd_ab() {  # $1: tree, $2: label, $3: impls, rest: cases
+  local tree="$1" label="$2" impls="$3"; shift 3
+  (cd "$tree/benchmarks" && timeout 150 python3 bench_bwd.py --occupancy sm120 --impls $impls --cases "$@" \
+     --out "$OUT/bwd_$label.json" 2>&1 | grep -v -i warn | grep "\[")
+}
 case "$part" in
   1) shards 140 tests/test_bwd_gpu.py -k "96 and (bitwise_repeatable or deterministic_orders)"
      (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 240 python3 explore/det_repeat_probe.py \
@@ -53,5 +62,13 @@ case "$part" in
             --label "$(basename "$t")" --out "$OUT/fwd_ab.json" 2>&1 | grep -v -i warn | tail -7)
        done
      done ;;
-  *) echo "part 1-3" ;;
+  4) shards 560 tests/test_fwd_gpu.py tests/test_mainloops_gpu.py -k "test_fwd_gpu or tma or repeatable"
+     bwd_ab "$root" det "ours ours_deterministic" d96_4x4096_32/8_causal d64_4x4096_32/8_causal
+     for r in 1 2 3; do
+       for t in "$root" /tmp/prev; do
+         (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 100 python3 explore/fwd_ab.py --tree "$t" \
+            --label "$(basename "$t")" --out "$OUT/fwd_ab.json" 2>&1 | grep -v -i warn | tail -7)
+       done
+     done ;;
+  *) echo "part 1-4" ;;
 esac
