@@ -20,7 +20,10 @@
 #    one but for the plain TMA / warp-specialized loaders, which raised a TypeError at trace time (their prologue
 #    lacked the walk argument since session 25; fixed); fwd_repeat_probe 0 differing runs; fwd_ab too noisy to read
 # 4: the forward GPU tests (test_fwd_gpu, every TMA mainloop test, the repeatability test), bench_bwd d96 / d64
-#    causal default and deterministic (the lowest-first order now open to d96), fwd_ab this tree / prev x3, ~9 min
+#    causal default and deterministic (the lowest-first order now open to d96), fwd_ab this tree / prev x3, ~9 min.
+#    Ran on a fresh machine: 2593/2593 forward tests, d96 causal deterministic / default 1.09x (was 1.16x); fwd_ab
+#    stopped (no /tmp/prev: this part never built it) -> part 5
+# 5: fwd_ab this tree / prev (the softmax fix reverted) x3, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -70,5 +73,12 @@ case "$part" in
             --label "$(basename "$t")" --out "$OUT/fwd_ab.json" 2>&1 | grep -v -i warn | tail -7)
        done
      done ;;
-  *) echo "part 1-4" ;;
+  5) branch prev
+     for r in 1 2 3; do
+       for t in "$root" /tmp/prev; do
+         (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 100 python3 explore/fwd_ab.py --tree "$t" \
+            --label "$(basename "$t")" --out "$OUT/fwd_ab.json" 2>&1 | grep -v -i warn | tail -7)
+       done
+     done ;;
+  *) echo "part 1-5" ;;
 esac
