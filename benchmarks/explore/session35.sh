@@ -23,7 +23,12 @@
 #    causal default and deterministic (the lowest-first order now open to d96), fwd_ab this tree / prev x3, ~9 min.
 #    Ran on a fresh machine: 2593/2593 forward tests, d96 causal deterministic / default 1.09x (was 1.16x); fwd_ab
 #    stopped (no /tmp/prev: this part never built it) -> part 5
-# 5: fwd_ab this tree / prev (the softmax fix reverted) x3, ~5 min
+# 5: fwd_ab this tree / prev (the softmax fix reverted) x3, ~5 min. Medians this / prev: d64 causal 1.004, d64 1.005,
+#    d96 causal 1.031, d128 0.997, d128 causal 1.026 (bimodal 1.52 / 1.64-1.68 ms runs), d256 causal 1.028, d128
+#    16x1024 causal 1.003; sm_120a SASS: +8-16 instructions per kernel (an FSEL and an FSETP per row and step)
+# 6: the fix without the select (_br/finite.patch: rows start from a finite NO_KEY_MAX, corr = exp2((m_old -
+#    m_new) * scale), exact 0 when unchanged; SASS -8 instructions against the tree before the fix): the
+#    repeatability test on it, then fwd_ab this tree (select) / prev / finite, four rounds, ~7 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -80,5 +85,15 @@ case "$part" in
             --label "$(basename "$t")" --out "$OUT/fwd_ab.json" 2>&1 | grep -v -i warn | tail -7)
        done
      done ;;
-  *) echo "part 1-5" ;;
+  6) branch prev; branch finite
+     (cd /tmp/finite && timeout 150 python3 tools/pytest_shards.py -n 9 --log-dir /tmp/shf -- -m gpu \
+        tests/test_mainloops_gpu.py -k repeatable > "$OUT/tests_finite.txt" 2>&1; tail -3 "$OUT/tests_finite.txt")
+     for r in 1 2 3 4; do
+       for t in "$root" /tmp/prev /tmp/finite; do
+         (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 100 python3 explore/fwd_ab.py --tree "$t" \
+            --label "$(basename "$t")" --out "$OUT/fwd_ab.json" --cases "d96 causal" "d256 causal" "d128 causal" \
+            "d64 causal" "d128" 2>&1 | grep -v -i warn | tail -5)
+       done
+     done ;;
+  *) echo "part 1-6" ;;
 esac
