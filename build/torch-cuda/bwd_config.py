@@ -124,12 +124,6 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
     out = []
     if spec.lowest_first and not (spec.deterministic and spec.causal and not spec.local):
         out.append("the lowest-first order is the deterministic mode's, under a causal mask without a window")
-    if spec.lowest_first and cfg.stages_do != 1:
-        # H100, session 34: d96's role split (double-buffered dO) gave dQ that differed between runs in 2 of 6 runs
-        # of the repeatability test in the lowest-first order (cause not found); every single-buffered dO tile
-        # (d64's dense role split, d128, d192, d256) was repeatable in all of them. Those keep the highest-first order
-        out.append("the lowest-first order runs on single-buffered dO tiles only (not repeatable on d96's double-"
-                   "buffered role split)")
     if cfg.step_divisor and not cfg.role_split:
         # sm_120a gate, 2026-11-26: six 8-warp and 4-warp configs at 255 registers spilled with the divisor live
         out.append("the step divisor is the role split's (the 8-warp and 4-warp tiles spill with it)")

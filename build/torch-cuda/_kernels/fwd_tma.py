@@ -114,7 +114,9 @@ class FlashFwdTma(FlashFwdMultistage):
         ctx.kv.issue(n_block, stage, ctx.bars + stage)
 
     @cute.jit
-    def prologue(self, ctx: SimpleNamespace):
+    def prologue(self, ctx: SimpleNamespace, walk=None):
+        """Q, and warp 0's first stages - 1 key blocks (the dense range: the predicate keeps block-sparse walks,
+        ``walk``, to the overlapped schedule)."""
         self.load_q(ctx)
         cute.arch.cp_async_commit_group()
         if const_expr(not self.warp_specialized):

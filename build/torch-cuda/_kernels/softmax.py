@@ -5,12 +5,12 @@ State per accumulator row owned by this thread: ``row_max`` (raw scores, before 
 
 Step for one key block S (scores for this block, masked entries = -inf):
   1. m_new = max(row_max, rowmax(S))                     (quad all-reduce)
-  2. base  = m_new * scale_log2, or 0 when the row has seen no key yet (m_new = -inf), so that
-     exp2 never sees -inf - (-inf)
-  3. P = exp2(S * scale_log2 - base); corr = exp2(row_max * scale_log2 - base)  (corr = 0 at start)
-  4. row_sum = row_sum * corr + rowsum(P); O *= corr; row_max = m_new
-The reference max only moves when the block max exceeds it by more than ``RESCALE_LOG2`` (log2
-units); otherwise corr = 1 and, when no row of the warp moved, O is not touched at all.
+  2. P = exp2(S * scale_log2 - m_new * scale_log2); corr = exp2((row_max - m_new) * scale_log2)
+  3. row_sum = row_sum * corr + rowsum(P); O *= corr; row_max = m_new
+A row that has seen no key holds the finite ``NO_KEY_MAX``, so its first key gives corr = 0 and no exponent ever
+meets -inf - (-inf). The reference max only moves when the block max exceeds it by more than ``RESCALE_LOG2``
+(log2 units); otherwise corr = exp2(0) = 1 exactly (a row's O never depends on another row's scores) and, when no
+row of the warp moved, O is not touched at all.
 Finalize: O /= rowsum, LSE = ln(rowsum) + row_max * scale; rows that saw no key give O = 0 and
 LSE = -inf (the log-sum-exp of an empty set). A learnable sink (gpt-oss) adds exp(sink) to the
 denominator and to the LSE.
@@ -28,6 +28,10 @@ LN2 = math.log(2.0)
 #: A row's reference max moves only when a block's max exceeds it by more than this (log2 units):
 #: P <= 2^8 is exact enough in 16 bits and far from fp32 overflow, and O is rescaled far less often.
 RESCALE_LOG2 = 8.0
+#: the reference max of a row that has seen no key yet: finite, so that the rescale exponent (m_old - m_new) * scale
+#: is exactly 0 for a row whose reference stayed and -huge (corr = 0) for one that saw its first key, never
+#: -inf - -inf; far below any score (|q.k| of 16-bit inputs at 256 dims), and times any softmax scale still finite
+NO_KEY_MAX = -1.0e20
 
 
 class OnlineSoftmax:
@@ -38,7 +42,7 @@ class OnlineSoftmax:
         self.num_rows = num_rows
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
-        self.row_max.fill(-Float32.inf)
+        self.row_max.fill(NO_KEY_MAX)
         self.row_sum.fill(0.0)
 
     @cute.jit
@@ -69,7 +73,7 @@ class OnlineSoftmax:
                     else -Float32.inf
                 )
             else:
-                m_log2 = self.row_max[r] * self.scale_log2  # -inf when the row saw no key
+                m_log2 = self.row_max[r] * self.scale_log2  # NO_KEY_MAX * scale when the row saw no key
                 top = cute.arch.fmax(m_log2, sink_log2[r])
                 keep = cute.math.exp2(m_log2 - top, fastmath=True)
                 denom = total * keep + cute.math.exp2(sink_log2[r] - top, fastmath=True)
@@ -93,12 +97,15 @@ def softmax_step(row_max: cute.Tensor, row_sum: cute.Tensor, acc_S_rc: cute.Tens
         m_old = row_max[r]
         m_cand = cute.arch.fmax(m_old, m_blk)
         # Keep the old reference unless the new max exceeds it by more than RESCALE_LOG2 (then P
-        # stays below 2^RESCALE_LOG2). NaN (-inf - -inf: nothing seen yet) and +inf take the new max.
+        # stays below 2^RESCALE_LOG2); +inf takes the new max.
         m_new = m_old if (m_cand - m_old) * scale <= Float32(RESCALE_LOG2) else m_cand
         changed = changed | (m_new != m_old)
-        base = Float32(0.0) if m_new == -Float32.inf else m_new * scale
-        p_row = cute.math.exp2(s_row * scale - base, fastmath=True)
-        corr[r] = cute.math.exp2(m_old * scale - base, fastmath=True)
+        p_row = cute.math.exp2(s_row * scale - m_new * scale, fastmath=True)
+        # exactly 1 for a row whose reference stayed (a difference, then a product: nothing to contract into an
+        # FFMA, whose rounding error exp2(m_old * scale - m_new * scale) was: the warp vote below then applied
+        # ~1 +- 2^-20 to this row only when another row of the warp moved -- rows past the sequence end among
+        # them, whose scores come from unwritten shared memory: O differed between runs, H100, session 35)
+        corr[r] = cute.math.exp2((m_old - m_new) * scale, fastmath=True)
         row_sum[r] = row_sum[r] * corr[r] + p_row.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
         row_max[r] = m_new
         acc_S_rc[r, None].store(p_row)
