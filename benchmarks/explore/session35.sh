@@ -34,7 +34,7 @@
 #    finite merged
 # 7: the final tree's forward GPU tests (test_fwd_gpu, test_mainloops_gpu), ~9 min
 # 8: the forward tests of flex, block sparsity, dropout, packed GQA, combine, KV cache and paged K/V, then memcheck of
-#    the dense / split varlen / decode forward families, ~9 min
+#    the single-stage, TMA, warp-specialized, ping-pong and split varlen forward families, ~9 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -105,7 +105,7 @@ case "$part" in
   8) shards 330 tests/test_flex_gpu.py tests/test_block_sparse_gpu.py tests/test_dropout_gpu.py \
        tests/test_pack_gqa_gpu.py tests/test_combine_gpu.py tests/test_kvcache_gpu.py tests/test_paged_kv_gpu.py \
        -k "not bwd and not backward and not grad and not large"
-     timeout 240 python3 tools/sanitize.py --families dense varlen_splitkv decode --tools memcheck --jobs 4 \
+     timeout 240 python3 tools/sanitize.py --families single_stage tma tma_ws pingpong varlen_splitkv --tools memcheck --jobs 4 \
        --json "$OUT/sanitizer_memcheck.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_memcheck.txt" 2>&1
      tail -4 "$OUT/sanitizer_memcheck.txt" ;;
   *) echo "part 1-8" ;;
