@@ -28,11 +28,6 @@ cd "$(dirname "$0")/../.."
 root=$PWD
 part="${1:-1}"
 source benchmarks/explore/shards.sh
-bwd_ab() {  # $1: tree, $2: label, $3: impls, rest: cases
-  local tree="$1" label="$2" impls="$3"; shift 3
-  (cd "$tree/benchmarks" && timeout 150 python3 bench_bwd.py --occupancy sm120 --impls $impls --cases "$@" \
-     --out "$OUT/bwd_$label.json" 2>&1 | grep -v -i warn | grep "\[")
-}
 case "$part" in
   1) branch prev
      causal="d128_4x2048_8/2 d128_2x4096_16/4 d128_8x2048 d128_4x4096_32/8_causal d64_4x4096_32/8_causal"

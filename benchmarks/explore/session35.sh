@@ -35,15 +35,20 @@
 # 7: the final tree's forward GPU tests (test_fwd_gpu, test_mainloops_gpu), ~9 min
 # 8: the forward tests of flex, block sparsity, dropout, packed GQA, combine, KV cache and paged K/V, then memcheck of
 #    the single-stage, TMA, warp-specialized, ping-pong and split varlen forward families, ~9 min
+# 9: the final tree's backward GPU suite (the deterministic order open to every class, over the fixed forward), ~6 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
 part="${1:-1}"
 source benchmarks/explore/shards.sh
-bwd_ab() {  # $1: tree, $2: label, $3: impls, rest: cases
-  local tree="$1" label="$2" impls="$3"; shift 3
-  (cd "$tree/benchmarks" && timeout 150 python3 bench_bwd.py --occupancy sm120 --impls $impls --cases "$@" \
-     --out "$OUT/bwd_$label.json" 2>&1 | grep -v -i warn | grep "\[")
+fwd_rounds() {  # $1: rounds, $2: trees (space-separated), rest: explore/fwd_ab.py's arguments
+  local rounds="$1" trees="$2"; shift 2
+  for r in $(seq "$rounds"); do
+    for t in $trees; do
+      (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 100 python3 explore/fwd_ab.py --tree "$t" \
+         --label "$(basename "$t")" --out "$OUT/fwd_ab.json" "$@" 2>&1 | grep -v -i warn | tail -7)
+    done
+  done
 }
 case "$part" in
   1) shards 140 tests/test_bwd_gpu.py -k "96 and (bitwise_repeatable or deterministic_orders)"
@@ -70,37 +75,16 @@ case "$part" in
      (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 120 python3 explore/fwd_repeat_probe.py \
         --only "d96 sink auto" "d96 sink unsplit" "d64 sink auto" "d128 sink split4" --runs 8 \
         --out "$OUT/fwd_repeat.json" 2>&1 | grep -v -i warn | grep plain)
-     for r in 1 2; do
-       for t in "$root" /tmp/prev; do
-         (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 100 python3 explore/fwd_ab.py --tree "$t" \
-            --label "$(basename "$t")" --out "$OUT/fwd_ab.json" 2>&1 | grep -v -i warn | tail -7)
-       done
-     done ;;
+     fwd_rounds 2 "$root /tmp/prev" ;;
   4) shards 560 tests/test_fwd_gpu.py tests/test_mainloops_gpu.py -k "test_fwd_gpu or tma or repeatable"
      bwd_ab "$root" det "ours ours_deterministic" d96_4x4096_32/8_causal d64_4x4096_32/8_causal
-     for r in 1 2 3; do
-       for t in "$root" /tmp/prev; do
-         (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 100 python3 explore/fwd_ab.py --tree "$t" \
-            --label "$(basename "$t")" --out "$OUT/fwd_ab.json" 2>&1 | grep -v -i warn | tail -7)
-       done
-     done ;;
+     fwd_rounds 3 "$root /tmp/prev" ;;
   5) branch prev
-     for r in 1 2 3; do
-       for t in "$root" /tmp/prev; do
-         (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 100 python3 explore/fwd_ab.py --tree "$t" \
-            --label "$(basename "$t")" --out "$OUT/fwd_ab.json" 2>&1 | grep -v -i warn | tail -7)
-       done
-     done ;;
+     fwd_rounds 3 "$root /tmp/prev" ;;
   6) branch prev; branch finite
      (cd /tmp/finite && timeout 150 python3 tools/pytest_shards.py -n 9 --log-dir /tmp/shf -- -m gpu \
         tests/test_mainloops_gpu.py -k repeatable > "$OUT/tests_finite.txt" 2>&1; tail -3 "$OUT/tests_finite.txt")
-     for r in 1 2 3 4; do
-       for t in "$root" /tmp/prev /tmp/finite; do
-         (cd benchmarks && FA4_SM120_OCCUPANCY=model timeout 100 python3 explore/fwd_ab.py --tree "$t" \
-            --label "$(basename "$t")" --out "$OUT/fwd_ab.json" --cases "d96 causal" "d256 causal" "d128 causal" \
-            "d64 causal" "d128" 2>&1 | grep -v -i warn | tail -5)
-       done
-     done ;;
+     fwd_rounds 4 "$root /tmp/prev /tmp/finite" --cases "d96 causal" "d256 causal" "d128 causal" "d64 causal" "d128" ;;
   7) shards 570 tests/test_fwd_gpu.py tests/test_mainloops_gpu.py ;;
   8) shards 330 tests/test_flex_gpu.py tests/test_block_sparse_gpu.py tests/test_dropout_gpu.py \
        tests/test_pack_gqa_gpu.py tests/test_combine_gpu.py tests/test_kvcache_gpu.py tests/test_paged_kv_gpu.py \
@@ -108,5 +92,6 @@ case "$part" in
      timeout 240 python3 tools/sanitize.py --families single_stage tma tma_ws pingpong varlen_splitkv --tools memcheck --jobs 4 \
        --json "$OUT/sanitizer_memcheck.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_memcheck.txt" 2>&1
      tail -4 "$OUT/sanitizer_memcheck.txt" ;;
-  *) echo "part 1-8" ;;
+  9) shards 420 tests/test_bwd_gpu.py ;;
+  *) echo "part 1-9" ;;
 esac
