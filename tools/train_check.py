@@ -337,7 +337,9 @@ def plot(report: dict, png: str) -> int:
     fig.suptitle(f"training check, {report['device']}, {report['date']}, bf16, {report['steps']} steps, "
                  f"batch {report['batch']} x {report['seq']}", fontsize=9)
     fig.tight_layout()
-    fig.savefig(png, dpi=80)
+    from plot_bench import save_chart
+
+    save_chart(fig, Path(png), 80)
     return 0
 
 
