@@ -30,7 +30,9 @@ LN2 = math.log(2.0)
 RESCALE_LOG2 = 8.0
 #: the reference max of a row that has seen no key yet: finite, so that the rescale exponent (m_old - m_new) * scale
 #: is exactly 0 for a row whose reference stayed and -huge (corr = 0) for one that saw its first key, never
-#: -inf - -inf; far below any score (|q.k| of 16-bit inputs at 256 dims), and times any softmax scale still finite
+#: -inf - -inf; far below any score of q.k (fp16 inputs stay under 1.1e12 at 256 dims), and finite times any scale
+#: under 1e18. A score at or below it counts as masked: a row whose every visible score is (only a score_mod can
+#: write one) ends with O = 0 and LSE = -inf (or the sink's), where a plain softmax would spread it evenly
 NO_KEY_MAX = -1.0e20
 
 
