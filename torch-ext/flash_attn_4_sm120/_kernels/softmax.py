@@ -31,7 +31,7 @@ RESCALE_LOG2 = 8.0
 #: the reference max of a row that has seen no key yet: finite, so that the rescale exponent (m_old - m_new) * scale
 #: is exactly 0 for a row whose reference stayed and -huge (corr = 0) for one that saw its first key, never
 #: -inf - -inf; far below any score of q.k (fp16 inputs stay under 1.1e12 at 256 dims), and finite times any scale
-#: under 1e18. A score at or below it counts as masked: a row whose every visible score is (only a score_mod can
+#: under 1e18. A score below it counts as masked: a row whose every visible score is (only a score_mod can
 #: write one) ends with O = 0 and LSE = -inf (or the sink's), where a plain softmax would spread it evenly
 NO_KEY_MAX = -1.0e20
 
