@@ -35,7 +35,10 @@
 # 7: the final tree's forward GPU tests (test_fwd_gpu, test_mainloops_gpu), ~9 min
 # 8: the forward tests of flex, block sparsity, dropout, packed GQA, combine, KV cache and paged K/V, then memcheck of
 #    the single-stage, TMA, warp-specialized, ping-pong and split varlen forward families, ~9 min
-# 9: the final tree's backward GPU suite (the deterministic order open to every class, over the fixed forward), ~6 min
+# 9: the final tree's backward GPU suite (the deterministic order open to every class, over the fixed forward), ~6 min.
+#    Ran without the upstream wheels (the carry was 428 KiB over 64 MiB; since trimmed): 184/184
+# 10: bench_bwd ours / ours_deterministic at the H100's own occupancy for the rows whose deterministic order changed
+#     since session 33 (the README's n/a cells), ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -93,5 +96,8 @@ case "$part" in
        --json "$OUT/sanitizer_memcheck.json" --log-dir "$OUT/sanlog" > "$OUT/sanitizer_memcheck.txt" 2>&1
      tail -4 "$OUT/sanitizer_memcheck.txt" ;;
   9) shards 420 tests/test_bwd_gpu.py ;;
-  *) echo "part 1-9" ;;
+  10) (cd benchmarks && timeout 420 python3 bench_bwd.py --occupancy h100 --impls ours ours_deterministic --cases \
+        d64_4x4096_32/8_causal d96_4x4096_32/8_causal d128_4x4096_32/8_causal d192x128_2x4096_16/16_causal \
+        d128_4x2048_8/2_causal d128_2x4096_16/4_causal --out "$OUT/bwd_det_h100.json" 2>&1 | grep -v -i warn | grep "\[") ;;
+  *) echo "part 1-10" ;;
 esac
