@@ -223,12 +223,12 @@ def test_forward_is_bitwise_repeatable(fields, d, causal):
     k, v = (torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
     sink = torch.randn(hq, device="cuda") if causal else None
     config = None if fields is None else FwdConfig(**fields)
+    spec, shape, params = validate_fwd(q, k, v, None, causal, (None, None), 0.0, sink)
     runs = []
     for _ in range(4):
         _dirty_shared_memory()
         out = torch.empty(b, s, hq, d, dtype=q.dtype, device="cuda")
         lse = torch.empty(b, hq, s, dtype=torch.float32, device="cuda")
-        spec, shape, params = validate_fwd(q, k, v, None, causal, (None, None), 0.0, sink)
         _launch_fwd(q, k, v, spec, shape, params, out, lse, config=config, num_splits=1 if config else None)
         runs.append((out, lse))
     for out, lse in runs[1:]:
