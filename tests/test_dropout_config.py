@@ -52,15 +52,47 @@ def test_rng_slot_holds_the_seed_words(seed):
     assert t.dtype == torch.int32 and words == [seed & 0xFFFFFFFF, seed >> 32, 7, dropout.keep_threshold(0.1)]
 
 
-def test_kernel_element_order_is_call_major():
+NEIGHBOURS = [16 * (c // 4) + [0, 1, 8, 9][c % 4] for c in range(16)]  # a warp's atoms side by side (forward)
+INTERLEAVED = [32 * (c // 4) + [0, 1, 8, 9][c % 4] for c in range(8)]  # 16 columns per warp of two (half calls)
+
+
+@pytest.mark.parametrize("col_pos, per_call", [(NEIGHBOURS, 16), (INTERLEAVED, 8)], ids=["whole", "half"])
+def test_kernel_element_order_is_call_major(col_pos, per_call):
     from flash_attn_4_sm120._kernels.dropout_mask import KeepFlags
 
-    rows, cols = 4, 16
-    order = KeepFlags(None, None, None, None, rows, cols).order
-    assert sorted(order) == [(r, c) for r in range(rows) for c in range(cols)]
-    for i in range(0, len(order), 8):  # each call: one m16 atom's two row halves x a 16-column atom pair
-        call = {(r - r % 2, c - c % 4) for r, c in order[i:i + 8]}
-        assert len(call) == 1
+    rows, cols = 4, len(col_pos)
+    flags = KeepFlags(None, None, None, None, rows, cols, col_pos)
+    assert sorted(flags.order) == [(r, c) for r in range(rows) for c in range(cols)]
+    for i in range(0, len(flags.order), per_call):  # each call: one m16 atom's two row halves x its cell's columns
+        calls = {flags.slot(r, c)[0] for r, c in flags.order[i:i + per_call]}
+        assert len(calls) == 1
+    assert flags.pairs == [(r, c) for r, c in flags.order if c % 2 == 0]
+
+
+@pytest.mark.parametrize("col_pos, warp_cols", [(NEIGHBOURS, (0, 64)), (INTERLEAVED, (0, 16))], ids=["whole", "half"])
+def test_kernel_slots_draw_the_documented_mask(col_pos, warp_cols):
+    """The kernels' call / word / byte choice (``KeepFlags.slot``, for every lane of warps whose fragments have two
+    m16 atoms, at the warps' column offsets; a half call's word half taken from the column at run time, as
+    ``KeepFlags._word`` does) reproduces ``dropout_keep_mask`` element by element, on the CPU."""
+    from flash_attn_4_sm120._kernels.dropout_mask import KeepFlags
+
+    seed, offset, p, b, h, heads, q0, k0 = 0x1234_5678_9ABC, 3, 0.3, 1, 2, 3, 32, 64
+    rows, cols = 4, len(col_pos)
+    row_pos = [16 * (r // 2) + 8 * (r % 2) for r in range(rows)]
+    ref = dropout.dropout_keep_mask(seed, offset, b + 1, heads, q0 + 48, k0 + 192, p)[b, h]
+    flags = KeepFlags(None, None, None, None, rows, cols, col_pos)
+    t = dropout.keep_threshold(p)
+    for warp_col, lane in ((w, lane) for w in warp_cols for lane in range(32)):
+        lr, lc = lane // 4, 2 * (lane % 4) + warp_col
+        for r, c in flags.order:
+            (r0, c0), word, byte = flags.slot(r, c)
+            q, k = q0 + lr + row_pos[r0], k0 + lc + col_pos[c0]  # the call's first element (the counter's)
+            if flags._half[c0]:
+                word = 2 * (r % 2) + ((k >> 4) & 1)
+            ctr0 = (q >> 4) * 32 + (q & 7) * 4 + ((k & 7) >> 1)
+            words = dropout.philox4x32((ctr0, k >> 5, b * heads + h, offset), (seed & 0xFFFFFFFF, seed >> 32))
+            value = (int(words[word]) >> (8 * byte)) & 0xFF
+            assert (value >= t) == bool(ref[q0 + lr + row_pos[r], k0 + lc + col_pos[c]]), (warp_col, lane, r, c)
 
 
 def test_unseeded_slot_comes_from_torch_generator():

@@ -41,6 +41,7 @@ from .. import flex
 from .block_walk import raw_entry
 from .bwd_multistage import FlashBwdMultistage
 from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
+from .dropout_mask import apply_keep_pairs
 from .flex_mods import FlexMods, apply_mods
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
@@ -76,7 +77,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         #: elements from the K tile to the V tile in the shared storage (1024-aligned buffers)
         kv_bytes = self.tile_n * self.head_dim * self.dtype.width // 8
         self.kv_gap_elems = (kv_bytes + 1023) // 1024 * 1024 * 8 // self.dtype.width
-        self.mma_sdp = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.sdp_warps_m, cells=self.spec.dropout)
+        self.mma_sdp = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.sdp_warps_m, cells=self.sdp_cells(cfg.role_warps))
         self.mma_dkv = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.dkv_warps_n)
 
     @cute.jit
@@ -199,8 +200,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                 # dropout: group 1 has taken the undropped P (barrier PREAD); sP now holds P z for dV and for
                 # group 1 (barrier PZ)
                 cute.arch.barrier(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
-                self.dropped_p(ctx, S_rc, head, m, n_block)
-                cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(sP))
+                cute.copy(r2s, thr_r2s.retile(self.dropped_p(ctx, acc, head, m, n_block)), thr_r2s.partition_D(sP))
                 cute.arch.barrier(barrier_id=_BAR_P0, number_of_threads=_GROUP)
                 cute.arch.barrier_arrive(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
             acc_kv = self.gemm(acc_kv, ops_kv, None, sdo)
@@ -264,14 +264,18 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return acc_kv
 
     @cute.jit
-    def dropped_p(self, ctx: SimpleNamespace, S_rc: cute.Tensor, head, m, n_block):
-        """Group 0, dropout: P becomes P z (z = keep / (1 - p)) for dV, the keep flags drawn call by call. A method
-        of its own: its temporaries stay out of the group branch (which would carry them out as its results)."""
+    def dropped_p(self, ctx: SimpleNamespace, acc: cute.Tensor, head, m, n_block) -> cute.Tensor:
+        """Group 0, dropout: P z (z = keep / (1 - p)) in 16 bits for dV, from P in ``acc`` (scaled in place), the
+        dropped pairs' lanes zeroed call by call (``KeepFlags.apply_pair``). A method of its own: its temporaries
+        stay out of the group branch (which would carry them out as its results)."""
         keep = ctx.dropout.keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m, n_block * self.tile_n)
-        for i in cutlass.range_constexpr(len(keep.order)):  # call by call (``KeepFlags``)
-            r, c = keep.order[i]
-            pz = S_rc[r, c] * ctx.dropout.scale
-            S_rc[r, c] = pz if keep(r, c) else Float32(0.0)
+        S_rc = acc_rows_cols(acc)
+        for r in cutlass.range_constexpr(cute.size(S_rc, mode=[0])):
+            for c in cutlass.range_constexpr(cute.size(S_rc, mode=[1])):
+                S_rc[r, c] = S_rc[r, c] * ctx.dropout.scale
+        pz = convert(acc, self.dtype)
+        apply_keep_pairs(keep, pz)
+        return pz
 
     @cute.jit
     def mask_mod_scores(self, ctx: SimpleNamespace, S_rc: cute.Tensor, tScS_rc: cute.Tensor, head, m, n_block):
