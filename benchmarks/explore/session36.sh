@@ -6,7 +6,12 @@
 # (655 without dropout), the d64 64x128 role split's step 2052 -> 1889.
 # 1: the dropout GPU tests on this tree, then bench_dropout (SM120 occupancy, ours with and without dropout) on main
 #    (_br/main.patch: this tree back to main) and this tree, two rounds, d64 full / causal and d128 causal, ~9 min
-# 2: memcheck + racecheck + synccheck of the dropout family, the backward tests beside dropout, ~8 min
+# 1 ran: dropout tests 40/42 (d96 causal dq 1.00x and d128 causal p = 0.1 dk 1.55x the 2x rule's bound); dropout cost
+#    (fwd / fwd+bwd) main -> bytes, two rounds: d64 full 1.47 / 1.26-1.28 -> 1.27-1.30 / 1.20-1.22, d64 causal 1.58-1.60 /
+#    1.32-1.34 -> 1.33 / 1.19-1.20, d128 causal 1.20-1.22 / 1.11 -> 1.14-1.15 / 1.07-1.09
+# 2: explore/dropout_grad_probe.py on main and this tree (the gradients' error over 6 seeds against the 2x rule, the
+#    backward's mask off dV), ~4 min
+# 3: memcheck + racecheck + synccheck of the dropout family, the backward tests beside dropout, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -23,6 +28,10 @@ case "$part" in
        echo "== round $r main"; drop_ab /tmp/main "main_$r"
        echo "== round $r bytes"; drop_ab "$root" "bytes_$r"
      done ;;
-  2) timeout 330 python3 tools/sanitize.py --families dropout --json "$OUT/sanitizer_dropout.json" 2>&1 | tail -8
+  2) branch main
+     for t in /tmp/main "$root"; do
+       echo "== $t"; (cd benchmarks && timeout 200 python3 explore/dropout_grad_probe.py --tree "$t" 2>&1 | grep -v -i warn)
+     done ;;
+  3) timeout 330 python3 tools/sanitize.py --families dropout --json "$OUT/sanitizer_dropout.json" 2>&1 | tail -8
      shards 200 tests/test_bwd_gpu.py -k "dropout or deterministic or causal" ;;
 esac

@@ -325,6 +325,16 @@ def dropout_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
     return out
 
 
+def dropout_whole_calls(spec: FwdSpec, cfg: FwdConfig) -> bool:
+    """Whether the forward draws dropout's Philox calls whole (16 scores each: a call's 4 words live while 8 pairs of
+    P take their bytes) or in halves (8 scores, the other half's bytes unused, twice the calls). sm_120a gate,
+    2026-11-27: whole calls beside 64 S and 96 O registers per thread and the causal mask's limits (d96's 128x64
+    4-warp tile) spilled 16 B; every other dropout tile of the gate held them."""
+    s_regs = cfg.tile_m * cfg.tile_n // cfg.num_threads
+    o_regs = cfg.tile_m * padded_head_dim(spec.head_dim_v, cfg) // cfg.num_threads
+    return not (s_regs >= 64 and o_regs >= 96 and (spec.causal or spec.local))
+
+
 #: Automatic GQA packing: when seqlen_q is below this (the largest tile_m), an unpacked M tile is
 #: mostly empty and every query head re-reads its KV head; packed, the group fills the tile and K/V
 #: are read once per group. At or above it the tiles are already full.

@@ -53,8 +53,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..config import (FwdConfig, atom_cols, banded_tile_order, fwd_config_problems, fwd_min_ctas_per_sm, fwd_smem_bytes,
-                      padded_head_dim)
+from ..config import (FwdConfig, atom_cols, banded_tile_order, dropout_whole_calls, fwd_config_problems,
+                      fwd_min_ctas_per_sm, fwd_smem_bytes, padded_head_dim)
 from .. import flex
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import LOG2_E, FwdSpec
@@ -494,7 +494,8 @@ class FlashFwdMultistage:
                 ctx.dropout = None  # issue 20: the keep mask of P (``dropout_mask``), drawn after the softmax
                 if const_expr(self.spec.dropout):
                     check_cells(self.tiled_mma, self.tile_m, self.tile_n)
-                    ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)
+                    ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc,
+                                                 dropout_whole_calls(self.spec, self.config))
                     ctx.batch, ctx.head, ctx.num_heads = batch, head, heads_q
 
                 out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head,
