@@ -325,11 +325,11 @@ def dropout_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
     return out
 
 
-def dropout_whole_calls(spec: FwdSpec, cfg: FwdConfig) -> bool:
-    """Whether the forward draws dropout's Philox calls whole (16 scores each: a call's 4 words live while 8 pairs of
-    P take their bytes) or in halves (8 scores, the other half's bytes unused, twice the calls). sm_120a gate,
-    2026-11-27: whole calls beside 64 S and 96 O registers per thread and the causal mask's limits (d96's 128x64
-    4-warp tile) spilled 16 B; every other dropout tile of the gate held them."""
+def dropout_on_pairs(spec: FwdSpec, cfg: FwdConfig) -> bool:
+    """Whether the forward applies dropout to P's 16-bit pairs after the conversion (``KeepFlags.apply_pair``) or
+    element by element to the fp32 scores before it (a byte compare and a select each). sm_120a gate, 2026-11-27:
+    pairs beside 64 S and 96 O registers per thread and the causal mask's limits (d96's 128x64 4-warp tile) spilled
+    16 B (84 B with half calls); every other dropout tile of the gate held them."""
     s_regs = cfg.tile_m * cfg.tile_n // cfg.num_threads
     o_regs = cfg.tile_m * padded_head_dim(spec.head_dim_v, cfg) // cfg.num_threads
     return not (s_regs >= 64 and o_regs >= 96 and (spec.causal or spec.local))

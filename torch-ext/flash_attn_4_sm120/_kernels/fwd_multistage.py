@@ -53,7 +53,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..config import (FwdConfig, atom_cols, banded_tile_order, dropout_whole_calls, fwd_config_problems,
+from ..config import (FwdConfig, atom_cols, banded_tile_order, dropout_on_pairs, fwd_config_problems,
                       fwd_min_ctas_per_sm, fwd_smem_bytes, padded_head_dim)
 from .. import flex
 from ..execution_model import CopyKind, ExecutionModel
@@ -494,8 +494,7 @@ class FlashFwdMultistage:
                 ctx.dropout = None  # issue 20: the keep mask of P (``dropout_mask``), drawn after the softmax
                 if const_expr(self.spec.dropout):
                     check_cells(self.tiled_mma, self.tile_m, self.tile_n)
-                    ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc,
-                                                 dropout_whole_calls(self.spec, self.config))
+                    ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)
                     ctx.batch, ctx.head, ctx.num_heads = batch, head, heads_q
 
                 out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head,
@@ -718,6 +717,7 @@ class FlashFwdMultistage:
             kv.load_k(n_next, 0, bounded=walk is not None)
         cute.arch.cp_async_commit_group()
         ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
+        self.drop_scores(ctx, acc_S, n_block)
         rP = convert(acc_S, self.dtype)
         self.drop(ctx, rP, n_block)
         self.pv(ctx, rP, 0)
@@ -734,6 +734,7 @@ class FlashFwdMultistage:
         acc_S = self.scores(ctx, n_block, stage, masked, mask_mod)
         ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
         # e. O += P V, P reinterpreted as the A operand in 16-bit
+        self.drop_scores(ctx, acc_S, n_block)
         rP = convert(acc_S, self.dtype)
         self.drop(ctx, rP, n_block)
         self.pv(ctx, rP, stage)
@@ -866,6 +867,7 @@ class FlashFwdMultistage:
         """The overlapped step's softmax of this block (key block ``n_block``), its P kept in 16 bits for the next
         step's P V."""
         softmax_step(row_max, row_sum, acc_rows_cols(acc_S), acc_O_rc, scale)
+        self.drop_scores(ctx, acc_S, n_block)
         rP.store(acc_S.load().to(self.dtype))
         self.drop(ctx, rP, n_block)
 
@@ -874,10 +876,23 @@ class FlashFwdMultistage:
         """Dropout (issue 20) on this block's P in 16 bits (after the softmax: the row sums keep every element):
         dropped elements become 0, a pair of them per PRMT / compare / AND (``KeepFlags.apply_pair``); the kept
         ones are scaled by 1 / (1 - p) once, on O in ``finish``."""
-        if const_expr(self.spec.dropout):
+        if const_expr(self.spec.dropout and dropout_on_pairs(self.spec, self.config)):
             flags = ctx.dropout.keep_flags(ctx.batch, ctx.head, ctx.num_heads, ctx.m_block * self.tile_m,
                                            n_block * self.tile_n)
             apply_keep_pairs(flags, rP)
+
+    @cute.jit
+    def drop_scores(self, ctx: SimpleNamespace, acc_S: cute.Tensor, n_block: Int32):
+        """Dropout on this block's P in fp32, element by element (a byte compare and a select each), on the tiles
+        whose registers do not hold ``drop``'s pairs (``config.dropout_on_pairs``)."""
+        if const_expr(self.spec.dropout and not dropout_on_pairs(self.spec, self.config)):
+            flags = ctx.dropout.keep_flags(ctx.batch, ctx.head, ctx.num_heads, ctx.m_block * self.tile_m,
+                                           n_block * self.tile_n)
+            p_rc = acc_rows_cols(acc_S)
+            for i in cutlass.range_constexpr(len(flags.order)):  # call by call (``KeepFlags``)
+                r, c = flags.order[i]
+                p = p_rc[r, c]
+                p_rc[r, c] = p if flags(r, c) else Float32(0.0)
 
     @cute.jit
     def overlap_mainloop(self, ctx: SimpleNamespace, num_right: Int32, num_full: Int32):
