@@ -326,10 +326,12 @@ def dropout_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
 
 
 def dropout_on_pairs(spec: FwdSpec, cfg: FwdConfig) -> bool:
-    """Whether the forward applies dropout to P's 16-bit pairs after the conversion (``KeepFlags.apply_pair``) or
-    element by element to the fp32 scores before it (a byte compare and a select each). sm_120a gate, 2026-11-27:
-    pairs beside 64 S and 96 O registers per thread and the causal mask's limits (d96's 128x64 4-warp tile) spilled
-    16 B (84 B with half calls); every other dropout tile of the gate held them."""
+    """Whether the forward applies dropout to P's 16-bit pairs after the conversion from whole Philox calls
+    (``KeepFlags.apply_pair``) or element by element to the fp32 scores before it, from half calls (a byte compare
+    and a select per score, 8 scores per call: the cost before 2026-11-27). sm_120a gate, 2026-11-27: beside 64 S
+    and 96 O registers per thread and the causal mask's limits (d96's 128x64 4-warp tile) pairs spilled 16 B (84 B
+    from half calls) and whole calls element by element spilled too; half calls element by element fit (252
+    registers). Every other dropout tile of the gate holds the pairs."""
     s_regs = cfg.tile_m * cfg.tile_n // cfg.num_threads
     o_regs = cfg.tile_m * padded_head_dim(spec.head_dim_v, cfg) // cfg.num_threads
     return not (s_regs >= 64 and o_regs >= 96 and (spec.causal or spec.local))

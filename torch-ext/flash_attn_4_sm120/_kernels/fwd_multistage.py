@@ -883,11 +883,11 @@ class FlashFwdMultistage:
 
     @cute.jit
     def drop_scores(self, ctx: SimpleNamespace, acc_S: cute.Tensor, n_block: Int32):
-        """Dropout on this block's P in fp32, element by element (a byte compare and a select each), on the tiles
-        whose registers do not hold ``drop``'s pairs (``config.dropout_on_pairs``)."""
+        """Dropout on this block's P in fp32, element by element (a byte compare and a select each) from half calls
+        (8 scores each), on the tiles whose registers do not hold ``drop``'s pairs (``config.dropout_on_pairs``)."""
         if const_expr(self.spec.dropout and not dropout_on_pairs(self.spec, self.config)):
             flags = ctx.dropout.keep_flags(ctx.batch, ctx.head, ctx.num_heads, ctx.m_block * self.tile_m,
-                                           n_block * self.tile_n)
+                                           n_block * self.tile_n, whole=False)
             p_rc = acc_rows_cols(acc_S)
             for i in cutlass.range_constexpr(len(flags.order)):  # call by call (``KeepFlags``)
                 r, c = flags.order[i]
