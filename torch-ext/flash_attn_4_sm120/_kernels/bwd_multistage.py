@@ -629,7 +629,7 @@ class FlashBwdMultistage:
     def gradient_of_scores(self, ctx: SimpleNamespace, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool],
                            head=None, with_mask: cutlass.Constexpr[bool] = True):
         """In place: acc_S becomes P = exp2(S * scale_log2 - LSE2) (mods or softcap first, then the element mask
-        where ``masked``; dropout: P keep, dV scaled at the end), acc_dP becomes dS = P (dP z - D') (softcap: times
+        where ``masked``; dropout: P z, z = keep / (1 - p)), acc_dP becomes dS = P (dP z - D') (softcap: times
         1 - tanh^2, the tanh taken before the mask so that a masked entry's factor stays finite; score_mod: through
         score_mod_bwd at the kept pre-mod scores). ``head``: the query head (read by the mods); ``with_mask`` off: a block-sparse
         full tile, the score_mod only (no mask_mod)."""
@@ -664,10 +664,10 @@ class FlashBwdMultistage:
             S_rc[r, c] = p
             dp = dP_rc[r, c]
             if const_expr(self.spec.dropout):
-                # dropout: O = (1 / (1 - p)) (P keep) V, P keep in 16 bits (the forward's P V, its scale on O): dV
-                # takes P keep (scaled at the end, ``store_dkv``) and dP z enters dS (z = keep / (1 - p))
+                # dropout: O used P * z (z = keep / (1 - p)), so dV takes P * z and dP * z enters dS (dS from the
+                # fp32 P: unlike the role split's, no 16-bit P z enters it)
                 z = ctx.dropout.scale if flags(r, c) else Float32(0.0)
-                S_rc[r, c] = p if flags(r, c) else Float32(0.0)
+                S_rc[r, c] = p * z
                 dp = dp * z
             ds = p * (dp - dsum[r])
             if const_expr(self.spec.softcap):
@@ -694,8 +694,6 @@ class FlashBwdMultistage:
         chunks = self.config.dkv_chunks
         for ch in cutlass.range_constexpr(chunks):
             ctx.acc_dK[ch].store(ctx.acc_dK[ch].load() * softmax_scale)
-            if const_expr(self.spec.dropout):  # dV took P keep (16-bit P, as the forward's P V): 1 / (1 - p) here
-                ctx.acc_dV[ch].store(ctx.acc_dV[ch].load() * ctx.dropout.scale)
             for acc, s_out, width in ((ctx.acc_dK[ch], ctx.sK_out, self.head_dim // chunks),
                                       (ctx.acc_dV[ch], ctx.sV_out, self.head_dim_v // chunks)):
                 dst = thr_r2s.partition_D(cute.local_tile(s_out, (self.tile_n, width), (0, ch)))
