@@ -23,7 +23,7 @@ BWD_DEFAULT = ROOT / "benchmarks" / "results" / "bwd_h100_2026-11-26.json"
 BWD_BEGIN, BWD_END = "<!-- bwd-table:begin -->", "<!-- bwd-table:end -->"
 FLEX_DEFAULT = ROOT / "benchmarks" / "results" / "flex_h100_2026-11-26.json"
 FLEX_BEGIN, FLEX_END = "<!-- flex-table:begin -->", "<!-- flex-table:end -->"
-DROPOUT_DEFAULT = ROOT / "benchmarks" / "results" / "dropout_h100_2026-11-26.json"
+DROPOUT_DEFAULT = ROOT / "benchmarks" / "results" / "dropout_h100_2026-11-27.json"
 DROPOUT_BEGIN, DROPOUT_END = "<!-- dropout-table:begin -->", "<!-- dropout-table:end -->"
 BWD_IMPLS = [("ours", "this bundle"), ("ours_deterministic", "this bundle, deterministic"),
              ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),

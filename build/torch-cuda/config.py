@@ -325,6 +325,18 @@ def dropout_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
     return out
 
 
+def dropout_on_pairs(spec: FwdSpec, cfg: FwdConfig) -> bool:
+    """Whether the forward applies dropout to P's 16-bit pairs after the conversion from whole Philox calls
+    (``KeepFlags.apply_pair``) or element by element to the fp32 scores before it, from half calls (a byte compare
+    and a select per score, 8 scores per call: the cost before 2026-11-27). sm_120a gate, 2026-11-27: beside 64 S
+    and 96 O registers per thread and the causal mask's limits (d96's 128x64 4-warp tile) pairs spilled 16 B (84 B
+    from half calls) and whole calls element by element spilled too; half calls element by element fit (252
+    registers). Every other dropout tile of the gate holds the pairs."""
+    s_regs = cfg.tile_m * cfg.tile_n // cfg.num_threads
+    o_regs = cfg.tile_m * padded_head_dim(spec.head_dim_v, cfg) // cfg.num_threads
+    return not (s_regs >= 64 and o_regs >= 96 and (spec.causal or spec.local))
+
+
 #: Automatic GQA packing: when seqlen_q is below this (the largest tile_m), an unpacked M tile is
 #: mostly empty and every query head re-reads its KV head; packed, the group fills the tile and K/V
 #: are read once per group. At or above it the tiles are already full.

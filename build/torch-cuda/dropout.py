@@ -5,24 +5,32 @@ call's (seed, offset) and of those four coordinates only: not of the kernel's ti
 forward/backward direction, so the backward regenerates exactly the forward's mask with its own tiles, and
 ``dropout_keep_mask`` below reproduces it on any device (tests, and users who want the mask).
 
-* The scores split into 16 x 16 cells (query rows 16 i.., key columns 16 j..). Inside a cell, one
-  Philox4x32-7 call covers the 8 elements of rows (r, r + 8) and columns (2 c, 2 c + 1, 2 c + 8, 2 c + 9),
+* The scores split into 16 x 32 cells (query rows 16 i.., key columns 32 j..). Inside a cell, one
+  Philox4x32-7 call covers the 16 elements of rows (r, r + 8) and columns 2 c + {0, 1} + {0, 8, 16, 24},
   r in 0..7, c in 0..3: counter ``(32 i + 4 r + c, j, b * heads + h, offset mod 2^32)``, key
   ``(seed mod 2^32, (seed >> 32) mod 2^32)``.
-* Its four 32-bit outputs are eight 16-bit values: word ``2 * (row // 8) + (column // 8)`` (row, column
-  within the cell) holds the two columns ``2 c, 2 c + 1`` of that row and column half, the even column in
-  its low half.
-* An element is kept iff its 16-bit value is >= ``threshold = round(p * 65536)`` (clamped to 65535), so the
-  keep probability is ``1 - threshold / 65536``; kept values of P are scaled by its inverse (unbiased for the
-  quantized p, which differs from p by at most 2^-17).
+* Its four 32-bit outputs are sixteen 8-bit values: word ``2 * (row // 8) + (column // 16)`` (row, column
+  within the cell) holds that row's two columns ``2 c, 2 c + 1`` of both 8-column atoms of its 16-column half,
+  byte ``2 * ((column // 8) mod 2) + column mod 2`` (the even column of the first atom in the low byte).
+* An element is kept iff its 8-bit value is >= ``threshold = round(p * 256)`` (clamped to 255), so the keep
+  probability is ``1 - threshold / 256``; kept values of P are scaled by its inverse (unbiased for the
+  quantized p, which differs from p by at most 2^-9; FlashAttention-2 also draws bytes, and p below 2^-9
+  rounds to no dropout).
 
 The grouping is the m16n8 MMA accumulator's: the thread of lane l holds rows (l // 4, l // 4 + 8) and columns
-2 (l % 4) + {0, 1} of two neighbouring n8 atoms, so each thread computes one Philox call per 8 of its score
-elements and uses all of it, with no exchange between lanes (every SM120 kernel computes S = Q K^T with
-query rows as the accumulator's rows, forward and backward). Seven rounds, as FlashAttention-2's dropout:
+2 (l % 4) + {0, 1} of every n8 atom, so a thread whose warp covers 32 neighbouring key columns computes one
+Philox call per 16 of its score elements and uses all of it, with no exchange between lanes (every SM120 kernel
+computes S = Q K^T with query rows as the accumulator's rows, forward and backward; a warp that covers 16
+neighbouring columns uses half of each call). The byte pair of one row and atom is one PRMT away from two 16-bit
+lanes, compared with the threshold as two half-precision values in one instruction and applied to the pair of
+16-bit probabilities with one AND (``_kernels/dropout_mask``). Seven rounds, as FlashAttention-2's dropout:
 Philox4x32 passes BigCrush from 7 (Salmon et al., SC'11); the round function is the Random123 one, checked
 against its 10-round known answers. ``q`` and ``k`` are positions within the sequence (varlen: from each
 sequence's start), ``h`` the query head.
+
+Until 2026-11-27 (bundle 1.0.0 before session 36) a call covered 16 x 16 cells with 16-bit values (p quantized
+to 2^-16, 8 elements per call); the byte values halve the Philox work per element, so a given seed draws a
+different mask than it did then.
 """
 
 from __future__ import annotations
@@ -36,6 +44,11 @@ PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
 #: rounds of the dropout mask's Philox calls (the kernels' and ``dropout_keep_mask``'s)
 ROUNDS = 7
 CELL = 16
+#: key columns of one Philox call's cell (``CELL`` query rows by ``CELL_K`` key columns)
+CELL_K = 32
+#: bits of one element's random value, and the threshold's range
+VALUE_BITS = 8
+VALUE_RANGE = 1 << VALUE_BITS
 _U32 = 0xFFFFFFFF
 
 
@@ -65,15 +78,15 @@ def philox4x32_10(ctr: tuple, key: tuple) -> tuple:
 
 
 def keep_threshold(p: float) -> int:
-    """The 16-bit threshold of dropout probability ``p`` (an element is kept iff its value >= it)."""
+    """The 8-bit threshold of dropout probability ``p`` (an element is kept iff its value >= it)."""
     if not 0.0 <= p < 1.0:
         raise ValueError(f"dropout_p={p} must be in [0, 1)")
-    return min(65535, round(p * 65536))
+    return min(VALUE_RANGE - 1, round(p * VALUE_RANGE))
 
 
 def keep_scale(p: float) -> float:
     """The factor applied to kept probabilities: the inverse of the quantized keep probability."""
-    return 65536.0 / (65536 - keep_threshold(p))
+    return VALUE_RANGE / (VALUE_RANGE - keep_threshold(p))
 
 
 def _signed32(word: int) -> int:
@@ -106,9 +119,10 @@ def dropout_keep_mask(seed: int, offset: int, batch: int, heads: int, seqlen_q: 
     bh = (torch.arange(batch, device=device, dtype=torch.int64).view(-1, 1, 1, 1) * heads
           + torch.arange(heads, device=device, dtype=torch.int64).view(1, -1, 1, 1))
     ctr0 = (q // CELL) * 32 + (q % 8) * 4 + (k % 8) // 2
-    words = philox4x32((ctr0, k // CELL, bh, offset & _U32), (seed & _U32, (seed >> 32) & _U32))
-    which = ((q % CELL) // 8) * 2 + (k % CELL) // 8  # the word of each element
+    words = philox4x32((ctr0, k // CELL_K, bh, offset & _U32), (seed & _U32, (seed >> 32) & _U32))
+    which = ((q % CELL) // 8) * 2 + (k % CELL_K) // CELL  # the word of each element
     word = torch.where(which == 0, words[0], torch.where(which == 1, words[1],
                                                          torch.where(which == 2, words[2], words[3])))
-    value = (word >> ((k % 2) * 16)) & 0xFFFF
+    byte = ((k % CELL) // 8) * 2 + k % 2
+    value = (word >> (byte * VALUE_BITS)) & (VALUE_RANGE - 1)
     return (value >= threshold).expand(batch, heads, seqlen_q, seqlen_k)

@@ -61,7 +61,7 @@ from . import CUTLASS_DTYPES, block_info
 from .dq_accum import (add_fragment, dq_tiled_mma, pass_turn, read_turn, semaphore_ptr, slice_offset, turn_rank,
                        wait_turn, warp_tiled_mma)
 from .block_walk import clamp_entry, raw_entry, tile_walk
-from .dropout_mask import DropoutMask, check_cells
+from .dropout_mask import DropoutMask, check_cells, warp_cell_columns
 from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd, aux_list
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
@@ -126,7 +126,7 @@ class FlashBwdMultistage:
         self.g2s_qk = g2s_tiled_copy(dt, atom_qk.outer.shape[1], self.num_threads, cp_async)
         self.g2s_v = g2s_tiled_copy(dt, atom_v.outer.shape[1], self.num_threads, cp_async)
         nw = cfg.num_warps
-        self.mma_sdp = warp_tiled_mma(dt, nw, cfg.sdp_warps_m, cells=self.spec.dropout)
+        self.mma_sdp = warp_tiled_mma(dt, nw, cfg.sdp_warps_m, cells=self.sdp_cells(nw))
         self.mma_dkv = warp_tiled_mma(dt, nw, cfg.dkv_warps_n)
         self.mma_dq = dq_tiled_mma(dt, cfg)
 
@@ -143,6 +143,11 @@ class FlashBwdMultistage:
             raise RuntimeError(f"smem accounting mismatch: struct {SharedStorage.size_in_bytes()} B vs "
                                f"predicate {bwd_smem_bytes(self.spec, self.config)} B")
         self.SharedStorage = SharedStorage
+
+    def sdp_cells(self, warps: int) -> int:
+        """``warp_tiled_mma``'s ``cells`` for the S / dP MMA on ``warps`` warps: dropout's Philox cells (32 columns per
+        warp where the tile holds them: whole calls), else none."""
+        return warp_cell_columns(self.tile_n, warps // self.config.sdp_warps_m) if self.spec.dropout else 0
 
     @cute.jit
     def __call__(
@@ -659,7 +664,8 @@ class FlashBwdMultistage:
             S_rc[r, c] = p
             dp = dP_rc[r, c]
             if const_expr(self.spec.dropout):
-                # dropout: O used P * z (z = keep / (1 - p)), so dV takes P * z and dP * z enters dS
+                # dropout: O used P * z (z = keep / (1 - p)), so dV takes P * z and dP * z enters dS (dS from the
+                # fp32 P: unlike the role split's, no 16-bit P z enters it)
                 z = ctx.dropout.scale if flags(r, c) else Float32(0.0)
                 S_rc[r, c] = p * z
                 dp = dp * z

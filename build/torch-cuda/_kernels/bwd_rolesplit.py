@@ -16,11 +16,11 @@ Per step (query block m of query head g), with named barriers (``bar.arrive`` fo
 P reaches group 1 in 16 bits (dS = P16 (dP - D'), as the same computation in the input dtype forms it); masked
 entries arrive as P = 0, so group 1 needs no mask, and a mask_mod runs in group 0 beside the element mask (on a
 block-sparse walk's mask-list tiles only). Dropout: group 0 alone draws the tile's keep flags; group 1 takes the
-undropped P from sP and arrives on barrier PREAD, group 0 rewrites sP as P z (z = keep / (1 - p)) for dV and
-arrives on barrier PZ, and group 1 reads P z back and forms dS = P z dP - P D' (= P (dP z - D')) with no
-flags of its own (both groups drawing the same flags, as before 2026-11-26, spent the Philox work twice per
-tile; group 1, which holds dP beside P, has no registers for the draws). Each group passes the same number of
-barriers per step (group 1 one of its own after reading P z): compute-sanitizer's racecheck pairs barriers by
+undropped P from sP and arrives on barrier PREAD, group 0 rewrites sP as P keep (the forward's 16-bit P V operand;
+1 / (1 - p) goes on dV at the end) and arrives on barrier PZ, and group 1 reads P keep back and forms
+dS = P keep (dP / (1 - p)) - P D' (= P (dP z - D'), z = keep / (1 - p)) with no flags of its own (both
+groups drawing the same flags, as before 2026-11-26, spent the Philox work twice per tile; group 1, which holds dP
+beside P, has no registers for the draws). Each group passes the same number of barriers per step (group 1 one of its own after reading P keep): compute-sanitizer's racecheck pairs barriers by
 count and reported hazards across the CTA barrier while the counts differed. Not with softcap or a
 score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with head_dim !=
 head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
@@ -41,6 +41,7 @@ from .. import flex
 from .block_walk import raw_entry
 from .bwd_multistage import FlashBwdMultistage
 from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
+from .dropout_mask import apply_keep_pairs
 from .flex_mods import FlexMods, apply_mods
 from .fragments import acc_rows_cols, convert
 from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
@@ -76,7 +77,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         #: elements from the K tile to the V tile in the shared storage (1024-aligned buffers)
         kv_bytes = self.tile_n * self.head_dim * self.dtype.width // 8
         self.kv_gap_elems = (kv_bytes + 1023) // 1024 * 1024 * 8 // self.dtype.width
-        self.mma_sdp = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.sdp_warps_m, cells=self.spec.dropout)
+        self.mma_sdp = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.sdp_warps_m, cells=self.sdp_cells(cfg.role_warps))
         self.mma_dkv = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.dkv_warps_n)
 
     @cute.jit
@@ -196,11 +197,10 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             cute.arch.barrier(barrier_id=_BAR_P0, number_of_threads=_GROUP)
             cute.arch.barrier_arrive(barrier_id=_BAR_P, number_of_threads=2 * _GROUP)
             if const_expr(self.spec.dropout):
-                # dropout: group 1 has taken the undropped P (barrier PREAD); sP now holds P z for dV and for
+                # dropout: group 1 has taken the undropped P (barrier PREAD); sP now holds P keep for dV and for
                 # group 1 (barrier PZ)
                 cute.arch.barrier(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
-                self.dropped_p(ctx, S_rc, head, m, n_block)
-                cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(sP))
+                cute.copy(r2s, thr_r2s.retile(self.dropped_p(ctx, acc, head, m, n_block)), thr_r2s.partition_D(sP))
                 cute.arch.barrier(barrier_id=_BAR_P0, number_of_threads=_GROUP)
                 cute.arch.barrier_arrive(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
             acc_kv = self.gemm(acc_kv, ops_kv, None, sdo)
@@ -231,19 +231,19 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             p = convert(p16, Float32)
             p_rc, ds_rc = acc_rows_cols(p), acc_rows_cols(acc)
             if const_expr(self.spec.dropout):
-                # dropout: the undropped P is in registers (group 0 may now write P z); P z from group 0 (barrier
-                # PZ), dS = P z dP - P D'
+                # dropout: the undropped P is in registers (group 0 may now write P keep); P keep from group 0 (barrier
+                # PZ), dS = P keep dP / (1 - p) - P D'
                 cute.arch.barrier_arrive(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
                 cute.arch.barrier(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
-                pz16 = cute.make_rmem_tensor_like(acc, self.dtype)
-                cute.copy(r2s, thr_r2s.partition_D(sP), thr_r2s.retile(pz16))
+                pk16 = cute.make_rmem_tensor_like(acc, self.dtype)
+                cute.copy(r2s, thr_r2s.partition_D(sP), thr_r2s.retile(pk16))
                 # group 1's own barrier: both groups pass the same number of barriers per step (racecheck, whose
                 # model pairs them by count, reported RAW hazards across the CTA barrier without it; session 28)
                 cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)
-                pz_rc = acc_rows_cols(convert(pz16, Float32))
+                pk_rc = acc_rows_cols(convert(pk16, Float32))
                 for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
                     for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
-                        ds_rc[r, c] = pz_rc[r, c] * ds_rc[r, c] - p_rc[r, c] * dsum[r]
+                        ds_rc[r, c] = pk_rc[r, c] * (ds_rc[r, c] * ctx.dropout.scale) - p_rc[r, c] * dsum[r]
             else:
                 for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
                     for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
@@ -264,14 +264,16 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return acc_kv
 
     @cute.jit
-    def dropped_p(self, ctx: SimpleNamespace, S_rc: cute.Tensor, head, m, n_block):
-        """Group 0, dropout: P becomes P z (z = keep / (1 - p)) for dV, the keep flags drawn call by call. A method
-        of its own: its temporaries stay out of the group branch (which would carry them out as its results)."""
+    def dropped_p(self, ctx: SimpleNamespace, acc: cute.Tensor, head, m, n_block) -> cute.Tensor:
+        """Group 0, dropout: P keep in 16 bits for dV and for group 1's dS, the dropped pairs' lanes zeroed call by
+        call (``KeepFlags.apply_pair``). Unscaled, as the forward's P V (its 1 / (1 - p) on O): dV is scaled once in
+        ``store_dkv`` and group 1 scales dP, so both gradients see the forward's P exactly (P z rounded to 16 bits
+        here put a rounding of 1 / (1 - p) into dS that the forward never had; session 36). A method of its own:
+        its temporaries stay out of the group branch (which would carry them out as its results)."""
         keep = ctx.dropout.keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m, n_block * self.tile_n)
-        for i in cutlass.range_constexpr(len(keep.order)):  # call by call (``KeepFlags``)
-            r, c = keep.order[i]
-            pz = S_rc[r, c] * ctx.dropout.scale
-            S_rc[r, c] = pz if keep(r, c) else Float32(0.0)
+        pk = convert(acc, self.dtype)
+        apply_keep_pairs(keep, pk)
+        return pk
 
     @cute.jit
     def mask_mod_scores(self, ctx: SimpleNamespace, S_rc: cute.Tensor, tScS_rc: cute.Tensor, head, m, n_block):
@@ -293,7 +295,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         cute.arch.sync_threads()  # every warp is done with sK / sV
         is_dk = wg.to(Float32)
         acc = ctx.acc_kv
-        acc.store(acc.load() * (is_dk * softmax_scale + (Float32(1.0) - is_dk)))
+        v_scale = ctx.dropout.scale if const_expr(self.spec.dropout) else Float32(1.0)  # dV took P keep: 1 / (1 - p)
+        acc.store(acc.load() * (is_dk * softmax_scale + (Float32(1.0) - is_dk) * v_scale))
         # sK and sV have the same layout (head_dim == head_dim_v here); sK lies kv_gap elements before sV
         dst = cute.make_tensor((ctx.sV_out.iterator - wg * self.kv_gap_elems).align(1024), ctx.sV_out.layout)
         cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(dst))

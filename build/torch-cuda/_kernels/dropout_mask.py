@@ -1,11 +1,14 @@
 """Attention dropout's keep mask in the kernels (arch-free; the definition is ``dropout.py``'s).
 
-Each thread draws one Philox4x32-7 call per 8 of its score elements: the m16n8 accumulator gives lane l rows
-(l // 4, l // 4 + 8) and columns 2 (l % 4) + {0, 1} of every n8 atom, so the two atoms of a 16-column cell and
-the two row halves of an m16 atom are exactly one call's 8 elements (``dropout.py``). The kernels call
-``DropoutMask.keep_flags`` after the softmax (forward) or beside the recomputed P (backward) and select with
-the flags; ``keep_flags`` checks at trace time that every warp's fragment starts on a 16 x 16 cell (the tiled
-MMA's warp layout), so a tile that breaks the grouping fails to build instead of drawing a different mask.
+Each thread draws one Philox4x32-7 call per 16 of its score elements: the m16n8 accumulator gives lane l rows
+(l // 4, l // 4 + 8) and columns 2 (l % 4) + {0, 1} of every n8 atom, so the four atoms of a 32-column cell and
+the two row halves of an m16 atom are exactly one call's 16 elements (``dropout.py``); a warp whose atoms cover
+16 neighbouring columns only uses half of each call. The kernels either ask ``KeepFlags`` for an element's
+Boolean (``flags(r, c)``, a byte compare) or apply a call's bytes to a pair of 16-bit probabilities at once
+(``flags.apply_pair``: PRMT the pair's two bytes into two 16-bit lanes, compare them with the threshold as two
+half-precision denormals, AND the pair with the result). ``keep_flags`` checks at trace time that every
+thread's fragment is made of whole 16-column atom pairs on m16 atoms (the tiled MMA's warp layout), so a tile
+that breaks the grouping fails to build instead of drawing a different mask.
 """
 
 from dataclasses import dataclass
@@ -13,8 +16,11 @@ from typing import Any
 
 import cutlass.cute as cute
 from cutlass import Float32, Int32, Uint32, Uint64
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
 
-from ..dropout import CELL, PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, ROUNDS
+from ..dropout import CELL, CELL_K, PHILOX_M0, PHILOX_M1, PHILOX_W0, PHILOX_W1, ROUNDS, VALUE_BITS, VALUE_RANGE
+from .fragments import acc_rows_cols
 
 
 def _mulhilo(a: int, x):
@@ -33,6 +39,34 @@ def philox(c0, c1, c2, c3, k0, k1) -> tuple:
     return c0, c1, c2, c3
 
 
+@dsl_user_op
+def keep_pair(word, pair, threshold_pair, low: bool, *, loc=None, ip=None) -> Uint32:
+    """The 16-bit pair ``pair`` (a Uint32) with each lane zeroed where its byte of ``word`` (bytes 0 and 1 for the
+    low pair, 2 and 3 otherwise; the pair's low lane takes the lower byte) is below the threshold. The bytes become
+    16-bit lanes (PRMT) that compare as half-precision denormals, in order, against ``threshold_pair`` (the
+    threshold in both lanes): ``set.ge.u32.f16x2`` gives each lane all ones or zero."""
+    selector = 0x4140 if low else 0x4342
+    return Uint32(llvm.inline_asm(
+        Uint32.mlir_type,
+        [Uint32(word).ir_value(loc=loc, ip=ip), Uint32(pair).ir_value(loc=loc, ip=ip),
+         Uint32(threshold_pair).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 v, m;\n\t"
+        f"prmt.b32 v, $1, 0, {selector:#x};\n\t"
+        "set.ge.u32.f16x2 m, v, $3;\n\t"
+        "and.b32 $0, $2, m;\n\t}",
+        "=r,r,r,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+def warp_cell_columns(tile_n: int, warps_n: int) -> int:
+    """The neighbouring key columns a warp of the S MMA should cover per step under dropout: 32 (whole Philox calls)
+    where ``warps_n`` runs of 32 divide the tile, else 16 (half calls)."""
+    return 32 if tile_n % (CELL_K * warps_n) == 0 else CELL
+
+
 def check_cells(tiled_mma, tile_m: int, tile_n: int) -> None:
     """Trace time: every warp's first accumulator element sits on a 16 x 16 cell corner (with ``keep_flags``'
     check of thread 0's fragment: a thread's 8 elements per Philox call are one call's of the definition)."""
@@ -45,13 +79,15 @@ def check_cells(tiled_mma, tile_m: int, tile_n: int) -> None:
 
 @dataclass(frozen=True)
 class DropoutMask:
-    """A CTA's dropout: the call's key and offset, the 16-bit threshold (shifted to the high half) and the keep
-    scale, and the S accumulator's (rows, cols) coordinates (``tScS_rc`` this thread's, ``t0ScS_rc`` thread 0's, compile-time)."""
+    """A CTA's dropout: the call's key and offset, the 8-bit threshold (shifted to the top byte, and in both 16-bit
+    lanes) and the keep scale, and the S accumulator's (rows, cols) coordinates (``tScS_rc`` this thread's,
+    ``t0ScS_rc`` thread 0's, compile-time)."""
 
     key0: Any
     key1: Any
     offset: Any
     threshold: Any
+    threshold_pair: Any
     scale: Any
     tScS_rc: cute.Tensor
     t0ScS_rc: cute.Tensor
@@ -59,12 +95,13 @@ class DropoutMask:
     @staticmethod
     def of(mRng: cute.Tensor, tScS_rc, t0ScS_rc) -> "DropoutMask":
         """From the kernel's dropout slot (int32 seed low, seed high, offset, threshold)."""
-        threshold = Uint32(mRng[3]) << 16  # in the high half (``keep_flags``)
-        scale = Float32(65536.0) / Float32(Int32(65536) - mRng[3])
-        return DropoutMask(key0=Uint32(mRng[0]), key1=Uint32(mRng[1]), offset=Uint32(mRng[2]), threshold=threshold,
-                           scale=scale, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc)
+        t = Uint32(mRng[3])
+        scale = Float32(VALUE_RANGE) / Float32(Int32(VALUE_RANGE) - mRng[3])
+        return DropoutMask(key0=Uint32(mRng[0]), key1=Uint32(mRng[1]), offset=Uint32(mRng[2]),
+                           threshold=t << (32 - VALUE_BITS), threshold_pair=t | (t << 16), scale=scale,
+                           tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc)
 
-    def keep_flags(self, batch, head, num_heads, q_base, k_base) -> "KeepFlags":
+    def keep_flags(self, batch, head, num_heads, q_base, k_base, whole: bool = True) -> "KeepFlags":
         """The keep flags of this thread's elements of query head ``head`` of ``num_heads`` in sequence ``batch``, in
         the tile whose row 0 is query position ``q_base`` and column 0 key position ``k_base`` (multiples of 16)."""
         rows, cols = cute.size(self.tScS_rc, mode=[0]), cute.size(self.tScS_rc, mode=[1])
@@ -78,21 +115,51 @@ class DropoutMask:
             t_col = self.t0ScS_rc[0, c][1]
             if t_col % CELL or [self.t0ScS_rc[0, c + j][1] - t_col for j in range(4)] != [0, 1, 8, 9]:
                 raise ValueError("dropout: accumulator columns are not 16-column atom pairs")
+        col_pos = [self.t0ScS_rc[0, c][1] for c in range(cols)]
         return KeepFlags(self, Uint32(batch * num_heads + head), Uint32(q_base + self.tScS_rc[0, 0][0]),
-                         Uint32(k_base + self.tScS_rc[0, 0][1]), rows, cols)
+                         Uint32(k_base + self.tScS_rc[0, 0][1]), rows, cols, col_pos, whole)
+
+
+def call_groups(cols: int, col_pos: list, whole: bool = True) -> list:
+    """The thread's columns (its (rows, cols) view) grouped by Philox call: a group of 8 where two neighbouring
+    16-column atom pairs make one 32-column cell (positions ``[0, 1, 8, 9, 16, 17, 24, 25]`` from a multiple of 32)
+    and ``whole``, else a group of 4 (half a call). ``col_pos``: thread 0's column of each (compile-time)."""
+    groups, c = [], 0
+    while c < cols:
+        base = col_pos[c]
+        if whole and base % CELL_K == 0 and c + 8 <= cols and col_pos[c + 4] == base + CELL:
+            groups.append(tuple(range(c, c + 8)))
+            c += 8
+        else:
+            groups.append(tuple(range(c, c + 4)))
+            c += 4
+    return groups
 
 
 class KeepFlags:
     """Trace-time accessor of one tile's keep flags: ``flags(r, c)`` (the accumulator's (rows, cols) view) is a
-    Boolean, kept. A Philox call is emitted when the first of its 8 elements is asked for, so a caller walking
-    ``order`` (call by call) keeps each call's 4 words live for 8 elements only: drawing every call up front held
-    the whole tile's words beside S and spilled (sm_120a gate, 2026-11-26)."""
+    Boolean, kept; ``apply_pair(r, c, pair)`` zeroes the dropped lanes of the 16-bit pair of elements (r, c) and
+    (r, c + 1), c even. A Philox call is emitted when the first of its elements is asked for, so a caller walking
+    ``order`` / ``pairs`` (call by call) keeps each call's 4 words live for its elements only: drawing every call up
+    front held the whole tile's words beside S and spilled (sm_120a gate, 2026-11-26)."""
 
-    def __init__(self, mask: DropoutMask, head_word, q0, k0, rows: int, cols: int):
+    def __init__(self, mask: DropoutMask, head_word, q0, k0, rows: int, cols: int, col_pos: list = None,
+                 whole: bool = True):
         self.mask, self.head_word, self.q0, self.k0 = mask, head_word, q0, k0
-        #: (row, col) of every element, call-major: the 8 elements of a call one after another
-        self.order = [(r + half, c + j) for r in range(0, rows, 2) for c in range(0, cols, 4)
-                      for half in range(2) for j in range(4)]
+        if col_pos is None:  # a layout of neighbouring atoms (host tests)
+            col_pos = [16 * (c // 4) + [0, 1, 8, 9][c % 4] for c in range(cols)]
+        #: per column: (first column of its call group, byte index of the column within the call's word pair)
+        self._col, self._half = {}, {}
+        groups = call_groups(cols, col_pos, whole)
+        for g in groups:
+            self._half[g[0]] = len(g) == 4
+            for c in g:
+                at = col_pos[c] - col_pos[g[0]] + col_pos[g[0]] % CELL_K  # the column's offset in its 32-col cell
+                self._col[c] = (g[0], at)
+        #: (row, col) of every element, call-major: the elements of a call one after another
+        self.order = [(r + half, c) for r in range(0, rows, 2) for g in groups for half in range(2) for c in g]
+        #: the even columns' elements of ``order`` (the pairs ``apply_pair`` takes)
+        self.pairs = [(r, c) for r, c in self.order if c % 2 == 0]
         self._words, self._flags = {}, {}
 
     def draw_all(self) -> "KeepFlags":
@@ -103,16 +170,53 @@ class KeepFlags:
             self._flags[(r, c)] = self(r, c)
         return self
 
-    def __call__(self, r: int, c: int):
-        if (r, c) in self._flags:
-            return self._flags[(r, c)]
-        call = (r - r % 2, c - c % 4)
+    def slot(self, r: int, c: int) -> tuple:
+        """Element (r, c)'s call (its first row and column in the (rows, cols) view), word of that call (2 * row
+        half + 16-column half of the 32-column cell) and byte in the word (2 * atom parity + column parity), as
+        thread 0 of warp 0 has them. A half call's 16-column half is the warp's: ``_word`` takes it from the
+        element's own column at run time (warps of a 16-column layout start at either half)."""
+        first, at = self._col[c]
+        return (r - r % 2, first), 2 * (r % 2) + at // CELL, 2 * ((at // 8) % 2) + at % 2
+
+    def _word(self, r: int, c: int):
+        """The Philox word holding element (r, c), and the element's byte in it."""
+        call, word, byte = self.slot(r, c)
+        first = call[1]
         if call not in self._words:
             m = self.mask
             q = self.q0 + Uint32(m.t0ScS_rc[call[0], 0][0])
-            k = self.k0 + Uint32(m.t0ScS_rc[0, call[1]][1])
+            k = self.k0 + Uint32(m.t0ScS_rc[0, first][1])
             ctr0 = (q >> 4) * Uint32(32) + (q & Uint32(7)) * Uint32(4) + ((k & Uint32(7)) >> 1)
-            self._words[call] = philox(ctr0, k >> 4, self.head_word, m.offset, m.key0, m.key1)
-        w = self._words[call][2 * (r % 2) + (c % 4) // 2]  # word 2 * row half + atom
-        # the even column in the low half, compared in the high half: (w mod 2^16) >= t iff (w << 16) >= (t << 16)
-        return (w << 16) >= self.mask.threshold if c % 2 == 0 else w >= self.mask.threshold
+            words = philox(ctr0, k >> 5, self.head_word, m.offset, m.key0, m.key1)
+            if self._half[first]:  # the word pair of the row half, picked by the column's 16-column half
+                upper = Uint32(0) - ((k >> 4) & Uint32(1))
+                words = tuple(words[2 * h] ^ ((words[2 * h] ^ words[2 * h + 1]) & upper) for h in (0, 0, 1, 1))
+            self._words[call] = words
+        return self._words[call][word], byte
+
+    def __call__(self, r: int, c: int):
+        if (r, c) in self._flags:
+            return self._flags[(r, c)]
+        word, byte = self._word(r, c)
+        # byte b >= t iff (word << (24 - 8 b)) >= (t << 24): the bytes below it only add less than 2^24
+        shifted = word << (32 - VALUE_BITS - VALUE_BITS * byte) if byte < 3 else word
+        return shifted >= self.mask.threshold
+
+    def apply_pair(self, r: int, c: int, pair):
+        """The 16-bit pair (elements (r, c), (r, c + 1), c even) with its dropped lanes zeroed."""
+        word, byte = self._word(r, c)
+        return keep_pair(word, pair, self.mask.threshold_pair, byte == 0)
+
+
+def apply_keep_pairs(flags: KeepFlags, p16: cute.Tensor) -> None:
+    """Zero the dropped elements of ``p16`` (a 16-bit register tensor laid out like the S accumulator), a pair of
+    neighbouring columns per ``KeepFlags.apply_pair``, call by call."""
+    p_rc = acc_rows_cols(p16)
+    words = cute.recast_tensor(p16, Uint32)
+    flat = cute.make_tensor(words.iterator, cute.make_layout(cute.size(words)))
+    for i in range(len(flags.pairs)):
+        r, c = flags.pairs[i]
+        at = cute.crd2idx((r, c), p_rc.layout)
+        if at % 2 or cute.crd2idx((r, c + 1), p_rc.layout) != at + 1:
+            raise ValueError("dropout: a 16-bit pair of S's columns is not one 32-bit register")
+        flat[at // 2] = flags.apply_pair(r, c, flat[at // 2])

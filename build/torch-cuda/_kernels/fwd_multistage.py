@@ -53,8 +53,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..config import (FwdConfig, atom_cols, banded_tile_order, fwd_config_problems, fwd_min_ctas_per_sm, fwd_smem_bytes,
-                      padded_head_dim)
+from ..config import (FwdConfig, atom_cols, banded_tile_order, dropout_on_pairs, fwd_config_problems,
+                      fwd_min_ctas_per_sm, fwd_smem_bytes, padded_head_dim)
 from .. import flex
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import LOG2_E, FwdSpec
@@ -62,7 +62,7 @@ from . import CUTLASS_DTYPES, block_info
 from .grid_dependency import enter_grid
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .block_walk import sparse_walk
-from .dropout_mask import DropoutMask, check_cells
+from .dropout_mask import DropoutMask, apply_keep_pairs, check_cells
 from .flex_mods import FlexMods, SeqlenInfo, aux_list
 from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
@@ -717,8 +717,10 @@ class FlashFwdMultistage:
             kv.load_k(n_next, 0, bounded=walk is not None)
         cute.arch.cp_async_commit_group()
         ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
-        self.drop(ctx, acc_S, n_block)
-        self.pv(ctx, convert(acc_S, self.dtype), 0)
+        self.drop_scores(ctx, acc_S, n_block)
+        rP = convert(acc_S, self.dtype)
+        self.drop(ctx, rP, n_block)
+        self.pv(ctx, rP, 0)
         cute.arch.cp_async_wait_group(0)  # the next block's K
         cute.arch.sync_threads()  # every warp is done with V; K is visible
         if has_next:
@@ -731,9 +733,11 @@ class FlashFwdMultistage:
         """S = Q K^T, mask, online softmax, O += P V for one key block in smem ``stage``."""
         acc_S = self.scores(ctx, n_block, stage, masked, mask_mod)
         ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
-        self.drop(ctx, acc_S, n_block)
         # e. O += P V, P reinterpreted as the A operand in 16-bit
-        self.pv(ctx, convert(acc_S, self.dtype), stage)
+        self.drop_scores(ctx, acc_S, n_block)
+        rP = convert(acc_S, self.dtype)
+        self.drop(ctx, rP, n_block)
+        self.pv(ctx, rP, stage)
 
     @cute.jit
     def scores(self, ctx: SimpleNamespace, n_block: Int32, k_stage: Int32, masked: cutlass.Constexpr[bool],
@@ -863,16 +867,27 @@ class FlashFwdMultistage:
         """The overlapped step's softmax of this block (key block ``n_block``), its P kept in 16 bits for the next
         step's P V."""
         softmax_step(row_max, row_sum, acc_rows_cols(acc_S), acc_O_rc, scale)
-        self.drop(ctx, acc_S, n_block)
+        self.drop_scores(ctx, acc_S, n_block)
         rP.store(acc_S.load().to(self.dtype))
+        self.drop(ctx, rP, n_block)
 
     @cute.jit
-    def drop(self, ctx: SimpleNamespace, acc_S: cute.Tensor, n_block: Int32):
-        """Dropout (issue 20) on this block's P (after the softmax: the row sums keep every element): dropped
-        elements become 0; the kept ones are scaled by 1 / (1 - p) once, on O in ``finish``."""
-        if const_expr(self.spec.dropout):
+    def drop(self, ctx: SimpleNamespace, rP: cute.Tensor, n_block: Int32):
+        """Dropout (issue 20) on this block's P in 16 bits (after the softmax: the row sums keep every element):
+        dropped elements become 0, a pair of them per PRMT / compare / AND (``KeepFlags.apply_pair``); the kept
+        ones are scaled by 1 / (1 - p) once, on O in ``finish``."""
+        if const_expr(self.spec.dropout and dropout_on_pairs(self.spec, self.config)):
             flags = ctx.dropout.keep_flags(ctx.batch, ctx.head, ctx.num_heads, ctx.m_block * self.tile_m,
                                            n_block * self.tile_n)
+            apply_keep_pairs(flags, rP)
+
+    @cute.jit
+    def drop_scores(self, ctx: SimpleNamespace, acc_S: cute.Tensor, n_block: Int32):
+        """Dropout on this block's P in fp32, element by element (a byte compare and a select each) from half calls
+        (8 scores each), on the tiles whose registers do not hold ``drop``'s pairs (``config.dropout_on_pairs``)."""
+        if const_expr(self.spec.dropout and not dropout_on_pairs(self.spec, self.config)):
+            flags = ctx.dropout.keep_flags(ctx.batch, ctx.head, ctx.num_heads, ctx.m_block * self.tile_m,
+                                           n_block * self.tile_n, whole=False)
             p_rc = acc_rows_cols(acc_S)
             for i in cutlass.range_constexpr(len(flags.order)):  # call by call (``KeepFlags``)
                 r, c = flags.order[i]
