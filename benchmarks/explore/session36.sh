@@ -23,7 +23,10 @@
 #    69/69. The sm_120a gate then showed three 8-warp / 4-warp backward dropout configs spilling 12-56 B with the
 #    P keep form (dV scaled at the end); the 8-warp kernel's dS comes from fp32 P (no 16-bit P z enters it), so it
 #    keeps the P z form (all three conform again)
-# 5: the final tree's dropout GPU tests and dropout_grad_probe.py, ~4 min
+# 5: the final tree's dropout GPU tests and dropout_grad_probe.py, ~4 min. Ran: 42/42, ratios <= 0.94
+# 6: branch dropout-fold (the role split stores dS (1 - p) = P keep dP - P D' (1 - p): no multiply per score in group
+#    1; dQ's fragment and dK's epilogue take 1 / (1 - p); sm_120a d64 causal step 1889 -> 1804 instructions): the
+#    dropout tests and dropout_grad_probe.py on it, then bench_dropout main / fold, d64 and d128 causal, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -50,6 +53,11 @@ case "$part" in
         | grep -v -i warn | grep "\[") ;;
   5) shards 200 tests/test_dropout_gpu.py
      (cd benchmarks && timeout 150 python3 explore/dropout_grad_probe.py 2>&1 | grep -v -i warn) ;;
+  6) shards 200 tests/test_dropout_gpu.py
+     (cd benchmarks && timeout 150 python3 explore/dropout_grad_probe.py 2>&1 | grep -v -i warn | head -4)
+     branch main
+     echo "== main"; drop_ab /tmp/main main_6
+     echo "== fold"; drop_ab "$root" fold_6 ;;
   4) timeout 330 python3 tools/sanitize.py --families dropout --json "$OUT/sanitizer_dropout.json" 2>&1 | tail -8
      shards 200 tests/test_bwd_gpu.py -k "dropout or deterministic or causal" ;;
 esac
