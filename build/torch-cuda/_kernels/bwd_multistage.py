@@ -144,6 +144,11 @@ class FlashBwdMultistage:
                                f"predicate {bwd_smem_bytes(self.spec, self.config)} B")
         self.SharedStorage = SharedStorage
 
+    def ds_over_scale(self) -> bool:
+        """Whether the kernel's dropout dS in shared memory is dS (1 - p), to be scaled back in dQ's fragment and
+        dK's epilogue (the role split's: it saves group 1 a multiply per score); this kernel stores dS itself."""
+        return False
+
     def sdp_cells(self, warps: int) -> int:
         """``warp_tiled_mma``'s ``cells`` for the S / dP MMA on ``warps`` warps: dropout's Philox cells (32 columns per
         warp where the tile holds them: whole calls), else none."""
@@ -622,6 +627,8 @@ class FlashBwdMultistage:
             acc_dQ = cute.make_rmem_tensor(ctx.thr_dq.partition_shape_C((self.tile_m, width)), Float32)
             acc_dQ.fill(0.0)
             self.gemm(acc_dQ, ops, None, None)
+            if const_expr(self.spec.dropout and self.ds_over_scale()):
+                acc_dQ.store(acc_dQ.load() * ctx.dropout.scale)
             add_fragment(acc_dQ, gAcc.iterator + slice_offset(m, ch, self.tile_m, self.head_dim, width), ctx.tidx,
                          self.num_threads, self.model.vector_red_f32)
 

@@ -18,10 +18,11 @@ entries arrive as P = 0, so group 1 needs no mask, and a mask_mod runs in group 
 block-sparse walk's mask-list tiles only). Dropout: group 0 alone draws the tile's keep flags; group 1 takes the
 undropped P from sP and arrives on barrier PREAD, group 0 rewrites sP as P keep (the forward's 16-bit P V operand;
 1 / (1 - p) goes on dV at the end) and arrives on barrier PZ, and group 1 reads P keep back and forms
-dS = P keep (dP / (1 - p)) - P D' (= P (dP z - D'), z = keep / (1 - p)) with no flags of its own (both
-groups drawing the same flags, as before 2026-11-26, spent the Philox work twice per tile; group 1, which holds dP
-beside P, has no registers for the draws). Each group passes the same number of barriers per step (group 1 one of its own after reading P keep): compute-sanitizer's racecheck pairs barriers by
-count and reported hazards across the CTA barrier while the counts differed. Not with softcap or a
+dS = P keep (dP / (1 - p)) - P D' (= P (dP z - D'), z = keep / (1 - p); or dS (1 - p) where that saves group 1
+work, ``ds_over_scale``) with no flags of its own (both groups drawing the same flags, as before 2026-11-26, spent
+the Philox work twice per tile; group 1, which holds dP beside P, has no registers for the draws). Each group passes
+the same number of barriers per step (group 1 one of its own after reading P keep): compute-sanitizer's racecheck
+pairs barriers by count and reported hazards across the CTA barrier while the counts differed. Not with softcap or a
 score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with head_dim !=
 head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
 Deterministic mode: thread 128 (group 1) reads the query block's counter after dP and polls it before barrier
@@ -79,6 +80,17 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         self.kv_gap_elems = (kv_bytes + 1023) // 1024 * 1024 * 8 // self.dtype.width
         self.mma_sdp = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.sdp_warps_m, cells=self.sdp_cells(cfg.role_warps))
         self.mma_dkv = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.dkv_warps_n)
+
+    def ds_over_scale(self) -> bool:
+        """Dropout: whether group 1 stores dS (1 - p) (P keep dP - P D' (1 - p): no multiply per score), dQ's fragment
+        and the dK epilogue taking the 1 / (1 - p), or dS itself (P keep (dP / (1 - p)) - P D'). The first moves a
+        multiply per score of group 1 to a multiply per dQ fragment element on all 8 warps: taken where group 1's
+        scores per thread are more than twice the dQ fragment's elements per thread (d64's 64x128 split: 64 against
+        16; d64's 64x64 split for varlen: 32 against 16, not taken). Measured (H100, SM120 occupancy, session 36, one round): d64 4x4096 32/8 fwd+bwd with dropout 8.44 ->
+        8.06 ms; d128's 64x64 split (32 against 32) 7.62 -> 7.74 ms causal."""
+        scores = self.tile_m * self.tile_n // (32 * self.config.role_warps)
+        dq_elems = self.tile_m * self.head_dim // self.num_threads
+        return scores > 2 * dq_elems
 
     @cute.jit
     def mma_context(self, tidx, sm: SimpleNamespace) -> SimpleNamespace:
@@ -216,6 +228,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             dsum = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):
                 dsum[r] = gD[m * self.tile_m + tScS_rc[r, 0][0]]
+                if const_expr(self.spec.dropout and self.ds_over_scale()):  # dS (1 - p) below: D' (1 - p) here
+                    dsum[r] = dsum[r] * ctx.dropout.keep_prob
             acc = self.gemm(acc, ops_dp, sdo, None)
             seen = None
             if const_expr(turn is not None):
@@ -232,7 +246,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             p_rc, ds_rc = acc_rows_cols(p), acc_rows_cols(acc)
             if const_expr(self.spec.dropout):
                 # dropout: the undropped P is in registers (group 0 may now write P keep); P keep from group 0 (barrier
-                # PZ), dS = P keep dP / (1 - p) - P D'
+                # PZ), dS (1 - p) = P keep dP - P D' (1 - p)
                 cute.arch.barrier_arrive(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
                 cute.arch.barrier(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
                 pk16 = cute.make_rmem_tensor_like(acc, self.dtype)
@@ -243,7 +257,10 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                 pk_rc = acc_rows_cols(convert(pk16, Float32))
                 for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
                     for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
-                        ds_rc[r, c] = pk_rc[r, c] * (ds_rc[r, c] * ctx.dropout.scale) - p_rc[r, c] * dsum[r]
+                        if const_expr(self.ds_over_scale()):
+                            ds_rc[r, c] = pk_rc[r, c] * ds_rc[r, c] - p_rc[r, c] * dsum[r]  # dS (1 - p)
+                        else:
+                            ds_rc[r, c] = pk_rc[r, c] * (ds_rc[r, c] * ctx.dropout.scale) - p_rc[r, c] * dsum[r]
             else:
                 for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
                     for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
@@ -295,8 +312,12 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         cute.arch.sync_threads()  # every warp is done with sK / sV
         is_dk = wg.to(Float32)
         acc = ctx.acc_kv
-        v_scale = ctx.dropout.scale if const_expr(self.spec.dropout) else Float32(1.0)  # dV took P keep: 1 / (1 - p)
-        acc.store(acc.load() * (is_dk * softmax_scale + (Float32(1.0) - is_dk) * v_scale))
+        if const_expr(self.spec.dropout and self.ds_over_scale()):  # dV took P keep, dK dS (1 - p): both / (1 - p)
+            acc.store(acc.load() * ((is_dk * softmax_scale + (Float32(1.0) - is_dk)) * ctx.dropout.scale))
+        elif const_expr(self.spec.dropout):  # dV took P keep: / (1 - p)
+            acc.store(acc.load() * (is_dk * softmax_scale + (Float32(1.0) - is_dk) * ctx.dropout.scale))
+        else:
+            acc.store(acc.load() * (is_dk * softmax_scale + (Float32(1.0) - is_dk)))
         # sK and sV have the same layout (head_dim == head_dim_v here); sK lies kv_gap elements before sV
         dst = cute.make_tensor((ctx.sV_out.iterator - wg * self.kv_gap_elems).align(1024), ctx.sV_out.layout)
         cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(dst))

@@ -89,6 +89,8 @@ class DropoutMask:
     threshold: Any
     threshold_pair: Any
     scale: Any
+    #: 1 - p (the inverse of ``scale``)
+    keep_prob: Any
     tScS_rc: cute.Tensor
     t0ScS_rc: cute.Tensor
 
@@ -97,9 +99,10 @@ class DropoutMask:
         """From the kernel's dropout slot (int32 seed low, seed high, offset, threshold)."""
         t = Uint32(mRng[3])
         scale = Float32(VALUE_RANGE) / Float32(Int32(VALUE_RANGE) - mRng[3])
+        keep_prob = Float32(Int32(VALUE_RANGE) - mRng[3]) / Float32(VALUE_RANGE)
         return DropoutMask(key0=Uint32(mRng[0]), key1=Uint32(mRng[1]), offset=Uint32(mRng[2]),
                            threshold=t << (32 - VALUE_BITS), threshold_pair=t | (t << 16), scale=scale,
-                           tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc)
+                           keep_prob=keep_prob, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc)
 
     def keep_flags(self, batch, head, num_heads, q_base, k_base, whole: bool = True) -> "KeepFlags":
         """The keep flags of this thread's elements of query head ``head`` of ``num_heads`` in sequence ``batch``, in
