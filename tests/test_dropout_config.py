@@ -87,7 +87,7 @@ def test_kernel_slots_draw_the_documented_mask(col_pos, warp_cols):
         for r, c in flags.order:
             (r0, c0), word, byte = flags.slot(r, c)
             q, k = q0 + lr + row_pos[r0], k0 + lc + col_pos[c0]  # the call's first element (the counter's)
-            if flags._half[c0]:
+            if flags.half_call[c0]:
                 word = 2 * (r % 2) + ((k >> 4) & 1)
             ctr0 = (q >> 4) * 32 + (q & 7) * 4 + ((k & 7) >> 1)
             words = dropout.philox4x32((ctr0, k >> 5, b * heads + h, offset), (seed & 0xFFFFFFFF, seed >> 32))

@@ -152,10 +152,12 @@ class KeepFlags:
         if col_pos is None:  # a layout of neighbouring atoms (host tests)
             col_pos = [16 * (c // 4) + [0, 1, 8, 9][c % 4] for c in range(cols)]
         #: per column: (first column of its call group, byte index of the column within the call's word pair)
-        self._col, self._half = {}, {}
+        self._col = {}
+        #: per call group (its first column): a half call (8 scores: its word half picked at run time, ``_word``)
+        self.half_call = {}
         groups = call_groups(cols, col_pos, whole)
         for g in groups:
-            self._half[g[0]] = len(g) == 4
+            self.half_call[g[0]] = len(g) == 4
             for c in g:
                 at = col_pos[c] - col_pos[g[0]] + col_pos[g[0]] % CELL_K  # the column's offset in its 32-col cell
                 self._col[c] = (g[0], at)
@@ -191,7 +193,7 @@ class KeepFlags:
             k = self.k0 + Uint32(m.t0ScS_rc[0, first][1])
             ctr0 = (q >> 4) * Uint32(32) + (q & Uint32(7)) * Uint32(4) + ((k & Uint32(7)) >> 1)
             words = philox(ctr0, k >> 5, self.head_word, m.offset, m.key0, m.key1)
-            if self._half[first]:  # the word pair of the row half, picked by the column's 16-column half
+            if self.half_call[first]:  # the word pair of the row half, picked by the column's 16-column half
                 upper = Uint32(0) - ((k >> 4) & Uint32(1))
                 words = tuple(words[2 * h] ^ ((words[2 * h] ^ words[2 * h + 1]) & upper) for h in (0, 0, 1, 1))
             self._words[call] = words
