@@ -717,10 +717,7 @@ class FlashFwdMultistage:
             kv.load_k(n_next, 0, bounded=walk is not None)
         cute.arch.cp_async_commit_group()
         ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
-        self.drop_scores(ctx, acc_S, n_block)
-        rP = convert(acc_S, self.dtype)
-        self.drop(ctx, rP, n_block)
-        self.pv(ctx, rP, 0)
+        self.pv(ctx, self.dropped_p(ctx, acc_S, n_block), 0)
         cute.arch.cp_async_wait_group(0)  # the next block's K
         cute.arch.sync_threads()  # every warp is done with V; K is visible
         if has_next:
@@ -734,10 +731,7 @@ class FlashFwdMultistage:
         acc_S = self.scores(ctx, n_block, stage, masked, mask_mod)
         ctx.softmax.step(acc_rows_cols(acc_S), ctx.acc_O_rc)
         # e. O += P V, P reinterpreted as the A operand in 16-bit
-        self.drop_scores(ctx, acc_S, n_block)
-        rP = convert(acc_S, self.dtype)
-        self.drop(ctx, rP, n_block)
-        self.pv(ctx, rP, stage)
+        self.pv(ctx, self.dropped_p(ctx, acc_S, n_block), stage)
 
     @cute.jit
     def scores(self, ctx: SimpleNamespace, n_block: Int32, k_stage: Int32, masked: cutlass.Constexpr[bool],
@@ -867,32 +861,33 @@ class FlashFwdMultistage:
         """The overlapped step's softmax of this block (key block ``n_block``), its P kept in 16 bits for the next
         step's P V."""
         softmax_step(row_max, row_sum, acc_rows_cols(acc_S), acc_O_rc, scale)
-        self.drop_scores(ctx, acc_S, n_block)
-        rP.store(acc_S.load().to(self.dtype))
-        self.drop(ctx, rP, n_block)
+        self.dropped_p(ctx, acc_S, n_block, rP)
 
     @cute.jit
-    def drop(self, ctx: SimpleNamespace, rP: cute.Tensor, n_block: Int32):
-        """Dropout (issue 20) on this block's P in 16 bits (after the softmax: the row sums keep every element):
-        dropped elements become 0, a pair of them per PRMT / compare / AND (``KeepFlags.apply_pair``); the kept
-        ones are scaled by 1 / (1 - p) once, on O in ``finish``."""
-        if const_expr(self.spec.dropout and dropout_on_pairs(self.spec, self.config)):
+    def dropped_p(self, ctx: SimpleNamespace, acc_S: cute.Tensor, n_block: Int32, rP: cute.Tensor = None):
+        """This block's P (``acc_S``, after the softmax: the row sums keep every element) in 16 bits, into ``rP``
+        (a new register tensor when None), with dropout (issue 20): dropped elements become 0, a pair of them per
+        PRMT / compare / AND after the conversion (``KeepFlags.apply_pair``), or, on the tiles whose registers do not
+        hold the pairs (``config.dropout_on_pairs``), element by element on the fp32 scores before it from half
+        calls (a byte compare and a select each). The kept ones are scaled by 1 / (1 - p) once, on O in
+        ``finish``."""
+        if const_expr(rP is None):
+            rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
+        pairs = self.spec.dropout and dropout_on_pairs(self.spec, self.config)
+        flags = None
+        if const_expr(self.spec.dropout):
             flags = ctx.dropout.keep_flags(ctx.batch, ctx.head, ctx.num_heads, ctx.m_block * self.tile_m,
-                                           n_block * self.tile_n)
-            apply_keep_pairs(flags, rP)
-
-    @cute.jit
-    def drop_scores(self, ctx: SimpleNamespace, acc_S: cute.Tensor, n_block: Int32):
-        """Dropout on this block's P in fp32, element by element (a byte compare and a select each) from half calls
-        (8 scores each), on the tiles whose registers do not hold ``drop``'s pairs (``config.dropout_on_pairs``)."""
-        if const_expr(self.spec.dropout and not dropout_on_pairs(self.spec, self.config)):
-            flags = ctx.dropout.keep_flags(ctx.batch, ctx.head, ctx.num_heads, ctx.m_block * self.tile_m,
-                                           n_block * self.tile_n, whole=False)
+                                           n_block * self.tile_n, whole=pairs)
+        if const_expr(self.spec.dropout and not pairs):
             p_rc = acc_rows_cols(acc_S)
             for i in cutlass.range_constexpr(len(flags.order)):  # call by call (``KeepFlags``)
                 r, c = flags.order[i]
                 p = p_rc[r, c]
                 p_rc[r, c] = p if flags(r, c) else Float32(0.0)
+        rP.store(acc_S.load().to(self.dtype))
+        if const_expr(pairs):
+            apply_keep_pairs(flags, rP)
+        return rP
 
     @cute.jit
     def overlap_mainloop(self, ctx: SimpleNamespace, num_right: Int32, num_full: Int32):

@@ -195,7 +195,8 @@ class KeepFlags:
             words = philox(ctr0, k >> 5, self.head_word, m.offset, m.key0, m.key1)
             if self.half_call[first]:  # the word pair of the row half, picked by the column's 16-column half
                 upper = Uint32(0) - ((k >> 4) & Uint32(1))
-                words = tuple(words[2 * h] ^ ((words[2 * h] ^ words[2 * h + 1]) & upper) for h in (0, 0, 1, 1))
+                lo, hi = (words[2 * h] ^ ((words[2 * h] ^ words[2 * h + 1]) & upper) for h in (0, 1))
+                words = (lo, lo, hi, hi)
             self._words[call] = words
         return self._words[call][word], byte
 
