@@ -9,8 +9,8 @@ import torch
 
 from flash_attn_4_sm120._kernels import block_info
 from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BWD_TABLE_UNSPLIT, BwdConfig,
-                                           bwd_banded, bwd_config_problems, bwd_padded_head_dim, bwd_rotated_start,
-                                           bwd_smem_bytes, bwd_step_divisor,
+                                           bwd_banded, bwd_config_problems, bwd_kv_copy_threads, bwd_padded_head_dim,
+                                           bwd_rotated_start, bwd_smem_bytes, bwd_step_divisor,
                                            bwd_tile_band, candidate_bwd_configs, dispatchable_bwd,
                                            select_bwd_config)
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
@@ -100,6 +100,21 @@ def test_d96_role_split_and_its_alternatives():
              BwdSpec("bf16", 96, 48, False, dropout=True): heavy}
     for spec, cfg in cases.items():
         assert select_bwd_config(spec, SM120) == cfg, spec
+
+
+def test_key_tiles_the_cta_copy_pass_does_not_divide_move_by_warp_group():
+    """A 96-key tile at d96 (64-row copy passes for 256 threads): the role split moves K / V by a warp group each
+    (32-row passes), so the predicate admits it; the 8-warp kernel has no groups and is refused with the rows
+    named. Tiles the CTA's pass divides keep the CTA-wide copy."""
+    spec = BwdSpec("bf16", 96, 96, True)
+    split = BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True)
+    assert bwd_kv_copy_threads(split, 96, 96) == 128 and not bwd_config_problems(spec, split, SM120)
+    plain = BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4)
+    assert bwd_kv_copy_threads(plain, 96, 96) == 256
+    assert any("tile_n of 64-row" in p for p in bwd_config_problems(spec, plain, SM120))
+    for d, cfg in BWD_TABLE.items():
+        assert bwd_kv_copy_threads(cfg, d, d) in (cfg.num_threads, cfg.num_threads // 2)
+    assert bwd_kv_copy_threads(BWD_TABLE[128], 128, 128) == 256
 
 
 def test_dispatchable_covers_every_class_and_mask():

@@ -95,6 +95,16 @@ def bwd_padded_head_dim(d: int, cfg: BwdConfig, qk: bool = True) -> int:
     return width
 
 
+def bwd_kv_copy_threads(cfg: BwdConfig, d: int, dv: int) -> int:
+    """Threads that move one of the K / V tiles (and dK / dV on the way out), at padded widths ``d`` and ``dv``:
+    the whole CTA, or in the role split a warp group per tile (K and dK group 1's, V and dV group 0's) where the
+    CTA's 16-byte copy pass spans more rows than the key tile has a multiple of (d96's 64x96 split: 64-row passes,
+    96 keys; a group's pass is 32 rows)."""
+    if cfg.role_split and any(cfg.tile_n % rows_per_copy_pass(w, cfg.num_threads) for w in (d, dv)):
+        return cfg.num_threads // 2
+    return cfg.num_threads
+
+
 def _aligned(n: int) -> int:
     return (n + 1023) // 1024 * 1024
 
@@ -179,11 +189,12 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
     if out:
         return tuple(out)
     d, dv = bwd_padded_head_dim(spec.head_dim, cfg), bwd_padded_head_dim(spec.head_dim_v, cfg, qk=False)
+    kv_threads = bwd_kv_copy_threads(cfg, d, dv)
     for name, width in (("head_dim", d), ("head_dim_v", dv)):
-        rows = rows_per_copy_pass(width, cfg.num_threads)
-        if cfg.tile_m % rows or cfg.tile_n % rows:
-            out.append(f"{name} (smem width {width}) needs tiles of {rows}-row multiples per copy pass; "
-                       f"tile_m={cfg.tile_m}, tile_n={cfg.tile_n}")
+        rows, rows_n = rows_per_copy_pass(width, cfg.num_threads), rows_per_copy_pass(width, kv_threads)
+        if cfg.tile_m % rows or cfg.tile_n % rows_n:
+            out.append(f"{name} (smem width {width}) needs a tile_m of {rows}-row and a tile_n of {rows_n}-row "
+                       f"multiples per copy pass; tile_m={cfg.tile_m}, tile_n={cfg.tile_n}")
     nw, rw = cfg.num_warps, cfg.role_warps
     if cfg.role_split:
         if nw != 8 or cfg.stages_q != 2 or cfg.dkv_chunks != 1:
@@ -347,7 +358,7 @@ BWD_TILE_CANDIDATES = {
 #: Role-split tiles (same tuple layout) the tuner may try.
 BWD_ROLE_SPLIT_CANDIDATES = {
     64: ((64, 64, 8, 2, 2, 1, 1), (64, 128, 8, 2, 1, 1, 1)),
-    96: ((64, 64, 8, 2, 2, 1, 1), (64, 64, 8, 2, 1, 1, 1)),
+    96: ((64, 64, 8, 2, 2, 1, 1), (64, 64, 8, 2, 1, 1, 1), (64, 96, 8, 2, 1, 1, 1)),
     128: ((64, 64, 8, 2, 1, 1, 1),),
 }
 

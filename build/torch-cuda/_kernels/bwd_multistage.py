@@ -53,8 +53,8 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
 from .. import flex
-from ..bwd_config import (BwdConfig, bwd_banded, bwd_config_problems, bwd_padded_head_dim, bwd_rotated_start,
-                          bwd_smem_bytes, bwd_step_divisor)
+from ..bwd_config import (BwdConfig, bwd_banded, bwd_config_problems, bwd_kv_copy_threads, bwd_padded_head_dim,
+                          bwd_rotated_start, bwd_smem_bytes, bwd_step_divisor)
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
@@ -125,6 +125,8 @@ class FlashBwdMultistage:
         cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
         self.g2s_qk = g2s_tiled_copy(dt, atom_qk.outer.shape[1], self.num_threads, cp_async)
         self.g2s_v = g2s_tiled_copy(dt, atom_v.outer.shape[1], self.num_threads, cp_async)
+        #: threads per K / V tile copy: the CTA, or a warp group per tile (``bwd_kv_copy_threads``)
+        self.kv_threads = bwd_kv_copy_threads(cfg, d, dv)
         nw = cfg.num_warps
         self.mma_sdp = warp_tiled_mma(dt, nw, cfg.sdp_warps_m, cells=self.sdp_cells(nw))
         self.mma_dkv = warp_tiled_mma(dt, nw, cfg.dkv_warps_n)
@@ -420,10 +422,18 @@ class FlashBwdMultistage:
         """cp.async K_n and V_n (rows past seqlen_k zero-filled; padded head-dim columns zeroed once, in
         the K / V tiles and in every Q / dO stage, since no copy writes them)."""
         tidx, n = ctx.tidx, ctx.n_block
-        for src, dst, tiled, width, real in ((mK_s, sm.sK, self.g2s_qk, self.head_dim, self.spec.head_dim),
-                                             (mV_s, sm.sV, self.g2s_v, self.head_dim_v, self.spec.head_dim_v)):
+        for src, dst, tiled, width, real, owner in (
+                (mK_s, sm.sK, self.g2s_qk, self.head_dim, self.spec.head_dim, 1),
+                (mV_s, sm.sV, self.g2s_v, self.head_dim_v, self.spec.head_dim_v, 0)):
             g = cute.local_tile(src[None, head_kv, None], (self.tile_n, width), (n, 0))
-            load_rows(tiled, tidx, g, dst, (self.tile_n, width), real, ctx.seqlen_k - n * self.tile_n, True)
+            if const_expr(self.kv_threads == self.num_threads):
+                load_rows(tiled, tidx, g, dst, (self.tile_n, width), real, ctx.seqlen_k - n * self.tile_n, True)
+            elif tidx // self.kv_threads == owner:  # a warp group per tile (``bwd_kv_copy_threads``)
+                group_copy = g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1],
+                                            self.kv_threads,
+                                            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL))
+                load_rows(group_copy, tidx % self.kv_threads, g, dst, (self.tile_n, width), real,
+                          ctx.seqlen_k - n * self.tile_n, True)
         for s_x, tiled, width, real, stages in ((sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim,
                                                  self.config.stages_q),
                                                 (sm.sdO, self.g2s_v, self.head_dim_v, self.spec.head_dim_v,
@@ -713,10 +723,14 @@ class FlashBwdMultistage:
         (rows past seqlen_k and padded head-dim columns are not written)."""
         tidx = ctx.tidx
         cute.arch.sync_threads()
-        for mX, sX, width, real in ((mdK, ctx.sK_out, self.head_dim, self.spec.head_dim),
-                                    (mdV, ctx.sV_out, self.head_dim_v, self.spec.head_dim_v)):
-            s2g = g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], self.num_threads,
+        for mX, sX, width, real, owner in ((mdK, ctx.sK_out, self.head_dim, self.spec.head_dim, 1),
+                                           (mdV, ctx.sV_out, self.head_dim_v, self.spec.head_dim_v, 0)):
+            s2g = g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], self.kv_threads,
                                  cute.nvgpu.CopyUniversalOp())
             mX_s, _ = sequence_heads(mX, ctx.batch, mCuSeqlensK, mSeqUsedK)
             gX = cute.local_tile(mX_s[None, ctx.head_kv, None], (self.tile_n, width), (ctx.n_block, 0))
-            store_rows(s2g, tidx, sX, gX, (self.tile_n, width), real, ctx.seqlen_k - ctx.n_block * self.tile_n)
+            if const_expr(self.kv_threads == self.num_threads):
+                store_rows(s2g, tidx, sX, gX, (self.tile_n, width), real, ctx.seqlen_k - ctx.n_block * self.tile_n)
+            elif tidx // self.kv_threads == owner:
+                store_rows(s2g, tidx % self.kv_threads, sX, gX, (self.tile_n, width), real,
+                           ctx.seqlen_k - ctx.n_block * self.tile_n)
