@@ -8,6 +8,9 @@ context's cache preference where that reaches an SM120's CTAs per SM). TFLOPS co
 (causal 1/2; x3.5 forward + backward): dropout does not change the work.
 
     python benchmarks/bench_dropout.py --out results.json [--occupancy both|sm120|h100] [--cases d128]
+        [--shape 2x3000x16x4] [--head-dims 80 96]
+
+``--shape`` / ``--head-dims`` time shapes off that grid (their case names carry the shape).
 """
 
 from __future__ import annotations
@@ -40,15 +43,21 @@ def fa2(p: float, causal: bool):
     return run
 
 
+def _shape_args(ap) -> None:
+    ap.add_argument("--shape", default="x".join(map(str, SHAPE)), help="batch x seqlen x heads_q x heads_kv")
+    ap.add_argument("--head-dims", nargs="*", type=int, default=[64, 128, 256])
+
+
 def main():
-    args = training_args()
+    args = training_args(_shape_args)
     occupancies = args.occupancies
     model = fa.dispatch_model(torch.device("cuda"))
-    b, s, hq, hkv = SHAPE
+    shape = tuple(int(x) for x in args.shape.split("x"))
+    b, s, hq, hkv = shape
     rows = []
-    for d in (64, 128, 256):
+    for d in args.head_dims:
         for causal in (False, True):
-            name = f"d{d} {'causal' if causal else 'full'}"
+            name = f"d{d} {'causal' if causal else 'full'}" + ("" if shape == SHAPE else f" {args.shape}")
             if args.cases and not any(c in name for c in args.cases):
                 continue
             parts = fwd_and_grad_parts(*training_inputs(b, s, s, hq, hkv, d, d))

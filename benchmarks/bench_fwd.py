@@ -138,10 +138,12 @@ def time_parts(row: dict, impls: dict, parts: dict, occupancies, model, flops: f
             row[key][impl] = res
 
 
-def training_args() -> argparse.Namespace:
-    """The training benchmarks' command line (``--out``, ``--cases``, ``--occupancy``, ``--impls``), with
-    ``occupancies``: the occupancies to time, in order."""
+def training_args(extra=None) -> argparse.Namespace:
+    """The training benchmarks' command line (``--out``, ``--cases``, ``--occupancy``, ``--impls``, and what
+    ``extra(parser)`` adds), with ``occupancies``: the occupancies to time, in order."""
     ap = argparse.ArgumentParser()
+    if extra is not None:
+        extra(ap)
     ap.add_argument("--out")
     ap.add_argument("--cases", nargs="*", help="only the cases whose names contain one of these strings")
     ap.add_argument("--occupancy", choices=("both", "sm120", "h100"), default="both")
