@@ -271,6 +271,7 @@ def test_rotated_start_only_where_every_key_block_sees_every_query_block():
 
 def test_step_divisor_for_dense_steps_of_the_entries_that_carry_it():
     assert bwd_step_divisor(BwdSpec("bf16", 128, 128, causal=True), BWD_TABLE[128])
+    assert bwd_step_divisor(BwdSpec("bf16", 96, 96, causal=False), BWD_TABLE[96])
     assert not bwd_step_divisor(BwdSpec("bf16", 64, 64, causal=True), BWD_TABLE[64])
     # block-sparse list entries keep the division (measured: prefix-LM lists slower with the divisor)
     assert not bwd_step_divisor(BwdSpec("bf16", 128, 128, causal=False, block_sparse=(128, 128, True)), BWD_TABLE[128])
@@ -338,7 +339,7 @@ def test_lowest_first_order_admission():
 
     assert all(bwd_lowest_first_open(lo(d), SM120) for d in (64, 96, 128, 192, 256))
     assert all(bwd_lowest_first_open(lo(d, varlen_q=True, varlen_k=True), SM120) for d in (64, 96, 128))
-    assert select_bwd_config(lo(96), SM120).stages_do == 2  # d96's role split, double-buffered dO
+    assert select_bwd_config(lo(64, varlen_q=True, varlen_k=True), SM120).stages_do == 2  # double-buffered dO
     assert bwd_config_problems(BwdSpec("bf16", 64, 64, False, deterministic=True, lowest_first=True),
                                select_bwd_config(BwdSpec("bf16", 64, 64, False, deterministic=True), SM120), SM120)
     assert bwd_config_problems(BwdSpec("bf16", 64, 64, True, deterministic=False, lowest_first=True),

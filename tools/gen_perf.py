@@ -4,7 +4,7 @@ score / mask mods table (bench_flex.py).
 
     python tools/gen_perf.py [--result benchmarks/results/fwd_h100_2026-11-25.json]
                              [--serving-result benchmarks/results/serving_h100_2026-11-25.json]
-                             [--bwd-result benchmarks/results/bwd_h100_2026-11-26.json]
+                             [--bwd-result benchmarks/results/bwd_h100_2026-11-27.json]
                              [--flex-result benchmarks/results/flex_h100_2026-11-26.json] [--check]
 """
 
@@ -19,7 +19,7 @@ DEFAULT = ROOT / "benchmarks" / "results" / "fwd_h100_2026-11-25.json"
 SERVING_DEFAULT = ROOT / "benchmarks" / "results" / "serving_h100_2026-11-25.json"
 BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
 SERVING_BEGIN, SERVING_END = "<!-- serving-table:begin -->", "<!-- serving-table:end -->"
-BWD_DEFAULT = ROOT / "benchmarks" / "results" / "bwd_h100_2026-11-26.json"
+BWD_DEFAULT = ROOT / "benchmarks" / "results" / "bwd_h100_2026-11-27.json"
 BWD_BEGIN, BWD_END = "<!-- bwd-table:begin -->", "<!-- bwd-table:end -->"
 FLEX_DEFAULT = ROOT / "benchmarks" / "results" / "flex_h100_2026-11-26.json"
 FLEX_BEGIN, FLEX_END = "<!-- flex-table:begin -->", "<!-- flex-table:end -->"

@@ -2,7 +2,7 @@
 grouped bar chart PNG.
 
     python tools/plot_bench.py benchmarks/results/fwd_h100_2026-11-25.json [--out chart.png]
-    python tools/plot_bench.py benchmarks/results/bwd_h100_2026-11-26.json
+    python tools/plot_bench.py benchmarks/results/bwd_h100_2026-11-27.json
 
 A backward result (rows whose implementations hold ``bwd`` timings) gets one panel per occupancy it was
 measured at, backward TFLOPS per case.

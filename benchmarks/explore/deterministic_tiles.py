@@ -7,7 +7,7 @@ the 64x128 role split became d64's table entry. Timed at SM120 occupancy (the pa
 causal: the table's default first (the ratios' base), then every candidate default and deterministic (each entry
 patched into ``BWD_TABLE``; the kernels compile first in spawned processes).
 
-    python benchmarks/explore/deterministic_tiles.py --out det_tiles.json [--head-dim 64|96]
+    python benchmarks/explore/deterministic_tiles.py --out det_tiles.json [--head-dim 64|96|128]
         [--shapes 4x4096x32x8 2x4096x16x4] [--configs table four_warp_64x64 ...] [--jobs 8]
 """
 
@@ -19,7 +19,7 @@ import functools
 import json
 import multiprocessing
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -40,7 +40,20 @@ def candidates(cls: int) -> dict:
     if cls == 96:
         return {"table": BWD_TABLE[96], "heavy_64x64_w8": BWD_TABLE_HEAVY[96],
                 "rolesplit_64x64": BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4,
-                                             role_split=True)}
+                                             role_split=True),
+                # session 37: 96 keys per CTA (K / V by a warp group each: bwd_config.bwd_kv_copy_threads)
+                "rolesplit_64x96": BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4,
+                                             role_split=True),
+                "rolesplit_64x96_s4": BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=4, dkv_warps_n=2, dq_warps_m=4,
+                                                role_split=True),
+                "rolesplit_64x96_div": replace(BWD_TABLE[96], step_divisor=True),
+                "rolesplit_64x96_rot": replace(BWD_TABLE[96], rotated_start=True)}
+    if cls == 128:  # session 37: 96 keys per CTA at d128 fit beside 32-row query tiles (84 KB)
+        split = dict(sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True)
+        return {"table": BWD_TABLE[128],
+                "rolesplit_32x96": BwdConfig(32, 96, 8, 2, 1, **split),
+                "rolesplit_32x96_dq2": BwdConfig(32, 96, 8, 2, 1, **{**split, "dq_warps_m": 2}),
+                "rolesplit_32x96_o2": BwdConfig(32, 96, 8, 2, 2, **split)}
     raise SystemExit(f"no candidates for head-dim class {cls}")
 
 
@@ -77,7 +90,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out")
     ap.add_argument("--jobs", type=int, default=8)
-    ap.add_argument("--head-dim", type=int, default=64, choices=(64, 96))
+    ap.add_argument("--head-dim", type=int, default=64, choices=(64, 96, 128))
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), help="batch x seqlen x heads_q x heads_kv")
     ap.add_argument("--configs", nargs="*", default=None, help="candidate names (default: all of the class)")
     ap.add_argument("--no-deterministic", action="store_true", help="time the default backward only")

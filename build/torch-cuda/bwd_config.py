@@ -58,8 +58,10 @@ class BwdConfig:
     #: the role split's dense step -> (query head, query block) through a FastDivmod divisor built once per CTA (a
     #: multiply-high) instead of a runtime division in each step's address math. A per-class choice, measured (H100,
     #: SM120 occupancy, session 33): d128's 64x64 role split 0.98-0.99x the backward's time with it (d128 full and
-    #: causal, 8x2048, 2x4096 16/4); d96's 64x64 split (two dO stages) 1.01-1.02x and d64's 64x128 split 1.04x
-    #: (full) slower, so they keep the division; block-sparse list entries always do (prefix-LM lists 1.05x slower)
+    #: causal, 8x2048, 2x4096 16/4); d96's 64x96 split 0.974-1.003x (session 37: 4x4096 32/8, 2x4096 16/4,
+    #: 8x2048 16/16, full and causal; its former 64x64 split with two dO stages was 1.01-1.02x slower) and d64's
+    #: 64x128 split 1.04x (full) slower, so d64 keeps the division; block-sparse list entries always do (prefix-LM
+    #: lists 1.05x slower)
     step_divisor: bool = False
     #: without a mask (``bwd_rotated_start``) key block n walks its query blocks from block n (mod their count)
     #: instead of from the first, so the head's CTAs do not add their dQ into one query block at once. A per-class
@@ -255,12 +257,17 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: the 4-warp one). d64 since 2026-11-26 (``explore/deterministic_tiles.py``, ``deterministic_tiles_h100_2026-11-26
 #: .json``, SM120 occupancy): the 64x128 role split (128 keys per CTA, 91 KB) runs 1.30-1.42x the 4-warp tile's
 #: speed, default and deterministic, at 4x4096 32/8 and 2x4096 16/4, full and causal (255 / 227 TFLOPS at 4x4096).
-#: d96 since 2026-11-26 (``deterministic_tiles_d96_h100_2026-11-26.json``, the same shapes): the 64x64 role split
-#: (since it draws dropout once and passes equal barrier counts) takes 0.95x the 4-warp tile's time at 4x4096 full
-#: and causal and at 2x4096 full, 1.01x at 2x4096 causal; deterministic 0.88 / 0.92x / 0.89x / 0.94x.
+#: d96 on 2026-11-26 (``deterministic_tiles_d96_h100_2026-11-26.json``, the same shapes): the 64x64 role split
+#: (since it draws dropout once and passes equal barrier counts) took 0.95x the 4-warp tile's time at 4x4096 full
+#: and causal and at 2x4096 full, 1.01x at 2x4096 causal; deterministic 0.88 / 0.92x / 0.89x / 0.94x. Since
+#: 2026-11-27 (session 37, ``deterministic_tiles_d96_h100_2026-11-27.json``) the 64x96 role split: 96 keys per CTA
+#: (98304 B with one dO stage; K / V by a warp group each, ``bwd_kv_copy_threads``) take 0.76x the 64x64 split's
+#: time at 4x4096 32/8 full, 0.88x causal, 0.83x / 0.92x at 2x4096 16/4, 0.84x / 0.87x at 8x2048 16/16; the
+#: deterministic mode 1.02-1.27x its default (the 64x64 split: 1.04-1.73x). Its 16x96 S warp tiles (sdp_warps_m=4)
+#: ran 1.04-1.09x slower than 32x48.
 BWD_TABLE = {
     64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True),
-    96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True),
+    96: BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True),
     192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
     256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, dq_chunks=2, dkv_chunks=2),
