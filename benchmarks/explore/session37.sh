@@ -32,6 +32,11 @@
 #    (the 64x96 entry without the divisor)
 # 5: the final tree (d96's 64x96 entry with the step divisor): the d96 backward / dropout tests, bench_bwd in full at
 #    both occupancies (the README's backward table), ~8 min
+# 5 ran: 29/29; bench_bwd (bwd_h100_2026-11-27.json): d96 causal 256 TFLOPS against FA2 234 (1.094x) and upstream 214
+#    (1.196x), deterministic 1.02x; the other rows within noise of session 33's
+# 6: memcheck of the bwd family on the final tree (d96's entry with the step divisor); bench_dropout: d96 on the
+#    4x4096 32/8 grid (the 64x96 split's half calls) with FA2 beside, 2x3000 16/4 d80 / d128 (off the grid), and the
+#    grid at the H100's own occupancy (byte-valued draws), ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -61,5 +66,14 @@ case "$part" in
      shards 330 tests/test_bwd_gpu.py tests/test_dropout_gpu.py ;;
   5) shards 240 tests/test_bwd_gpu.py tests/test_dropout_gpu.py -k "96"
      (cd benchmarks && timeout 500 python3 bench_bwd.py --occupancy both --out "$OUT/bwd.json" 2>&1 \
+        | grep -v -i warn | grep "\[") ;;
+  6) timeout 240 python3 tools/sanitize.py --families bwd --tools memcheck --json "$OUT/sanitizer_bwd_final.json" 2>&1 \
+        | tail -2
+     (cd benchmarks && timeout 120 python3 bench_dropout.py --occupancy sm120 --head-dims 96 \
+        --impls ours ours_dropout sdpa_flash_fa2 sdpa_flash_fa2_dropout --out "$OUT/dropout_d96.json" 2>&1 \
+        | grep -v -i warn | grep "\[")
+     (cd benchmarks && timeout 120 python3 bench_dropout.py --occupancy sm120 --shape 2x3000x16x4 --head-dims 80 128 \
+        --impls ours ours_dropout --out "$OUT/dropout_offgrid.json" 2>&1 | grep -v -i warn | grep "\[")
+     (cd benchmarks && timeout 200 python3 bench_dropout.py --occupancy h100 --out "$OUT/dropout_h100occ.json" 2>&1 \
         | grep -v -i warn | grep "\[") ;;
 esac
