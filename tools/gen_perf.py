@@ -169,8 +169,8 @@ def flex_table(result: dict, source: str) -> str:
         lines += ["", f"**{OCCUPANCIES[field]}**", "", "| case | shape (b, s, hq, hkv, d) | this bundle | "
                   + " | ".join(names[i] for i in flexes) + " | " + " | ".join(f"{names[i]} / ours" for i in flexes)
                   + " |", "|---" * (3 + 2 * len(flexes)) + "|"]
-        for row in result["rows"]:
-            res = row.get(field, {})
+        for row in (r for r in result["rows"] if field in r):  # rows timed at this occupancy
+            res = row[field]
 
             def ms(impl, part):
                 return res.get(impl, {}).get(part, {}).get("ms")
@@ -204,8 +204,8 @@ def dropout_table(result: dict, source: str) -> str:
     for field in [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]:
         lines += ["", f"**{OCCUPANCIES[field]}**", "", "| case | shape (b, s, hq, hkv, d) | "
                   + " | ".join(name for _, name in impls) + " | cost, ours | cost, FA2 |", "|---" * 8 + "|"]
-        for row in result["rows"]:
-            res = row.get(field, {})
+        for row in (r for r in result["rows"] if field in r):  # rows timed at this occupancy
+            res = row[field]
 
             def ms(impl, part):
                 return res.get(impl, {}).get(part, {}).get("ms")
