@@ -37,6 +37,10 @@
 # 6: memcheck of the bwd family on the final tree (d96's entry with the step divisor); bench_dropout: d96 on the
 #    4x4096 32/8 grid (the 64x96 split's half calls) with FA2 beside, 2x3000 16/4 d80 / d128 (off the grid), and the
 #    grid at the H100's own occupancy (byte-valued draws), ~8 min
+# 6 ran: memcheck bwd clean; dropout cost d96 1.09x / 1.15x causal, 2x3000 16/4 d80 1.09x / 1.14x, d128 1.10x /
+#    1.10x; the grid at the H100's occupancy 1.01-1.19x (FA2 1.00-1.21x); FA2's d96 full fwd+bwd 9.50 ms against ours
+#    9.84 (forwards 2.50 / 2.03): its backward ahead at d96 non-causal
+# 7: bench_bwd's d96 rows, the new non-causal one beside the causal one, both occupancies, ~3 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -75,5 +79,7 @@ case "$part" in
      (cd benchmarks && timeout 120 python3 bench_dropout.py --occupancy sm120 --shape 2x3000x16x4 --head-dims 80 128 \
         --impls ours ours_dropout --out "$OUT/dropout_offgrid.json" 2>&1 | grep -v -i warn | grep "\[")
      (cd benchmarks && timeout 200 python3 bench_dropout.py --occupancy h100 --out "$OUT/dropout_h100occ.json" 2>&1 \
+        | grep -v -i warn | grep "\[") ;;
+  7) (cd benchmarks && timeout 300 python3 bench_bwd.py --occupancy both --cases d96 --out "$OUT/bwd_d96.json" 2>&1 \
         | grep -v -i warn | grep "\[") ;;
 esac
