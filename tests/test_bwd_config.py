@@ -89,15 +89,17 @@ def test_selection_falls_back_when_the_table_entry_cannot_run(monkeypatch):
 
 def test_d96_role_split_and_its_alternatives():
     """d96's entry is the role split; a plain spec it cannot run (head dims unequal once padded to 32) takes the
-    4-warp tile, heavy specs the 8-warp one, dropout stays on the role split (its own rule), and with unequal
-    head dims dropout goes past the 4-warp tile (too many registers beside the keep flags) to the 8-warp one."""
+    4-warp tile, heavy specs (softcap) the 8-warp one, varlen stays on the role split (session 37: faster, no
+    spills), dropout too (its own rule), and with unequal head dims dropout goes past the 4-warp tile (too many
+    registers beside the keep flags) to the 8-warp one."""
     rs, unsplit, heavy = BWD_TABLE[96], BWD_TABLE_UNSPLIT[96], BWD_TABLE_HEAVY[96]
     assert rs.role_split and not unsplit.role_split and unsplit.num_warps == 4 and heavy.num_warps == 8
     cases = {BwdSpec("bf16", 96, 96, True): rs, BwdSpec("bf16", 72, 72, False, local=True, deterministic=True): rs,
              BwdSpec("bf16", 80, 96, False): rs, BwdSpec("bf16", 96, 48, True): unsplit,
              BwdSpec("bf16", 64, 96, False): unsplit, BwdSpec("bf16", 96, 96, True, softcap=True): heavy,
-             BwdSpec("bf16", 96, 96, False, varlen_q=True): heavy, BwdSpec("bf16", 96, 96, True, dropout=True): rs,
-             BwdSpec("bf16", 96, 48, False, dropout=True): heavy}
+             BwdSpec("bf16", 96, 96, False, varlen_q=True): rs,
+             BwdSpec("bf16", 96, 96, True, softcap=True, varlen_q=True, varlen_k=True): heavy,
+             BwdSpec("bf16", 96, 96, True, dropout=True): rs, BwdSpec("bf16", 96, 48, False, dropout=True): heavy}
     for spec, cfg in cases.items():
         assert select_bwd_config(spec, SM120) == cfg, spec
 
@@ -339,7 +341,8 @@ def test_lowest_first_order_admission():
 
     assert all(bwd_lowest_first_open(lo(d), SM120) for d in (64, 96, 128, 192, 256))
     assert all(bwd_lowest_first_open(lo(d, varlen_q=True, varlen_k=True), SM120) for d in (64, 96, 128))
-    assert select_bwd_config(lo(64, varlen_q=True, varlen_k=True), SM120).stages_do == 2  # double-buffered dO
+    assert bwd_lowest_first_open(lo(64, softcap=True), SM120)  # d64's heavy tile: a double-buffered dO
+    assert select_bwd_config(lo(64, softcap=True), SM120).stages_do == 2
     assert bwd_config_problems(BwdSpec("bf16", 64, 64, False, deterministic=True, lowest_first=True),
                                select_bwd_config(BwdSpec("bf16", 64, 64, False, deterministic=True), SM120), SM120)
     assert bwd_config_problems(BwdSpec("bf16", 64, 64, True, deterministic=False, lowest_first=True),

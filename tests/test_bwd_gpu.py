@@ -154,7 +154,7 @@ def run_varlen(lens_q, lens_k, hq, hkv, d, causal=False, window_size=(None, None
                            (None, None, None, dsink_pt), torch.bfloat16, "dsink")
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_varlen(d, causal):
     run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, d, causal=causal)
@@ -192,6 +192,7 @@ def test_bwd_deterministic_varlen_is_correct():
     run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 128, causal=True, sink=True, deterministic=True)
     run_varlen([100, 64, 257, 33], [120, 70, 257, 40], 4, 2, 64, window_size=(40, 8), used_q=[90, 0, 200, 33],
                used_k=[120, 10, 250, 7], deterministic=True)
+    run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 96, causal=True, deterministic=True)
 
 
 @pytest.mark.parametrize("d", [64, 96, 128, 192, 256])

@@ -154,11 +154,13 @@ def test_seed_reproduces_and_changes_the_mask():
     assert torch.equal(d1, d3) and not torch.equal(d1, d2), "unseeded calls: fresh seeds that torch.manual_seed fixes"
 
 
-def test_varlen():
+@pytest.mark.parametrize("d", [64, 96, 128])
+def test_varlen(d):
     """Rows and columns count from each sequence's start, batch = sequence index: each sequence matches the dense
-    reference with its slice of the (sequences, heads, max_q, max_k) mask; gradients too."""
+    reference with its slice of the (sequences, heads, max_q, max_k) mask; gradients too (d64 / d96: their role
+    splits, which take varlen since session 37)."""
     # (no one-key sequence: see test_odd_lengths)
-    lens_q, lens_k, hq, hkv, d, p = [100, 0, 257, 33], [120, 5, 257, 40], 4, 2, 128, 0.25
+    lens_q, lens_k, hq, hkv, p = [100, 0, 257, 33], [120, 5, 257, 40], 4, 2, 0.25
     torch.manual_seed(0)
     q, k, v, cu_q, cu_k = varlen_batch(lens_q, lens_k, hq, hkv, d)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]

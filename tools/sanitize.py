@@ -82,9 +82,9 @@ def _dense_config_run(kind):
     torch.cuda.synchronize()
 
 
-def _varlen_runs(num_splits, pack_gqa, grad=False, deterministic=False):
-    """Packed and dense-with-seqused varlen calls, good and corrupt metadata; with ``grad`` each call's
-    backward runs too (on the same metadata)."""
+def _varlen_runs(num_splits, pack_gqa, grad=False, deterministic=False, d=128):
+    """Packed and dense-with-seqused varlen calls at head dim ``d``, good and corrupt metadata; with ``grad`` each
+    call's backward runs too (on the same metadata)."""
     import torch
 
     import flash_attn_4_sm120 as fa
@@ -97,7 +97,7 @@ def _varlen_runs(num_splits, pack_gqa, grad=False, deterministic=False):
         torch.autograd.grad(out, leaves, torch.ones_like(out))
 
     torch.manual_seed(1)
-    hq, hkv, d = 8, 2, 128
+    hq, hkv = 8, 2
     lens_q, lens_k = [5, 0, 113, 1, 70], [700, 3, 250, 9, 300]
     cu_q = _i32([0, 5, 5, 118, 119, 189])
     cu_k = _i32([0, 700, 703, 953, 962, 1262])
@@ -446,6 +446,8 @@ FAMILIES = {
     "bwd_rolesplit": lambda: _bwd_runs(deterministic=True, role_split=True),
     "bwd_det_orders": _bwd_det_order_runs,
     "bwd_split": _bwd_split_runs,
+    # varlen backward on the d64 / d96 role splits (since session 37; K / V by a warp group each at d96)
+    "bwd_varlen_classes": lambda: [_varlen_runs(1, False, grad=True, d=d) for d in (64, 96)],
     "flex": _flex_runs,
     "sparse": _sparse_runs,
     "dropout": _dropout_runs,

@@ -41,6 +41,15 @@
 #    1.10x; the grid at the H100's occupancy 1.01-1.19x (FA2 1.00-1.21x); FA2's d96 full fwd+bwd 9.50 ms against ours
 #    9.84 (forwards 2.50 / 2.03): its backward ahead at d96 non-causal
 # 7: bench_bwd's d96 rows, the new non-causal one beside the causal one, both occupancies, ~3 min
+# 7 ran: d96 full ours 270 TFLOPS, FA2 288 (0.94x), upstream 228 (1.18x); causal 257 / 235 (1.09x) / 212 (1.21x)
+# 8: varlen no longer sends d64 / d96 to their heavy 8-warp tiles (bwd_config._is_heavy): the role splits hold it
+#    (sm_120a: 13 new dispatchable configs and 12 varlen + dropout ones conform, 219-255 registers); the varlen
+#    backward / dropout / flex / call-plan tests (d96 added to test_bwd_varlen, test_varlen of dropout over d64 / d96 /
+#    d128), then explore/varlen_tiles.py (documents of 128-2048 tokens packed to 16384, 32/8 heads: the role split
+#    against the heavy tile, d64 / d96, full and causal), ~6 min
+# 8 ran: 28/28; varlen backward, heavy 8-warp tile / role split: d64 1.165x full, 1.143x causal; d96 1.346x / 1.356x
+#    (role split 2.33 / 1.43 ms at d64, 3.22 / 1.89 at d96): adopted
+# 9: memcheck of varlen backward calls at d64 / d96 (good and corrupt metadata) on the role splits, ~4 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -82,4 +91,10 @@ case "$part" in
         | grep -v -i warn | grep "\[") ;;
   7) (cd benchmarks && timeout 300 python3 bench_bwd.py --occupancy both --cases d96 --out "$OUT/bwd_d96.json" 2>&1 \
         | grep -v -i warn | grep "\[") ;;
+  8) shards 240 tests/test_bwd_gpu.py tests/test_dropout_gpu.py tests/test_flex_gpu.py tests/test_call_plans.py \
+        -k "varlen or packed or seqused"
+     (cd benchmarks && timeout 240 python3 explore/varlen_tiles.py --out "$OUT/varlen_tiles.json" 2>&1 \
+        | grep -v -i warn | grep "^d") ;;
+  9) timeout 300 python3 tools/sanitize.py --families bwd_varlen_classes --tools memcheck \
+        --json "$OUT/sanitizer_varlen.json" 2>&1 | tail -3 ;;
 esac

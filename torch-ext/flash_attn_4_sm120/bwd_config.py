@@ -273,9 +273,12 @@ BWD_TABLE = {
     256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, dq_chunks=2, dkv_chunks=2),
 }
 
-#: Specs that keep more registers live than the table's tile was chosen for: softcap (the tanh tile, S-sized)
-#: and varlen (per-sequence addressing). The 4-warp d64/d96 tiles run at 252-255 registers without them
-#: and spill with them (sm_120a gate, 2026-11-25); these classes fall back to their 8-warp tiles.
+#: Specs that keep more registers live than the table's tile was chosen for: softcap (the tanh tile, S-sized), mods
+#: and block sparsity. The 4-warp d64 / d96 entries of 2026-11-25 spilled with them and with varlen; the role splits
+#: that replaced them take softcap and score_mods not at all (the predicate), varlen without spills. Varlen left this
+#: list in session 37 (``explore/varlen_tiles.py``, ``varlen_tiles_h100_2026-11-27.json``: documents of 128-2048
+#: tokens packed to 16384, 32/8 heads, SM120 occupancy; these 8-warp tiles took 1.14-1.17x the d64 role split's time
+#: and 1.35-1.36x the d96 one's).
 BWD_TABLE_HEAVY = {
     64: BwdConfig(64, 128, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=8, dq_warps_m=4),
     96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
@@ -300,10 +303,11 @@ BWD_TABLE_FALLBACK = {
 }
 
 
-#: Dropout specs the class's entries cannot run: d64 varlen with the causal mask or a window (its heavy 8-warp tile
-#: cannot hold the keep flags beside 32 S registers per thread and the mask: the predicate's dropout rule) takes the
-#: 64x64 role split, whose groups each hold one S-sized tile and one of dK / dV. d64 causal and windowed dropout
-#: ran here too until the 64x128 role split drew the flags in one group only (session 28).
+#: Dropout specs the class's entries cannot run: d64 block sparsity (a heavy spec: its 8-warp tile cannot hold the
+#: keep flags beside 32 S registers per thread and the mask: the predicate's dropout rule) takes the 64x64 role split,
+#: whose groups each hold one S-sized tile and one of dK / dV. d64 causal and windowed dropout ran here too until the
+#: 64x128 role split drew the flags in one group only (session 28), and d64 varlen with a mask until varlen stopped
+#: being heavy (session 37: the 64x128 role split holds it, sm_120a 250-255 registers, no local memory).
 BWD_TABLE_DROPOUT = {
     64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
 }
@@ -311,8 +315,9 @@ BWD_TABLE_DROPOUT = {
 
 def _is_heavy(spec: BwdSpec) -> bool:
     # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spilled 16-168 B (sm_120a gate,
-    # 2026-11-26)
-    return spec.softcap or spec.varlen_q or spec.varlen_k or spec.mods is not None or spec.block_sparse is not None
+    # 2026-11-26). Varlen was heavy while d64 / d96 had 4-warp entries (they spilled with it); their role splits hold
+    # it (sm_120a gate, session 37: 219-255 registers, no local memory)
+    return spec.softcap or spec.mods is not None or spec.block_sparse is not None
 
 
 def bwd_head_dim_class(spec: BwdSpec) -> int:
@@ -322,7 +327,7 @@ def bwd_head_dim_class(spec: BwdSpec) -> int:
 
 @lru_cache(maxsize=None)
 def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
-    """The table's config for ``spec``: a heavy spec (softcap, varlen) takes its class's ``BWD_TABLE_HEAVY``
+    """The table's config for ``spec``: a heavy spec (softcap, mods, block sparsity) takes its class's ``BWD_TABLE_HEAVY``
     entry where there is one; a spec the chosen entry cannot run (a role-split entry and softcap) falls back to
     the other (a plain spec first to ``BWD_TABLE_UNSPLIT``'s, a dropout spec to ``BWD_TABLE_DROPOUT``'s), then to
     ``BWD_TABLE_FALLBACK``'s. Raises if none fits (a table or predicate bug)."""
