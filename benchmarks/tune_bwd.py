@@ -39,6 +39,19 @@ def _use(cfg, cls):
     backward.clear_caches()
 
 
+def warm_grad(out_fn, leaves, dout) -> str:
+    """Run ``out_fn()`` and its backward once (compiling the kernels of the patched table): "ok", or the error
+    named in a line (a config that cannot run is reported, not raised, by the tuner and the explore scripts)."""
+    import torch
+
+    try:
+        torch.autograd.grad(out_fn(), leaves, dout)
+        torch.cuda.synchronize()
+        return "ok"
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {str(e)[:200]}"
+
+
 def _inputs(cls, causal_override=None):
     import torch
 
@@ -55,8 +68,6 @@ def _inputs(cls, causal_override=None):
 
 
 def _warm(item) -> str:
-    import torch
-
     import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120.bwd_config import BwdConfig
 
@@ -65,13 +76,7 @@ def _warm(item) -> str:
     _use(cfg, cls)
     q, k, v, dout, causal, _ = _inputs(cls)
     q, k, v, dout = (t[:, :256].detach().requires_grad_(t.requires_grad) for t in (q, k, v, dout))
-    try:
-        out = fa.flash_attn_func(q, k, v, causal=causal)[0]
-        torch.autograd.grad(out, (q, k, v), dout)
-        torch.cuda.synchronize()
-        return "ok"
-    except Exception as e:
-        return f"{type(e).__name__}: {str(e)[:200]}"
+    return warm_grad(lambda: fa.flash_attn_func(q, k, v, causal=causal)[0], (q, k, v), dout)
 
 
 def main():

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "torch-ext"))
-from tune_bwd import _use  # noqa: E402  (patches BWD_TABLE[cls], clears the backward's caches)
+from tune_bwd import _use, warm_grad  # noqa: E402  (_use patches BWD_TABLE[cls], clears the backward's caches)
 
 #: (batch, seqlen, heads_q, heads_kv): bench_bwd's rows and tune_bwd's shape (a quarter of the CTAs)
 SHAPES = ("4x4096x32x8", "2x4096x16x4")
@@ -69,21 +69,13 @@ def _inputs(shape, d: int, rows=None):
 
 
 def _warm(item) -> str:
-    import torch
-
     import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120.bwd_config import BwdConfig
 
     cfg, cls, causal, det = BwdConfig(**item[0]), item[1], item[2], item[3]
     _use(cfg, cls)
     q, k, v, dout = _inputs((1, 256, 4, 2), cls)
-    try:
-        out = fa.flash_attn_func(q, k, v, causal=causal, deterministic=det)[0]
-        torch.autograd.grad(out, (q, k, v), dout)
-        torch.cuda.synchronize()
-        return "ok"
-    except Exception as e:  # noqa: BLE001
-        return f"{type(e).__name__}: {str(e)[:200]}"
+    return warm_grad(lambda: fa.flash_attn_func(q, k, v, causal=causal, deterministic=det)[0], (q, k, v), dout)
 
 
 def main():
