@@ -263,8 +263,8 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: 2026-11-27 (session 37, ``deterministic_tiles_d96_h100_2026-11-27.json``) the 64x96 role split: 96 keys per CTA
 #: (98304 B with one dO stage; K / V by a warp group each, ``bwd_kv_copy_threads``) take 0.76x the 64x64 split's
 #: time at 4x4096 32/8 full, 0.88x causal, 0.83x / 0.92x at 2x4096 16/4, 0.84x / 0.87x at 8x2048 16/16; the
-#: deterministic mode 1.02-1.27x its default (the 64x64 split: 1.04-1.73x). Its 16x96 S warp tiles (sdp_warps_m=4)
-#: ran 1.04-1.09x slower than 32x48.
+#: deterministic mode 1.02-1.27x its default (the 64x64 split: 1.00-1.46x its own). Its 16x96 S warp tiles
+#: (sdp_warps_m=4) ran 1.04-1.09x slower than 32x48.
 BWD_TABLE = {
     64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True),
     96: BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True),
