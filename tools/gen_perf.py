@@ -154,6 +154,11 @@ def bwd_table(result: dict, source: str) -> str:
     return "\n".join(lines)
 
 
+def _rows_at(result: dict, field: str) -> list:
+    """The result's rows timed at the occupancy ``field`` names (a row may carry one occupancy only)."""
+    return [row for row in result["rows"] if field in row]
+
+
 def flex_table(result: dict, source: str) -> str:
     """Milliseconds of the mods cases (forward; forward + backward in parentheses) per occupancy, ours against
     torch FlexAttention (compiled) where it runs there."""
@@ -169,7 +174,7 @@ def flex_table(result: dict, source: str) -> str:
         lines += ["", f"**{OCCUPANCIES[field]}**", "", "| case | shape (b, s, hq, hkv, d) | this bundle | "
                   + " | ".join(names[i] for i in flexes) + " | " + " | ".join(f"{names[i]} / ours" for i in flexes)
                   + " |", "|---" * (3 + 2 * len(flexes)) + "|"]
-        for row in (r for r in result["rows"] if field in r):  # rows timed at this occupancy
+        for row in _rows_at(result, field):
             res = row[field]
 
             def ms(impl, part):
@@ -204,7 +209,7 @@ def dropout_table(result: dict, source: str) -> str:
     for field in [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]:
         lines += ["", f"**{OCCUPANCIES[field]}**", "", "| case | shape (b, s, hq, hkv, d) | "
                   + " | ".join(name for _, name in impls) + " | cost, ours | cost, FA2 |", "|---" * 8 + "|"]
-        for row in (r for r in result["rows"] if field in r):  # rows timed at this occupancy
+        for row in _rows_at(result, field):
             res = row[field]
 
             def ms(impl, part):

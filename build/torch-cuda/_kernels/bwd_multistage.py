@@ -429,11 +429,8 @@ class FlashBwdMultistage:
             if const_expr(self.kv_threads == self.num_threads):
                 load_rows(tiled, tidx, g, dst, (self.tile_n, width), real, ctx.seqlen_k - n * self.tile_n, True)
             elif tidx // self.kv_threads == owner:  # a warp group per tile (``bwd_kv_copy_threads``)
-                group_copy = g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1],
-                                            self.kv_threads,
-                                            cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL))
-                load_rows(group_copy, tidx % self.kv_threads, g, dst, (self.tile_n, width), real,
-                          ctx.seqlen_k - n * self.tile_n, True)
+                load_rows(self.row_copy(width, self.kv_threads), tidx % self.kv_threads, g, dst, (self.tile_n, width),
+                          real, ctx.seqlen_k - n * self.tile_n, True)
         for s_x, tiled, width, real, stages in ((sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim,
                                                  self.config.stages_q),
                                                 (sm.sdO, self.g2s_v, self.head_dim_v, self.spec.head_dim_v,
@@ -444,6 +441,12 @@ class FlashBwdMultistage:
                 t_x = thr.partition_D(s_x)
                 for st in cutlass.range_constexpr(stages):
                     zero_masked_cols(t_x[None, None, None, st], col_pred)
+
+    def row_copy(self, width: int, threads: int, op=None) -> cute.TiledCopy:
+        """A 16-byte row copy of a ``width``-wide swizzled tile by ``threads`` threads (``op``: cp.async global ->
+        shared by default), for the copies one warp group or a K / V owner makes inside the kernel."""
+        op = op if op is not None else cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
+        return g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], threads, op)
 
     @cute.jit
     def load_q_do(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, q: cutlass.Constexpr[bool],
@@ -725,8 +728,7 @@ class FlashBwdMultistage:
         cute.arch.sync_threads()
         for mX, sX, width, real, owner in ((mdK, ctx.sK_out, self.head_dim, self.spec.head_dim, 1),
                                            (mdV, ctx.sV_out, self.head_dim_v, self.spec.head_dim_v, 0)):
-            s2g = g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], self.kv_threads,
-                                 cute.nvgpu.CopyUniversalOp())
+            s2g = self.row_copy(width, self.kv_threads, cute.nvgpu.CopyUniversalOp())
             mX_s, _ = sequence_heads(mX, ctx.batch, mCuSeqlensK, mSeqUsedK)
             gX = cute.local_tile(mX_s[None, ctx.head_kv, None], (self.tile_n, width), (ctx.n_block, 0))
             if const_expr(self.kv_threads == self.num_threads):

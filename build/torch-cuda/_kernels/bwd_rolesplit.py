@@ -36,7 +36,6 @@ from types import SimpleNamespace
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync
 
 from .. import flex
 from .block_walk import raw_entry
@@ -45,7 +44,6 @@ from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled
 from .dropout_mask import apply_keep_pairs
 from .flex_mods import FlexMods, apply_mods
 from .fragments import acc_rows_cols, convert
-from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .mask import mask_scores
 from .seqlen_info import workspace_row
 from .tile_io import load_rows
@@ -114,8 +112,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
     def load_do_group0(self, mdO_s, sdO, head, m, seqlen_q):
         """cp.async query block m's dO tile (single-buffered) into ``sdO`` by group 0's 128 threads."""
         width, real = self.head_dim_v, self.spec.head_dim_v
-        tiled = g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], _GROUP,
-                               cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL))
+        tiled = self.row_copy(width, _GROUP)
         gX = cute.local_tile(mdO_s[None, head, None], (self.tile_m, width), (m, 0))
         load_rows(tiled, group_ids()[1], gX, sdO[None, None, 0], (self.tile_m, width), real,
                   seqlen_q - m * self.tile_m)
