@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from flash_attn_4_sm120._kernels import block_info
-from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BWD_TABLE_UNSPLIT, BwdConfig,
-                                           bwd_banded, bwd_config_problems, bwd_kv_copy_threads, bwd_padded_head_dim,
+from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BWD_TABLE_SMEM_OPERANDS,
+                                           BWD_TABLE_UNSPLIT, BwdConfig, bwd_banded, bwd_config_problems,
+                                           bwd_kv_copy_threads, bwd_kv_regs, bwd_padded_head_dim,
                                            bwd_rotated_start, bwd_smem_bytes, bwd_step_divisor,
                                            bwd_tile_band, candidate_bwd_configs, dispatchable_bwd,
                                            select_bwd_config)
@@ -88,20 +89,43 @@ def test_selection_falls_back_when_the_table_entry_cannot_run(monkeypatch):
 
 
 def test_d96_role_split_and_its_alternatives():
-    """d96's entry is the role split; a plain spec it cannot run (head dims unequal once padded to 32) takes the
-    4-warp tile, heavy specs (softcap) the 8-warp one, varlen stays on the role split (session 37: faster, no
-    spills), dropout too (its own rule), and with unequal head dims dropout goes past the 4-warp tile (too many
-    registers beside the keep flags) to the 8-warp one."""
-    rs, unsplit, heavy = BWD_TABLE[96], BWD_TABLE_UNSPLIT[96], BWD_TABLE_HEAVY[96]
-    assert rs.role_split and not unsplit.role_split and unsplit.num_warps == 4 and heavy.num_warps == 8
+    """d96's entry is the role split with its S / dP operands in registers; dropout and varlen in the highest-first
+    deterministic order (no registers for them there) take the same split with both operands in shared memory; a
+    plain spec neither can run (head dims unequal once padded to 32) takes the 4-warp tile, heavy specs (softcap) the
+    8-warp one, varlen stays on the role split (session 37: faster, no spills), and with unequal head dims dropout
+    goes past the 4-warp tile (too many registers beside the keep flags) to the 8-warp one."""
+    rs, smem, unsplit, heavy = BWD_TABLE[96], BWD_TABLE_SMEM_OPERANDS[96], BWD_TABLE_UNSPLIT[96], BWD_TABLE_HEAVY[96]
+    assert rs.role_split and rs.kv_in_regs and smem.role_split and not smem.kv_in_regs
+    assert not unsplit.role_split and unsplit.num_warps == 4 and heavy.num_warps == 8
     cases = {BwdSpec("bf16", 96, 96, True): rs, BwdSpec("bf16", 72, 72, False, local=True, deterministic=True): rs,
              BwdSpec("bf16", 80, 96, False): rs, BwdSpec("bf16", 96, 48, True): unsplit,
              BwdSpec("bf16", 64, 96, False): unsplit, BwdSpec("bf16", 96, 96, True, softcap=True): heavy,
              BwdSpec("bf16", 96, 96, False, varlen_q=True): rs,
+             BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, deterministic=True): smem,
+             BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, deterministic=True, lowest_first=True): rs,
              BwdSpec("bf16", 96, 96, True, softcap=True, varlen_q=True, varlen_k=True): heavy,
-             BwdSpec("bf16", 96, 96, True, dropout=True): rs, BwdSpec("bf16", 96, 48, False, dropout=True): heavy}
+             BwdSpec("bf16", 96, 96, True, dropout=True): smem, BwdSpec("bf16", 96, 48, False, dropout=True): heavy}
     for spec, cfg in cases.items():
         assert select_bwd_config(spec, SM120) == cfg, spec
+
+
+def test_kv_in_regs_puts_p_and_ds_in_the_v_region():
+    """``kv_in_regs``: the role split's S / dP B operands in registers (a warp's 32 of 128 keys at d96: 48 registers),
+    P and dS in V's shared memory (94208 B for d96's 64x128 tile, where separate tiles need 116 KB); refused off the
+    role split, with dropout, and for varlen in the highest-first deterministic order (the sm_120a gate's spills)."""
+    cfg = BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True, kv_in_regs=True)
+    spec = BwdSpec("bf16", 96, 96, True)
+    assert bwd_kv_regs(cfg, 96) == 48 and bwd_kv_regs(BWD_TABLE[128], 128) == 0
+    assert bwd_smem_bytes(spec, cfg) == 94208 and not bwd_config_problems(spec, cfg, SM120)
+    plain = BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True)
+    assert bwd_smem_bytes(spec, plain) == 118784
+    assert any("shared memory" in p for p in bwd_config_problems(spec, plain, SM120))
+    assert any("kv_in_regs is the role split" in p for p in bwd_config_problems(
+        spec, BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=4, dq_warps_m=4, kv_in_regs=True), SM120))
+    assert any("dropout" in p for p in bwd_config_problems(BwdSpec("bf16", 96, 96, True, dropout=True), cfg, SM120))
+    packed = BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, deterministic=True)
+    assert any("highest-first" in p for p in bwd_config_problems(packed, cfg, SM120))
+    assert not bwd_config_problems(BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True), cfg, SM120)
 
 
 def test_key_tiles_the_cta_copy_pass_does_not_divide_move_by_warp_group():
@@ -128,7 +152,7 @@ def test_dispatchable_covers_every_class_and_mask():
     gated = {cfg for _, cfg in pairs} | {c.config for c in compiler.flex_cases(SM120) + compiler.sparse_cases(SM120)
                                          if isinstance(c, compiler.BwdCase)}
     assert gated == (set(BWD_TABLE.values()) | set(BWD_TABLE_HEAVY.values()) | set(BWD_TABLE_FALLBACK.values())
-                     | set(BWD_TABLE_UNSPLIT.values()))
+                     | set(BWD_TABLE_UNSPLIT.values()) | set(BWD_TABLE_SMEM_OPERANDS.values()))
     assert {(s.causal, s.local) for s, _ in pairs} == {(False, False), (True, False), (False, True)}
     assert any(s.softcap for s, _ in pairs) and any(s.varlen_q and s.seqused_k for s, _ in pairs)
 

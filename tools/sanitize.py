@@ -135,7 +135,7 @@ def _bwd_runs(deterministic=False, role_split=False):
     """The backward (preprocess, main kernel, postprocess): dense GQA calls per head-dim class (full, causal, a
     window with a negative bound, softcap, a sink) and the varlen metadata cases of ``_varlen_runs``;
     ``role_split`` patches the d64 / d128 table entries to the 64x64 role-split kernel (named barriers; d96's
-    entry is its 64x96 role split, K / V and dK / dV moved by a warp group each)."""
+    entry is its 64x128 role split with the S / dP B operands in registers and P / dS in V's shared memory)."""
     import dataclasses
 
     import torch

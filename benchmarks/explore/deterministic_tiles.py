@@ -19,7 +19,7 @@ import functools
 import json
 import multiprocessing
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -46,8 +46,14 @@ def candidates(cls: int) -> dict:
                                              role_split=True),
                 "rolesplit_64x96_s4": BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=4, dkv_warps_n=2, dq_warps_m=4,
                                                 role_split=True),
-                "rolesplit_64x96_div": replace(BWD_TABLE[96], step_divisor=True),
-                "rolesplit_64x96_rot": replace(BWD_TABLE[96], rotated_start=True)}
+                "rolesplit_64x96_div": BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4,
+                                                 role_split=True, step_divisor=True),
+                # session 38: 128 keys per CTA with each group's S / dP B operand in registers (K / V rows), P and dS
+                # in V's shared memory (kv_in_regs)
+                "kvr_64x128_dkv2": BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4,
+                                             role_split=True, step_divisor=True, kv_in_regs=True),
+                "kvr_64x128_dkv4": BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=4, dq_warps_m=4,
+                                             role_split=True, step_divisor=True, kv_in_regs=True)}
     if cls == 128:  # session 37: 96 keys per CTA at d128 fit beside 32-row query tiles (84 KB)
         split = dict(sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True)
         return {"table": BWD_TABLE[128],

@@ -69,6 +69,11 @@ class BwdConfig:
     #: time with it (4x4096 32/8 non-causal 255 / 257 -> 263 / 265 TFLOPS); d128's 64x64 split 1.02x slower (256 /
     #: 252 -> 250 / 249), so it keeps the common start
     rotated_start: bool = False
+    #: the role split's S and dP GEMMs take their B operand (group 0: its warp's K rows, group 1: its V rows) from
+    #: registers loaded once per CTA, and the V tile's shared memory then holds P and dS: 128 keys at d96 in 94 KB
+    #: (Q 2 x 12, dO 12, K 24, V-or-P-and-dS 32) where the 64x128 split with a V tile needs 116 KB. A warp holds
+    #: tile_n / (4 / sdp_warps_m) keys of it (``bwd_kv_regs``): one warp along the queries keeps that smallest
+    kv_in_regs: bool = False
 
     @property
     def num_threads(self) -> int:
@@ -111,12 +116,29 @@ def _aligned(n: int) -> int:
     return (n + 1023) // 1024 * 1024
 
 
+def bwd_v_region_bytes(cfg: BwdConfig, dv: int) -> int:
+    """Bytes of the V tile's region at padded width ``dv``: the V tile, or with ``kv_in_regs`` the larger of it and
+    the P and dS tiles that follow it there (V has gone to registers before the first P)."""
+    v = _aligned(cfg.tile_n * dv * BYTES_PER_ELEM)
+    return max(v, 2 * _aligned(cfg.tile_m * cfg.tile_n * BYTES_PER_ELEM)) if cfg.kv_in_regs else v
+
+
 def bwd_smem_bytes(spec: BwdSpec, cfg: BwdConfig) -> int:
-    """Dynamic shared memory of the main kernel: Q and dO stages, K, V, P and dS, each 1024-aligned."""
+    """Dynamic shared memory of the main kernel: Q and dO stages, K, V, P and dS, each 1024-aligned (with
+    ``kv_in_regs`` P and dS in V's region)."""
     d, dv = bwd_padded_head_dim(spec.head_dim, cfg), bwd_padded_head_dim(spec.head_dim_v, cfg, qk=False)
     e = BYTES_PER_ELEM
+    p_ds = 0 if cfg.kv_in_regs else 2 * _aligned(cfg.tile_m * cfg.tile_n * e)
     return (_aligned(cfg.stages_q * cfg.tile_m * d * e) + _aligned(cfg.stages_do * cfg.tile_m * dv * e)
-            + _aligned(cfg.tile_n * d * e) + _aligned(cfg.tile_n * dv * e) + 2 * _aligned(cfg.tile_m * cfg.tile_n * e))
+            + _aligned(cfg.tile_n * d * e) + bwd_v_region_bytes(cfg, dv) + p_ds)
+
+
+def bwd_kv_regs(cfg: BwdConfig, d: int) -> int:
+    """32-bit registers per thread of a ``kv_in_regs`` role split's B operand: its warp's share of the keys
+    (``tile_n`` over the 4 / sdp_warps_m warps along them) at padded width ``d``, two 16-bit elements a register."""
+    if not cfg.kv_in_regs:
+        return 0
+    return cfg.tile_n // max(1, cfg.role_warps // max(cfg.sdp_warps_m, 1)) * d // 64
 
 
 def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num_warps: int) -> None:
@@ -208,6 +230,14 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
             out.append("role_split: softcap's tanh tile lives in the S warp group, dS is formed in the other")
         if spec.mods is not None and spec.mods.score_mod is not None:
             out.append("role_split: score_mod's pre-mod scores live in the S warp group, dS is formed in the other")
+    if cfg.kv_in_regs and not cfg.role_split:
+        out.append("kv_in_regs is the role split's (each group's one B operand in registers)")
+    if cfg.kv_in_regs and spec.dropout:
+        # sm_120a gate, 2026-11-27: d96's 64x128 split spilled 140-152 B with group 0's keep flags
+        out.append("kv_in_regs: dropout's keep flags beside the K / V rows in registers spill")
+    if cfg.kv_in_regs and spec.deterministic and not spec.lowest_first and (spec.varlen_q or spec.varlen_k):
+        # sm_120a gate, 2026-11-27: d96's 64x128 split, causal, packed, highest first: one local word
+        out.append("kv_in_regs: the highest-first counters beside varlen's per-sequence addressing keep a local word")
     if spec.mods is not None and spec.mods.score_mod is not None and cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
         # sm_120a gate, 2026-11-25: a softcap score_mod at d64 on the 64x128 8-warp tile spilled 256 B
         out.append("score_mod keeps the pre-mod scores beside S: S fragments of 32 or more registers per thread "
@@ -235,8 +265,11 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
                    f"{model.smem_per_cta} B per CTA of the {model.name} model")
     # fp32 accumulators per thread live across the whole loop (dK, dV) or a step (S, dP, dQ)
     dq_regs = cfg.tile_m * d // max(cfg.dq_chunks, 1) // cfg.num_threads
-    if cfg.role_split:  # a thread holds dV or dK, and S or dP
-        acc_regs = (cfg.tile_n * d + cfg.tile_m * cfg.tile_n) // (32 * rw) + dq_regs
+    if cfg.role_split:
+        # a thread holds dV or dK, and S or dP, which has gone to sP / sdS before dQ's tile starts (and with
+        # kv_in_regs its K or V rows)
+        acc_regs = (cfg.tile_n * d // (32 * rw) + max(cfg.tile_m * cfg.tile_n // (32 * rw), dq_regs)
+                    + bwd_kv_regs(cfg, d))
     else:
         acc_regs = (cfg.tile_n * (d + dv) + 2 * cfg.tile_m * cfg.tile_n) // cfg.num_threads + dq_regs
     if acc_regs > 224:
@@ -267,7 +300,8 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: (sdp_warps_m=4) ran 1.04-1.09x slower than 32x48.
 BWD_TABLE = {
     64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True),
-    96: BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True),
+    96: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True,
+                  kv_in_regs=True),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True),
     192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
     256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, dq_chunks=2, dkv_chunks=2),
@@ -303,6 +337,14 @@ BWD_TABLE_FALLBACK = {
 }
 
 
+#: Plain specs a class's ``kv_in_regs`` entry has no registers for (the predicate says which: dropout, varlen in the
+#: highest-first deterministic order): the same role split with both S / dP operands read from shared memory, d96's
+#: entry until session 38 (64x96, 98304 B: ``BWD_TABLE``'s comment).
+BWD_TABLE_SMEM_OPERANDS = {
+    96: BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True),
+}
+
+
 #: Dropout specs the class's entries cannot run: d64 block sparsity (a heavy spec: its 8-warp tile cannot hold the
 #: keep flags beside 32 S registers per thread and the mask: the predicate's dropout rule) takes the 64x64 role split,
 #: whose groups each hold one S-sized tile and one of dK / dV. d64 causal and windowed dropout ran here too until the
@@ -329,7 +371,8 @@ def bwd_head_dim_class(spec: BwdSpec) -> int:
 def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
     """The table's config for ``spec``: a heavy spec (softcap, mods, block sparsity) takes its class's ``BWD_TABLE_HEAVY``
     entry where there is one; a spec the chosen entry cannot run (a role-split entry and softcap) falls back to
-    the other (a plain spec first to ``BWD_TABLE_UNSPLIT``'s, a dropout spec to ``BWD_TABLE_DROPOUT``'s), then to
+    the other (a plain spec first to ``BWD_TABLE_UNSPLIT``'s, a dropout spec to ``BWD_TABLE_DROPOUT``'s; a spec a
+    ``kv_in_regs`` entry has no registers for first to ``BWD_TABLE_SMEM_OPERANDS``'s), then to
     ``BWD_TABLE_FALLBACK``'s. Raises if none fits (a table or predicate bug)."""
     cls = bwd_head_dim_class(spec)
     order = [BWD_TABLE[cls]] + ([BWD_TABLE_HEAVY[cls]] if cls in BWD_TABLE_HEAVY else [])
@@ -337,6 +380,8 @@ def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
         order.reverse()
     elif cls in BWD_TABLE_UNSPLIT:
         order.insert(1, BWD_TABLE_UNSPLIT[cls])
+    if cls in BWD_TABLE_SMEM_OPERANDS:
+        order.insert(order.index(BWD_TABLE[cls]) + 1, BWD_TABLE_SMEM_OPERANDS[cls])
     if spec.dropout and cls in BWD_TABLE_DROPOUT:
         order.insert(1, BWD_TABLE_DROPOUT[cls])
     order += [BWD_TABLE_FALLBACK[cls]] if cls in BWD_TABLE_FALLBACK else []
@@ -374,6 +419,12 @@ BWD_ROLE_SPLIT_CANDIDATES = {
     128: ((64, 64, 8, 2, 1, 1, 1),),
 }
 
+#: Role-split tiles (same tuple layout) the tuner may try with ``kv_in_regs``: P and dS in V's region leave room for
+#: 128 keys at d96 (session 38).
+BWD_KV_REGS_CANDIDATES = {
+    96: ((64, 128, 8, 2, 1, 1, 1),),
+}
+
 
 def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfig]:
     """Configs the backward tuner may pick from for ``spec``: the class's candidate tiles with every warp
@@ -382,16 +433,17 @@ def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfi
     and without the step divisor and the rotated start (the latter changes nothing under a mask)."""
     out = []
     cls = bwd_head_dim_class(spec)
-    tiles = [(*t, False) for t in BWD_TILE_CANDIDATES[cls]]
-    tiles += [(*t, True) for t in BWD_ROLE_SPLIT_CANDIDATES.get(cls, ())]
+    tiles = [(*t, False, False) for t in BWD_TILE_CANDIDATES[cls]]
+    tiles += [(*t, True, False) for t in BWD_ROLE_SPLIT_CANDIDATES.get(cls, ())]
+    tiles += [(*t, True, True) for t in BWD_KV_REGS_CANDIDATES.get(cls, ())]
     # the role split's step knobs are tried at the tile and split the class's entry has (tile first, then knobs)
     entry = BWD_TABLE.get(cls)
     entry = replace(entry, step_divisor=False, rotated_start=False) if entry is not None and entry.role_split else None
-    for tm, tn, w, sq, sdo, ch, kch, rs in tiles:
+    for tm, tn, w, sq, sdo, ch, kch, rs, kvr in tiles:
         splits = [x for x in (1, 2, 4, 8) if x <= w]
         for sdp, dkv, dq in product(splits, splits, splits):
             base = BwdConfig(tm, tn, w, sq, sdo, sdp_warps_m=sdp, dkv_warps_n=dkv, dq_warps_m=dq, dq_chunks=ch,
-                             dkv_chunks=kch, role_split=rs)
+                             dkv_chunks=kch, role_split=rs, kv_in_regs=kvr)
             knobs = (False, True) if base == entry else (False,)
             for div, rot in product(knobs, knobs):
                 cfg = replace(base, step_divisor=div, rotated_start=rot)

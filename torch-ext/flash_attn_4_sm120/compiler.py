@@ -582,7 +582,8 @@ class BwdCase:
         return (f"bwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}"
                 f"q{c.stages_q}o{c.stages_do}_{c.sdp_warps_m}{c.dkv_warps_n}{c.dq_warps_m}"
                 + (f"c{c.dq_chunks}" if c.dq_chunks > 1 else "") + (f"k{c.dkv_chunks}" if c.dkv_chunks > 1 else "")
-                + ("_rs" if c.role_split else "") + ("d" if c.step_divisor else "") + ("r" if c.rotated_start else ""))
+                + ("_rs" if c.role_split else "") + ("d" if c.step_divisor else "") + ("r" if c.rotated_start else "")
+                + ("v" if c.kv_in_regs else ""))
 
     def describe(self) -> dict:
         return {"kernel": "bwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}

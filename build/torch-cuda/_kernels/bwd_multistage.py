@@ -54,7 +54,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from .. import flex
 from ..bwd_config import (BwdConfig, bwd_banded, bwd_config_problems, bwd_kv_copy_threads, bwd_padded_head_dim,
-                          bwd_rotated_start, bwd_smem_bytes, bwd_step_divisor)
+                          bwd_rotated_start, bwd_smem_bytes, bwd_step_divisor, bwd_v_region_bytes)
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
@@ -132,14 +132,25 @@ class FlashBwdMultistage:
         self.mma_dkv = warp_tiled_mma(dt, nw, cfg.dkv_warps_n)
         self.mma_dq = dq_tiled_mma(dt, cfg)
 
-        @cute.struct
-        class SharedStorage:
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
-            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sdO_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sP_layout)], 1024]
-            sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sP_layout)], 1024]
+        if const_expr(cfg.kv_in_regs):
+            # V's region holds P and dS after V has gone to registers (``bwd_config.bwd_v_region_bytes``)
+            v_elems = bwd_v_region_bytes(cfg, dv) * 8 // dt.width
+
+            @cute.struct
+            class SharedStorage:
+                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
+                sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sdO_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, v_elems], 1024]
+        else:
+            @cute.struct
+            class SharedStorage:
+                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
+                sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sdO_layout)], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
+                sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sP_layout)], 1024]
+                sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sP_layout)], 1024]
 
         if SharedStorage.size_in_bytes() != bwd_smem_bytes(self.spec, self.config):
             raise RuntimeError(f"smem accounting mismatch: struct {SharedStorage.size_in_bytes()} B vs "
@@ -340,9 +351,14 @@ class FlashBwdMultistage:
         sdO = storage.sdO.get_tensor(layouts.sdO)
         sK = storage.sK.get_tensor(layouts.sK)
         sV = storage.sV.get_tensor(layouts.sV)
-        sP = storage.sP.get_tensor(layouts.sP)
-        sdS = storage.sdS.get_tensor(layouts.sP)
         tm, tn, d, dv = self.tile_m, self.tile_n, self.head_dim, self.head_dim_v
+        if const_expr(cfg.kv_in_regs):  # P and dS in V's region (``_setup``)
+            p_elems = (tm * tn * self.dtype.width // 8 + 1023) // 1024 * 1024 * 8 // self.dtype.width
+            sP = cute.make_tensor(sV.iterator, layouts.sP)
+            sdS = cute.make_tensor((sV.iterator + p_elems).align(1024), layouts.sP)
+        else:
+            sP = storage.sP.get_tensor(layouts.sP)
+            sdS = storage.sdS.get_tensor(layouts.sP)
         return SimpleNamespace(
             sQ=sQ, sdO=sdO, sK=sK, sV=sV, sP=sP, sdS=sdS,
             sQt=transposed(sQ, tm, d, cfg.stages_q), sdOt=transposed(sdO, tm, dv, cfg.stages_do),
@@ -398,20 +414,24 @@ class FlashBwdMultistage:
                                rB_v=tb.retile(rB), s2r_a=s2r_a, s2r_b=s2r_b, mma=tiled_mma)
 
     @cute.jit
-    def gemm(self, acc, ops: SimpleNamespace, a_stage, b_stage):
+    def gemm(self, acc, ops: SimpleNamespace, a_stage, b_stage, rB=None):
         """acc += A B^T, both operands read from smem by ldmatrix one k16 step ahead; ``a_stage`` /
-        ``b_stage`` select the stage of an operand with a stage mode (None: it has none). Returns ``acc`` (for a
-        caller that must rebind it inside a staged branch)."""
+        ``b_stage`` select the stage of an operand with a stage mode (None: it has none); ``rB``: the whole B
+        fragment already in registers (``b_stage`` unused). Returns ``acc`` (for a caller that must rebind it inside
+        a staged branch)."""
         sA = ops.sA if const_expr(a_stage is None) else ops.sA[None, None, None, a_stage]
-        sB = ops.sB if const_expr(b_stage is None) else ops.sB[None, None, None, b_stage]
         num_k = cute.size(sA, mode=[2])
         cute.copy(ops.s2r_a, sA[None, None, 0], ops.rA_v[None, None, 0])
-        cute.copy(ops.s2r_b, sB[None, None, 0], ops.rB_v[None, None, 0])
+        if const_expr(rB is None):
+            sB = ops.sB if const_expr(b_stage is None) else ops.sB[None, None, None, b_stage]
+            cute.copy(ops.s2r_b, sB[None, None, 0], ops.rB_v[None, None, 0])
         for k in cutlass.range_constexpr(num_k):
             if const_expr(k + 1 < num_k):
                 cute.copy(ops.s2r_a, sA[None, None, k + 1], ops.rA_v[None, None, k + 1])
-                cute.copy(ops.s2r_b, sB[None, None, k + 1], ops.rB_v[None, None, k + 1])
-            cute.gemm(ops.mma, acc, ops.rA[None, None, k], ops.rB[None, None, k], acc)
+                if const_expr(rB is None):
+                    cute.copy(ops.s2r_b, sB[None, None, k + 1], ops.rB_v[None, None, k + 1])
+            cute.gemm(ops.mma, acc, ops.rA[None, None, k], (ops.rB if const_expr(rB is None) else rB)[None, None, k],
+                      acc)
         return acc
 
     # ------------------------------------------------------------------------------------------

@@ -130,6 +130,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
     def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
         acc_kv = cute.make_rmem_tensor(ctx.thr_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_kv.fill(0.0)
+        ctx.rB = self.kv_fragment(ctx, sm) if const_expr(self.config.kv_in_regs) else None
         if const_expr(self.spec.block_sparse is not None):  # the walk's entries travel with the loop
             ent0, ent1 = raw_entry(ctx.walk, Int32(0)), raw_entry(ctx.walk, Int32(1))
             for it in cutlass.range(num_steps, unroll=1):
@@ -141,6 +142,18 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         ctx.acc_kv = acc_kv
         if const_expr(self.spec.deterministic):
             self.pass_previous_turn(ctx, num_steps, mSem, mCuSeqlensQ, ctx.tidx - _RELEASE)  # the last step's
+
+    @cute.jit
+    def kv_fragment(self, ctx: SimpleNamespace, sm: SimpleNamespace) -> cute.Tensor:
+        """``kv_in_regs``: the thread's B operand of its group's S / dP GEMM for the whole walk, group 0's from the K
+        tile and group 1's from the V tile (V lies kv_gap elements after K; branch-free, as ``store_dkv``), then a
+        CTA barrier, after which V's region takes P and dS."""
+        wg, wtid = group_ids()
+        src = cute.make_tensor((sm.sK.iterator + wg * self.kv_gap_elems).align(1024), sm.sK.layout)
+        ops = self.operands(ctx.thr_sdp, self.mma_sdp, wtid, sm.sQ, sm.sQ[None, None, 0], False, src, src, False)
+        cute.copy(ops.s2r_b, ops.sB, ops.rB_v)
+        cute.arch.sync_threads()
+        return ops.rB
 
     @cute.jit
     def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
@@ -165,7 +178,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         tScS_rc, t0ScS_rc = ctx.tScS_rc, ctx.t0ScS_rc
         n_block, seqlen_q, seqlen_k = ctx.n_block, ctx.seqlen_q, ctx.seqlen_k
         window_left, window_right, scale_log2 = ctx.window_left, ctx.window_right, ctx.scale_log2
-        mdO_s, tidx = ctx.mdO_s, ctx.tidx
+        mdO_s, tidx, rB = ctx.mdO_s, ctx.tidx, ctx.rB
         if const_expr(entries is not None):
             head_next, m_next = next_coords
         else:
@@ -183,7 +196,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             lse2 = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):
                 lse2[r] = gLSE2[m * self.tile_m + tScS_rc[r, 0][0]]
-            acc = self.gemm(acc, ops_s, sq, None)
+            acc = self.gemm(acc, ops_s, sq, None, rB)
             S_rc = acc_rows_cols(acc)
             if const_expr(self.spec.block_sparse is not None):
                 # block sparsity: a mask-list tile or one the forward's range masks; the mask_mod on mask-list tiles
@@ -227,7 +240,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                 dsum[r] = gD[m * self.tile_m + tScS_rc[r, 0][0]]
                 if const_expr(self.spec.dropout and self.ds_over_scale()):  # dS (1 - p) below: D' (1 - p) here
                     dsum[r] = dsum[r] * ctx.dropout.keep_prob
-            acc = self.gemm(acc, ops_dp, sdo, None)
+            acc = self.gemm(acc, ops_dp, sdo, None, rB)
             seen = None
             if const_expr(turn is not None):
                 # deterministic: in group 1's wait for P (its slack), warp 5 releases the previous step's query
