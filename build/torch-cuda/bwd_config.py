@@ -297,7 +297,10 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: (98304 B with one dO stage; K / V by a warp group each, ``bwd_kv_copy_threads``) take 0.76x the 64x64 split's
 #: time at 4x4096 32/8 full, 0.88x causal, 0.83x / 0.92x at 2x4096 16/4, 0.84x / 0.87x at 8x2048 16/16; the
 #: deterministic mode 1.02-1.27x its default (the 64x64 split: 1.00-1.46x its own). Its 16x96 S warp tiles
-#: (sdp_warps_m=4) ran 1.04-1.09x slower than 32x48.
+#: (sdp_warps_m=4) ran 1.04-1.09x slower than 32x48. Since session 38 (same file, same shapes) the 64x128 role split
+#: with each group's S / dP B operand in registers (``kv_in_regs``: P and dS in V's shared memory, 94208 B): 0.82-0.93x
+#: the 64x96 split's time, full and causal, deterministic 1.06-1.21x its default; dK / dV on 4x1 warps instead of 2x2
+#: 0.98-1.01x (not adopted).
 BWD_TABLE = {
     64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True),
     96: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True,
