@@ -10,7 +10,7 @@ import torch
 from flash_attn_4_sm120._kernels import block_info
 from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TABLE_HEAVY, BWD_TABLE_SMEM_OPERANDS,
                                            BWD_TABLE_UNSPLIT, BwdConfig, bwd_banded, bwd_config_problems,
-                                           bwd_kv_copy_threads, bwd_kv_regs, bwd_padded_head_dim,
+                                           bwd_kv_copy_threads, bwd_kv_regs, bwd_padded_head_dim, bwd_sdp_n_step,
                                            bwd_rotated_start, bwd_smem_bytes, bwd_step_divisor,
                                            bwd_tile_band, candidate_bwd_configs, dispatchable_bwd,
                                            select_bwd_config)
@@ -115,7 +115,12 @@ def test_kv_in_regs_puts_p_and_ds_in_the_v_region():
     role split, with dropout, and for varlen in the highest-first deterministic order (the sm_120a gate's spills)."""
     cfg = BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True, kv_in_regs=True)
     spec = BwdSpec("bf16", 96, 96, True)
-    assert bwd_kv_regs(cfg, 96) == 48 and bwd_kv_regs(BWD_TABLE[128], 128) == 0
+    assert bwd_kv_regs(cfg, 96) == 48 and bwd_kv_regs(BWD_TABLE[192], 192) == 0
+    # d128's 64x96 split: 24 keys per warp, one n8 atom per warp step, 48 registers, 98304 B
+    d128 = BWD_TABLE[128]
+    assert d128.kv_in_regs and bwd_kv_regs(d128, 128) == 48 and bwd_sdp_n_step(d128) == 8 and bwd_sdp_n_step(cfg) == 16
+    assert bwd_smem_bytes(BwdSpec("bf16", 128, 128, True), d128) == 98304
+    assert select_bwd_config(BwdSpec("bf16", 128, 128, True, dropout=True), SM120) == BWD_TABLE_SMEM_OPERANDS[128]
     assert bwd_smem_bytes(spec, cfg) == 94208 and not bwd_config_problems(spec, cfg, SM120)
     plain = BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True)
     assert bwd_smem_bytes(spec, plain) == 118784

@@ -134,8 +134,9 @@ def _varlen_runs(num_splits, pack_gqa, grad=False, deterministic=False, d=128):
 def _bwd_runs(deterministic=False, role_split=False):
     """The backward (preprocess, main kernel, postprocess): dense GQA calls per head-dim class (full, causal, a
     window with a negative bound, softcap, a sink) and the varlen metadata cases of ``_varlen_runs``;
-    ``role_split`` patches the d64 / d128 table entries to the 64x64 role-split kernel (named barriers; d96's
-    entry is its 64x128 role split with the S / dP B operands in registers and P / dS in V's shared memory)."""
+    ``role_split`` patches the d64 table entry to the 64x64 role-split kernel (named barriers; d96's and d128's
+    entries are their 64x128 / 64x96 role splits with the S / dP B operands in registers and P / dS in V's shared
+    memory)."""
     import dataclasses
 
     import torch
@@ -146,7 +147,6 @@ def _bwd_runs(deterministic=False, role_split=False):
     if role_split:
         cfg = bwd_config.BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True)
         bwd_config.BWD_TABLE[64] = dataclasses.replace(cfg, stages_do=2)
-        bwd_config.BWD_TABLE[128] = cfg
         backward.clear_caches()
     torch.manual_seed(2)
     for d in (64, 96, 128) if role_split else (64, 96, 128, 192, 256):

@@ -59,7 +59,13 @@ def candidates(cls: int) -> dict:
         return {"table": BWD_TABLE[128],
                 "rolesplit_32x96": BwdConfig(32, 96, 8, 2, 1, **split),
                 "rolesplit_32x96_dq2": BwdConfig(32, 96, 8, 2, 1, **{**split, "dq_warps_m": 2}),
-                "rolesplit_32x96_o2": BwdConfig(32, 96, 8, 2, 2, **split)}
+                "rolesplit_32x96_o2": BwdConfig(32, 96, 8, 2, 2, **split),
+                # session 38: 96 keys per CTA beside 64-row query tiles with each group's S / dP B operand in
+                # registers (a warp's 24 K or V rows: one n8 atom per warp step, bwd_config.bwd_sdp_n_step), P and dS
+                # in V's shared memory (98304 B)
+                "kvr_64x96": BwdConfig(64, 96, 8, 2, 1, **{**split, "sdp_warps_m": 1, "kv_in_regs": True}),
+                "kvr_64x96_dq2": BwdConfig(64, 96, 8, 2, 1, **{**split, "sdp_warps_m": 1, "dq_warps_m": 2,
+                                                              "kv_in_regs": True})}
     raise SystemExit(f"no candidates for head-dim class {cls}")
 
 

@@ -141,16 +141,24 @@ def bwd_kv_regs(cfg: BwdConfig, d: int) -> int:
     return cfg.tile_n // max(1, cfg.role_warps // max(cfg.sdp_warps_m, 1)) * d // 64
 
 
-def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num_warps: int) -> None:
+def bwd_sdp_n_step(cfg: BwdConfig) -> int:
+    """Columns per warp per step of the S / dP MMA: 16 (two n8 atoms, one ldmatrix.x4 of the B operand), or 8 where a
+    ``kv_in_regs`` split's warp share of the keys is not a 16-multiple (d128's 64x96 split: 24 keys per warp on 1x4
+    warps; its B operand is loaded once, by ldmatrix.x2)."""
+    share = cfg.tile_n // max(1, cfg.role_warps // max(cfg.sdp_warps_m, 1))
+    return 8 if cfg.kv_in_regs and share % 16 else 16
+
+
+def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num_warps: int, col_unit: int = 16) -> None:
     """A (rows x cols) GEMM tile split over warps: ``warps_rows`` along the rows (16 each per m16 atom), the
-    rest along the columns (16 each: two n8 atoms per ldmatrix.x4 of the B operand)."""
+    rest along the columns (``col_unit`` each: two n8 atoms per ldmatrix.x4 of the B operand, or one)."""
     if warps_rows < 1 or num_warps % warps_rows:
         out.append(f"{what}: {warps_rows} warps along the rows does not divide {num_warps} warps")
         return
     warps_cols = num_warps // warps_rows
-    if rows % (16 * warps_rows) or cols % (16 * warps_cols):
+    if rows % (16 * warps_rows) or cols % (col_unit * warps_cols):
         out.append(f"{what}: a {rows}x{cols} tile does not split into {warps_rows}x{warps_cols} warps of "
-                   f"16-multiples")
+                   f"{col_unit}-multiples")
 
 
 def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) -> tuple[str, ...]:
@@ -235,6 +243,9 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
     if cfg.kv_in_regs and spec.dropout:
         # sm_120a gate, 2026-11-27: d96's 64x128 split spilled 140-152 B with group 0's keep flags
         out.append("kv_in_regs: dropout's keep flags beside the K / V rows in registers spill")
+    if cfg.kv_in_regs and spec.mods is not None:
+        # sm_120a gate, 2026-11-27: d128's 64x96 split with a document mask_mod kept one local word
+        out.append("kv_in_regs: a mask_mod's index arithmetic beside the K / V rows in registers spills")
     if cfg.kv_in_regs and spec.deterministic and not spec.lowest_first and (spec.varlen_q or spec.varlen_k):
         # sm_120a gate, 2026-11-27: d96's 64x128 split, causal, packed, highest first: one local word
         out.append("kv_in_regs: the highest-first counters beside varlen's per-sequence addressing keep a local word")
@@ -249,7 +260,7 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         # spilled 32 B with the split's head arithmetic
         out.append("group_split beside a score_mod's pre-mod scores at head dims over 192 spills; the unsplit "
                    "kernel serves it")
-    _warp_split(out, "S/dP", cfg.tile_m, cfg.tile_n, cfg.sdp_warps_m, rw)
+    _warp_split(out, "S/dP", cfg.tile_m, cfg.tile_n, cfg.sdp_warps_m, rw, bwd_sdp_n_step(cfg))
     if cfg.dkv_chunks < 1 or d % cfg.dkv_chunks or dv % cfg.dkv_chunks:
         out.append(f"dkv_chunks={cfg.dkv_chunks} does not divide the head dims' smem widths {d}, {dv}")
     else:
@@ -300,12 +311,16 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: (sdp_warps_m=4) ran 1.04-1.09x slower than 32x48. Since session 38 (same file, same shapes) the 64x128 role split
 #: with each group's S / dP B operand in registers (``kv_in_regs``: P and dS in V's shared memory, 94208 B): 0.82-0.93x
 #: the 64x96 split's time, full and causal, deterministic 1.06-1.21x its default; dK / dV on 4x1 warps instead of 2x2
-#: 0.98-1.01x (not adopted).
+#: 0.98-1.01x (not adopted). d128 since session 38 (``deterministic_tiles_d128_h100_2026-11-27.json``): the 64x96 role
+#: split with its K / V rows in registers (24 keys per warp: one n8 atom per warp step, ``bwd_sdp_n_step``; 98304 B)
+#: takes 0.86-0.93x the 64x64 split's time at 4x4096 32/8, 2x4096 16/4 and 8x2048 16/16, full and causal;
+#: deterministic 1.04-1.28x its default (the 64x64 split's 8x2048 16/16 full: 1.47x).
 BWD_TABLE = {
     64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True),
     96: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True,
                   kv_in_regs=True),
-    128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True),
+    128: BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True,
+                   kv_in_regs=True),
     192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
     256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, dq_chunks=2, dkv_chunks=2),
 }
@@ -340,11 +355,12 @@ BWD_TABLE_FALLBACK = {
 }
 
 
-#: Plain specs a class's ``kv_in_regs`` entry has no registers for (the predicate says which: dropout, varlen in the
-#: highest-first deterministic order): the same role split with both S / dP operands read from shared memory, d96's
-#: entry until session 38 (64x96, 98304 B: ``BWD_TABLE``'s comment).
+#: Specs a class's ``kv_in_regs`` entry has no registers for (the predicate says which: dropout, mask_mods, varlen in
+#: the highest-first deterministic order): the role split each class ran before session 38, both S / dP operands read from
+#: shared memory (d96 64x96, 98304 B; d128 64x64: ``BWD_TABLE``'s comment).
 BWD_TABLE_SMEM_OPERANDS = {
     96: BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True),
+    128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True),
 }
 
 
@@ -426,6 +442,7 @@ BWD_ROLE_SPLIT_CANDIDATES = {
 #: 128 keys at d96 (session 38).
 BWD_KV_REGS_CANDIDATES = {
     96: ((64, 128, 8, 2, 1, 1, 1),),
+    128: ((64, 96, 8, 2, 1, 1, 1),),
 }
 
 

@@ -72,8 +72,8 @@ from .tile_scheduler import KeyBlockScheduler
 from .tile_io import column_predicate, load_rows, store_rows, zero_masked_cols
 
 
-def ldmatrix_atom(dtype, transpose: bool) -> cute.CopyAtom:
-    return cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=transpose, num_matrices=4), dtype)
+def ldmatrix_atom(dtype, transpose: bool, num_matrices: int = 4) -> cute.CopyAtom:
+    return cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=transpose, num_matrices=num_matrices), dtype)
 
 
 def transposed(s: cute.Tensor, rows: int, cols: int, stages: int = 0) -> cute.Tensor:
@@ -402,11 +402,12 @@ class FlashBwdMultistage:
 
     @cute.jit
     def operands(self, thr_mma, tiled_mma, t, s_a, s_a0, trans_a: cutlass.Constexpr[bool], s_b, s_b0,
-                 trans_b: cutlass.Constexpr[bool]) -> SimpleNamespace:
-        """Fragments A/B of ``thr_mma`` and their ldmatrix copies for thread ``t`` of the MMA's threads."""
+                 trans_b: cutlass.Constexpr[bool], b_matrices: cutlass.Constexpr[int] = 4) -> SimpleNamespace:
+        """Fragments A/B of ``thr_mma`` and their ldmatrix copies for thread ``t`` of the MMA's threads (``b_matrices``:
+        the B copy's 8x8 matrices, 2 for an MMA of one n8 atom per warp step)."""
         dt = self.dtype
         s2r_a = cute.make_tiled_copy_A(ldmatrix_atom(dt, trans_a), tiled_mma)
-        s2r_b = cute.make_tiled_copy_B(ldmatrix_atom(dt, trans_b), tiled_mma)
+        s2r_b = cute.make_tiled_copy_B(ldmatrix_atom(dt, trans_b, b_matrices), tiled_mma)
         rA = thr_mma.make_fragment_A(thr_mma.partition_A(s_a0))
         rB = thr_mma.make_fragment_B(thr_mma.partition_B(s_b0))
         ta, tb = s2r_a.get_slice(t), s2r_b.get_slice(t)

@@ -38,6 +38,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from .. import flex
+from ..bwd_config import bwd_sdp_n_step
 from .block_walk import raw_entry
 from .bwd_multistage import FlashBwdMultistage
 from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
@@ -76,7 +77,11 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         #: elements from the K tile to the V tile in the shared storage (1024-aligned buffers)
         kv_bytes = self.tile_n * self.head_dim * self.dtype.width // 8
         self.kv_gap_elems = (kv_bytes + 1023) // 1024 * 1024 * 8 // self.dtype.width
-        self.mma_sdp = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.sdp_warps_m, cells=self.sdp_cells(cfg.role_warps))
+        n_step = bwd_sdp_n_step(cfg)
+        self.mma_sdp = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.sdp_warps_m, cells=self.sdp_cells(cfg.role_warps),
+                                      n_step=n_step)
+        #: 8x8 matrices per ldmatrix of the S / dP B operand (one n8 atom per warp step: two)
+        self.sdp_b_matrices = 4 if n_step == 16 else 2
         self.mma_dkv = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.dkv_warps_n)
 
     def ds_over_scale(self) -> bool:
@@ -150,7 +155,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         CTA barrier, after which V's region takes P and dS."""
         wg, wtid = group_ids()
         src = cute.make_tensor((sm.sK.iterator + wg * self.kv_gap_elems).align(1024), sm.sK.layout)
-        ops = self.operands(ctx.thr_sdp, self.mma_sdp, wtid, sm.sQ, sm.sQ[None, None, 0], False, src, src, False)
+        ops = self.operands(ctx.thr_sdp, self.mma_sdp, wtid, sm.sQ, sm.sQ[None, None, 0], False, src, src, False,
+                            self.sdp_b_matrices)
         cute.copy(ops.s2r_b, ops.sB, ops.rB_v)
         cute.arch.sync_threads()
         return ops.rB
@@ -191,7 +197,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         wg, wtid = group_ids()
         if wg == 0:
             # b. S -> P -> sP; dV += P^T dO
-            ops_s = self.operands(thr_sdp, self.mma_sdp, wtid, sQ, sQ[None, None, 0], False, sK, sK, False)
+            ops_s = self.operands(thr_sdp, self.mma_sdp, wtid, sQ, sQ[None, None, 0], False, sK, sK, False,
+                                  self.sdp_b_matrices)
             ops_kv = self.operands(thr_dkv, self.mma_dkv, wtid, sPt, sPt, True, sdOt, sdOt[None, None, 0], True)
             lse2 = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):
@@ -233,7 +240,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                 cute.arch.cp_async_commit_group()
         else:
             # c. dP; P from sP; dS -> sdS; dK += dS^T Q
-            ops_dp = self.operands(thr_sdp, self.mma_sdp, wtid, sdO, sdO[None, None, 0], False, sV, sV, False)
+            ops_dp = self.operands(thr_sdp, self.mma_sdp, wtid, sdO, sdO[None, None, 0], False, sV, sV, False,
+                                   self.sdp_b_matrices)
             ops_kv = self.operands(thr_dkv, self.mma_dkv, wtid, sdSt, sdSt, True, sQt, sQt[None, None, 0], True)
             dsum = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):

@@ -20,9 +20,11 @@ from ..bwd_config import ROW_PAD
 from .seqlen_info import packed_start
 
 
-def warp_tiled_mma(dtype, num_warps: int, warps_m: int, cells: int = 0) -> cute.TiledMma:
+def warp_tiled_mma(dtype, num_warps: int, warps_m: int, cells: int = 0, n_step: int = 16) -> cute.TiledMma:
     """m16n8k16 MMAs over ``warps_m`` x (num_warps / warps_m) warps, 16 columns per warp per step (two
-    n8 atoms: one ldmatrix.x4 of the B operand). The warps' n8 atoms interleave (warp w_n: columns 8 w_n + 16 j);
+    n8 atoms: one ldmatrix.x4 of the B operand; ``n_step`` 8: one n8 atom, for a B operand held in registers whose
+    warp share is not a 16-multiple, ``bwd_config.bwd_sdp_n_step``). The warps' n8 atoms interleave (warp w_n: columns
+    8 w_n + 16 j);
     ``cells`` (16 or 32): each warp's atoms come in runs of ``cells`` neighbouring columns (warp w_n: columns
     ``cells * w_n + 8 j`` of each step of ``cells * warps_n``), so a thread holds whole cells of dropout's Philox
     grouping (``dropout_mask.warp_cell_columns``)."""
@@ -30,7 +32,7 @@ def warp_tiled_mma(dtype, num_warps: int, warps_m: int, cells: int = 0) -> cute.
     if cells and warps_n > 1:
         n_perm = cute.make_layout((8, warps_n, cells // 8), stride=(1, cells, 8))
     else:
-        n_perm = warps_n * 16
+        n_perm = warps_n * n_step
     return cute.make_tiled_mma(
         warp.MmaF16BF16Op(dtype, Float32, (16, 8, 16)),
         (warps_m, warps_n, 1),
