@@ -132,23 +132,17 @@ class FlashBwdMultistage:
         self.mma_dkv = warp_tiled_mma(dt, nw, cfg.dkv_warps_n)
         self.mma_dq = dq_tiled_mma(dt, cfg)
 
-        if const_expr(cfg.kv_in_regs):
-            # V's region holds P and dS after V has gone to registers (``bwd_config.bwd_v_region_bytes``)
-            v_elems = bwd_v_region_bytes(cfg, dv) * 8 // dt.width
+        # V's region: the V tile, with ``kv_in_regs`` also P and dS once V has gone to registers
+        # (``bwd_config.bwd_v_region_bytes``; no P / dS tiles of their own then)
+        v_elems = bwd_v_region_bytes(cfg, dv) * 8 // dt.width
 
-            @cute.struct
-            class SharedStorage:
-                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
-                sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sdO_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[dt, v_elems], 1024]
-        else:
-            @cute.struct
-            class SharedStorage:
-                sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
-                sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sdO_layout)], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
+        @cute.struct
+        class SharedStorage:
+            sQ: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sQ_layout)], 1024]
+            sdO: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sdO_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+            sV: cute.struct.Align[cute.struct.MemRange[dt, v_elems], 1024]
+            if not cfg.kv_in_regs:
                 sP: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sP_layout)], 1024]
                 sdS: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sP_layout)], 1024]
 
