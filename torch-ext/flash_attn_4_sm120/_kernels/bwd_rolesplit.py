@@ -25,6 +25,11 @@ the same number of barriers per step (group 1 one of its own after reading P kee
 pairs barriers by count and reported hazards across the CTA barrier while the counts differed. Not with softcap or a
 score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with head_dim !=
 head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
+With ``kv_in_regs`` (d96's 64x128 and d128's 64x96 entries) S and dP run on 1x4 warps and each group keeps its B
+operand in registers for the whole walk (group 0 its warp's K rows, group 1 its V rows: ``kv_fragment``, loaded once,
+then a CTA barrier), so no step reads K or V for them and V's shared memory holds P and dS; a warp share of the keys
+that is not a 16-multiple (d128: 24) steps one n8 atom per warp (``bwd_config.bwd_sdp_n_step``). dV / dK and dQ read
+sK / sP / sdS as before.
 Deterministic mode: thread 128 (group 1) reads the query block's counter after dP and polls it before barrier
 dS1, which holds group 1 and, through arrive dS, group 0, before any reduction; thread 160 (group 1) releases it
 in the next step, after dP (``pass_previous_turn``), when the reductions the step's last barrier ordered have
