@@ -36,7 +36,14 @@ def candidates(cls: int) -> dict:
     if cls == 64:
         return {"table": BWD_TABLE[64], "heavy_64x128_w8": BWD_TABLE_HEAVY[64],
                 "rolesplit_64x64": BWD_TABLE_DROPOUT[64],
-                "four_warp_64x64": BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2)}
+                "four_warp_64x64": BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+                # session 38 (compiled for sm_120a only, not yet timed): the table's 64x128 split with each group's
+                # S / dP B operand in registers (32 keys per warp, 32 registers), with one or two dO stages (74752 /
+                # 82944 B; 255 registers, no local memory; 64x192 spilled 248-364 B)
+                "kvr_64x128": BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=2, role_split=True,
+                                        rotated_start=True, kv_in_regs=True),
+                "kvr_64x128_o2": BwdConfig(64, 128, 8, 2, 2, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=2,
+                                           role_split=True, rotated_start=True, kv_in_regs=True)}
     if cls == 96:
         return {"table": BWD_TABLE[96], "heavy_64x64_w8": BWD_TABLE_HEAVY[96],
                 "rolesplit_64x64": BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4,
