@@ -116,11 +116,16 @@ def _aligned(n: int) -> int:
     return (n + 1023) // 1024 * 1024
 
 
+def bwd_tile_bytes(rows: int, cols: int) -> int:
+    """Bytes of one 16-bit (rows x cols) shared-memory tile of the main kernel, 1024-aligned as its buffers are."""
+    return _aligned(rows * cols * BYTES_PER_ELEM)
+
+
 def bwd_v_region_bytes(cfg: BwdConfig, dv: int) -> int:
     """Bytes of the V tile's region at padded width ``dv``: the V tile, or with ``kv_in_regs`` the larger of it and
     the P and dS tiles that follow it there (V has gone to registers before the first P)."""
-    v = _aligned(cfg.tile_n * dv * BYTES_PER_ELEM)
-    return max(v, 2 * _aligned(cfg.tile_m * cfg.tile_n * BYTES_PER_ELEM)) if cfg.kv_in_regs else v
+    v = bwd_tile_bytes(cfg.tile_n, dv)
+    return max(v, 2 * bwd_tile_bytes(cfg.tile_m, cfg.tile_n)) if cfg.kv_in_regs else v
 
 
 def bwd_smem_bytes(spec: BwdSpec, cfg: BwdConfig) -> int:
@@ -128,25 +133,27 @@ def bwd_smem_bytes(spec: BwdSpec, cfg: BwdConfig) -> int:
     ``kv_in_regs`` P and dS in V's region)."""
     d, dv = bwd_padded_head_dim(spec.head_dim, cfg), bwd_padded_head_dim(spec.head_dim_v, cfg, qk=False)
     e = BYTES_PER_ELEM
-    p_ds = 0 if cfg.kv_in_regs else 2 * _aligned(cfg.tile_m * cfg.tile_n * e)
+    p_ds = 0 if cfg.kv_in_regs else 2 * bwd_tile_bytes(cfg.tile_m, cfg.tile_n)
     return (_aligned(cfg.stages_q * cfg.tile_m * d * e) + _aligned(cfg.stages_do * cfg.tile_m * dv * e)
-            + _aligned(cfg.tile_n * d * e) + bwd_v_region_bytes(cfg, dv) + p_ds)
+            + bwd_tile_bytes(cfg.tile_n, d) + bwd_v_region_bytes(cfg, dv) + p_ds)
+
+
+def _sdp_key_share(cfg: BwdConfig) -> int:
+    """Keys per warp of the S / dP MMA: ``tile_n`` over the role_warps / sdp_warps_m warps along the keys."""
+    return cfg.tile_n // max(1, cfg.role_warps // max(cfg.sdp_warps_m, 1))
 
 
 def bwd_kv_regs(cfg: BwdConfig, d: int) -> int:
     """32-bit registers per thread of a ``kv_in_regs`` role split's B operand: its warp's share of the keys
-    (``tile_n`` over the 4 / sdp_warps_m warps along them) at padded width ``d``, two 16-bit elements a register."""
-    if not cfg.kv_in_regs:
-        return 0
-    return cfg.tile_n // max(1, cfg.role_warps // max(cfg.sdp_warps_m, 1)) * d // 64
+    (``_sdp_key_share``) at padded width ``d``, two 16-bit elements a register."""
+    return _sdp_key_share(cfg) * d // 64 if cfg.kv_in_regs else 0
 
 
 def bwd_sdp_n_step(cfg: BwdConfig) -> int:
     """Columns per warp per step of the S / dP MMA: 16 (two n8 atoms, one ldmatrix.x4 of the B operand), or 8 where a
     ``kv_in_regs`` split's warp share of the keys is not a 16-multiple (d128's 64x96 split: 24 keys per warp on 1x4
     warps; its B operand is loaded once, by ldmatrix.x2)."""
-    share = cfg.tile_n // max(1, cfg.role_warps // max(cfg.sdp_warps_m, 1))
-    return 8 if cfg.kv_in_regs and share % 16 else 16
+    return 8 if cfg.kv_in_regs and _sdp_key_share(cfg) % 16 else 16
 
 
 def _warp_split(out: list, what: str, rows: int, cols: int, warps_rows: int, num_warps: int, col_unit: int = 16) -> None:
@@ -238,17 +245,19 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
             out.append("role_split: softcap's tanh tile lives in the S warp group, dS is formed in the other")
         if spec.mods is not None and spec.mods.score_mod is not None:
             out.append("role_split: score_mod's pre-mod scores live in the S warp group, dS is formed in the other")
-    if cfg.kv_in_regs and not cfg.role_split:
-        out.append("kv_in_regs is the role split's (each group's one B operand in registers)")
-    if cfg.kv_in_regs and spec.dropout:
-        # sm_120a gate, 2026-11-27: d96's 64x128 split spilled 140-152 B with group 0's keep flags
-        out.append("kv_in_regs: dropout's keep flags beside the K / V rows in registers spill")
-    if cfg.kv_in_regs and spec.mods is not None:
-        # sm_120a gate, 2026-11-27: d128's 64x96 split with a document mask_mod kept one local word
-        out.append("kv_in_regs: a mask_mod's index arithmetic beside the K / V rows in registers spills")
-    if cfg.kv_in_regs and spec.deterministic and not spec.lowest_first and (spec.varlen_q or spec.varlen_k):
-        # sm_120a gate, 2026-11-27: d96's 64x128 split, causal, packed, highest first: one local word
-        out.append("kv_in_regs: the highest-first counters beside varlen's per-sequence addressing keep a local word")
+    if cfg.kv_in_regs:
+        if not cfg.role_split:
+            out.append("kv_in_regs is the role split's (each group's one B operand in registers)")
+        if spec.dropout:
+            # sm_120a gate, 2026-11-27: d96's 64x128 split spilled 140-152 B with group 0's keep flags
+            out.append("kv_in_regs: dropout's keep flags beside the K / V rows in registers spill")
+        if spec.mods is not None:
+            # sm_120a gate, 2026-11-27: d128's 64x96 split with a document mask_mod kept one local word
+            out.append("kv_in_regs: a mask_mod's index arithmetic beside the K / V rows in registers spills")
+        if spec.deterministic and not spec.lowest_first and (spec.varlen_q or spec.varlen_k):
+            # sm_120a gate, 2026-11-27: d96's 64x128 split, causal, packed, highest first: one local word
+            out.append("kv_in_regs: the highest-first counters beside varlen's per-sequence addressing keep a local "
+                       "word")
     if spec.mods is not None and spec.mods.score_mod is not None and cfg.tile_m * cfg.tile_n // cfg.num_threads >= 32:
         # sm_120a gate, 2026-11-25: a softcap score_mod at d64 on the 64x128 8-warp tile spilled 256 B
         out.append("score_mod keeps the pre-mod scores beside S: S fragments of 32 or more registers per thread "

@@ -43,7 +43,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from .. import flex
-from ..bwd_config import bwd_sdp_n_step
+from ..bwd_config import bwd_sdp_n_step, bwd_tile_bytes
 from .block_walk import raw_entry
 from .bwd_multistage import FlashBwdMultistage
 from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
@@ -80,8 +80,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         super()._setup()
         cfg = self.config
         #: elements from the K tile to the V tile in the shared storage (1024-aligned buffers)
-        kv_bytes = self.tile_n * self.head_dim * self.dtype.width // 8
-        self.kv_gap_elems = (kv_bytes + 1023) // 1024 * 1024 * 8 // self.dtype.width
+        self.kv_gap_elems = bwd_tile_bytes(self.tile_n, self.head_dim) * 8 // self.dtype.width
         n_step = bwd_sdp_n_step(cfg)
         self.mma_sdp = warp_tiled_mma(self.dtype, cfg.role_warps, cfg.sdp_warps_m, cells=self.sdp_cells(cfg.role_warps),
                                       n_step=n_step)

@@ -54,7 +54,8 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from .. import flex
 from ..bwd_config import (BwdConfig, bwd_banded, bwd_config_problems, bwd_kv_copy_threads, bwd_padded_head_dim,
-                          bwd_rotated_start, bwd_smem_bytes, bwd_step_divisor, bwd_v_region_bytes)
+                          bwd_rotated_start, bwd_smem_bytes, bwd_step_divisor, bwd_tile_bytes,
+                          bwd_v_region_bytes)
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
@@ -347,7 +348,7 @@ class FlashBwdMultistage:
         sV = storage.sV.get_tensor(layouts.sV)
         tm, tn, d, dv = self.tile_m, self.tile_n, self.head_dim, self.head_dim_v
         if const_expr(cfg.kv_in_regs):  # P and dS in V's region (``_setup``)
-            p_elems = (tm * tn * self.dtype.width // 8 + 1023) // 1024 * 1024 * 8 // self.dtype.width
+            p_elems = bwd_tile_bytes(tm, tn) * 8 // self.dtype.width
             sP = cute.make_tensor(sV.iterator, layouts.sP)
             sdS = cute.make_tensor((sV.iterator + p_elems).align(1024), layouts.sP)
         else:
