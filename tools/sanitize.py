@@ -446,8 +446,9 @@ FAMILIES = {
     "bwd_rolesplit": lambda: _bwd_runs(deterministic=True, role_split=True),
     "bwd_det_orders": _bwd_det_order_runs,
     "bwd_split": _bwd_split_runs,
-    # varlen backward on the d64 / d96 role splits (since session 37; K / V by a warp group each at d96)
-    "bwd_varlen_classes": lambda: [_varlen_runs(1, False, grad=True, d=d) for d in (64, 96)],
+    # varlen backward on the role splits: d64 / d96 since session 37, d128 since 39 (d96 / d128 on their kv_in_regs
+    # entries since session 38)
+    "bwd_varlen_classes": lambda: [_varlen_runs(1, False, grad=True, d=d) for d in (64, 96, 128)],
     "flex": _flex_runs,
     "sparse": _sparse_runs,
     "dropout": _dropout_runs,

@@ -31,8 +31,12 @@ SHAPES = ("4x4096x32x8", "2x4096x16x4")
 
 
 def candidates(cls: int) -> dict:
-    from flash_attn_4_sm120.bwd_config import BWD_TABLE, BWD_TABLE_DROPOUT, BWD_TABLE_HEAVY, BwdConfig
+    from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_DROPOUT, BWD_TABLE_HEAVY,
+                                               BWD_TABLE_SMEM_OPERANDS, BwdConfig)
 
+    # session 39: the split a class's kv_in_regs entry replaced (both S / dP operands from shared memory), for the
+    # off-grid shapes (partial last key blocks, MQA)
+    former = {"smem_operands": BWD_TABLE_SMEM_OPERANDS[cls]} if cls in BWD_TABLE_SMEM_OPERANDS else {}
     if cls == 64:
         return {"table": BWD_TABLE[64], "heavy_64x128_w8": BWD_TABLE_HEAVY[64],
                 "rolesplit_64x64": BWD_TABLE_DROPOUT[64],
@@ -45,7 +49,7 @@ def candidates(cls: int) -> dict:
                 "kvr_64x128_o2": BwdConfig(64, 128, 8, 2, 2, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=2,
                                            role_split=True, rotated_start=True, kv_in_regs=True)}
     if cls == 96:
-        return {"table": BWD_TABLE[96], "heavy_64x64_w8": BWD_TABLE_HEAVY[96],
+        return {"table": BWD_TABLE[96], **former, "heavy_64x64_w8": BWD_TABLE_HEAVY[96],
                 "rolesplit_64x64": BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4,
                                              role_split=True),
                 # session 37: 96 keys per CTA (K / V by a warp group each: bwd_config.bwd_kv_copy_threads)
@@ -63,7 +67,7 @@ def candidates(cls: int) -> dict:
                                              role_split=True, step_divisor=True, kv_in_regs=True)}
     if cls == 128:  # session 37: 96 keys per CTA at d128 fit beside 32-row query tiles (84 KB)
         split = dict(sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True)
-        return {"table": BWD_TABLE[128],
+        return {"table": BWD_TABLE[128], **former,
                 "rolesplit_32x96": BwdConfig(32, 96, 8, 2, 1, **split),
                 "rolesplit_32x96_dq2": BwdConfig(32, 96, 8, 2, 1, **{**split, "dq_warps_m": 2}),
                 "rolesplit_32x96_o2": BwdConfig(32, 96, 8, 2, 2, **split),

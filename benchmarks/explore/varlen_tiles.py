@@ -5,7 +5,8 @@ spilled with varlen; the role splits that replaced those entries hold varlen wit
 lengths (seeded, 128-2048 tokens) packed into ``--tokens`` tokens per call, GQA heads, causal and full, bf16, SM120
 occupancy (the package default); each config patched into ``BWD_TABLE`` (kernels compiled first in spawned processes).
 
-    python benchmarks/explore/varlen_tiles.py --out varlen_tiles.json [--head-dims 64 96] [--tokens 16384]
+    python benchmarks/explore/varlen_tiles.py --out varlen_tiles.json [--head-dims 64 96 128] [--tokens 16384]
+        [--configs table heavy smem_operands]
 """
 
 from __future__ import annotations
@@ -27,9 +28,14 @@ HEADS = (32, 8)
 
 
 def configs(cls: int) -> dict:
-    from flash_attn_4_sm120.bwd_config import BWD_TABLE, BWD_TABLE_HEAVY
+    """The class's table entry first (the ratios' base), its heavy tile, and (session 39) the split its kv_in_regs
+    entry replaced, where the class has them."""
+    from flash_attn_4_sm120.bwd_config import BWD_TABLE, BWD_TABLE_HEAVY, BWD_TABLE_SMEM_OPERANDS
 
-    return {"table": BWD_TABLE[cls], "heavy": BWD_TABLE_HEAVY[cls]}
+    out = {"table": BWD_TABLE[cls]}
+    out.update({"heavy": BWD_TABLE_HEAVY[cls]} if cls in BWD_TABLE_HEAVY else {})
+    out.update({"smem_operands": BWD_TABLE_SMEM_OPERANDS[cls]} if cls in BWD_TABLE_SMEM_OPERANDS else {})
+    return out
 
 
 def lengths(tokens: int, seed: int = 0) -> list:
@@ -72,6 +78,7 @@ def main():
     ap.add_argument("--jobs", type=int, default=8)
     ap.add_argument("--head-dims", nargs="*", type=int, default=[64, 96])
     ap.add_argument("--tokens", type=int, default=16384)
+    ap.add_argument("--configs", nargs="*", default=None, help="config names (default: all; the table always runs)")
     args = ap.parse_args()
 
     import torch
@@ -80,7 +87,7 @@ def main():
     from timing import median_ms
 
     plan = [(d, name, cfg, causal) for d in args.head_dims for causal in (False, True)
-            for name, cfg in configs(d).items()]
+            for name, cfg in configs(d).items() if args.configs is None or name in args.configs or name == "table"]
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
         warm = list(pool.imap(_warm, [(asdict(cfg), d, causal) for d, _, cfg, causal in plan]))
     lens = lengths(args.tokens)
@@ -97,7 +104,7 @@ def main():
             base.setdefault((d, causal), row["ms"])
             row["vs_table"] = row["ms"] / base[(d, causal)]
         rows.append(row)
-        print(f"d{d} {'causal' if causal else 'full  '} {name:6s}: " +
+        print(f"d{d} {'causal' if causal else 'full  '} {name:13s}: " +
               (f"{row['ms']:.3f} ms {row['vs_table']:.3f}x the table's" if "ms" in row else row["error"]), flush=True)
     for d in args.head_dims:
         _use(configs(d)["table"], d)
