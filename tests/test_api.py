@@ -154,6 +154,30 @@ def test_torch_compile_fullgraph_traces_the_custom_op():
         f(q)
 
 
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_torch_compile_fullgraph_traces_the_backward(varlen):
+    """With inputs that need gradients, AOTAutograd traces forward and backward ops (``_CompiledFwd`` /
+    ``_CompiledVarlenFwd``: the ops carry no autograd of their own) with no graph break, one tensor passed as
+    q, k and v and as both cu_seqlens included; the real forward then refuses the CPU tensors at run time."""
+    torch._dynamo.reset()
+    sink = torch.randn(2, requires_grad=True)
+    cu = torch.tensor([0, 64], dtype=torch.int32)
+    q = _t(64, 2, 64) if varlen else _t(1, 64, 2, 64)
+    q.requires_grad_(True)
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def f(q, sink):
+        if varlen:
+            out, lse = fa.flash_attn_varlen_func(q, q, q, cu, cu, 64, 64, causal=True, return_lse=True,
+                                                 learnable_sink=sink)
+        else:
+            out, lse = fa.flash_attn_func(q, q, q, causal=True, return_lse=True, learnable_sink=sink)
+        return out.float().sum() + lse.sum()
+
+    with pytest.raises(ValueError, match="CUDA tensors"):
+        f(q, sink)
+
+
 @pytest.mark.parametrize(
     "make, exc, match",
     [

@@ -2,6 +2,7 @@
 # Session 39 (issue 20: d128 dropout cost against session 38's faster d128 backward; issue 19: the kv_in_regs tiles
 # off the grid, d64 kv_in_regs candidates, sanitizer of d128's varlen backward). One part per call:
 #   run(command="source .kit_bench/device-setup.sh; bash benchmarks/explore/session39.sh N", carry=[".kit_bench"])
+# (parts 3-4: source .kit_client/device-setup.sh, carry=[".kit_client"])
 # 1: bench_dropout's d128 rows (dropout keeps the 64x64 split; the backward without it is the 64x96 kv_in_regs split
 #    since session 38); deterministic_tiles.py --head-dim 64 with the two kv_in_regs candidates prepared in session 38
 #    (64x128, one / two dO stages), three shapes, default and deterministic; memcheck of bwd_varlen_classes (d128
@@ -16,6 +17,30 @@
 # 2 ran: the former splits' time over the entries': d96 2x3000 16/4 1.04x, causal 0.99x; 4x3000 32/1 1.08x / 1.01x;
 #    1x8000 16/16 1.13x / 1.09x; varlen 1.10x / 1.08x. d128 2x3000 1.14x / 1.28x; 4x3000 32/1 1.19x / 1.17x; 1x8000
 #    1.16x / 1.20x; varlen 1.19x / 1.10x (results/kv_in_regs_offgrid_h100_2026-11-27.json)
+# 3: carry .kit_client (tools/stage_client_kit.sh): bench_step.py, the training step end to end with every attention
+#    in one process (session 31's run, 1.04x FA2 compiled, predates sessions 32-38's backward), 4 x 2048, ~6 min
+# 4: carry .kit_client: bench_step.py at 1 x 8192 tokens (attention a larger share of the step), ~8 min
+# 3 ran: llama (eager transformers, host-bound) ours 23.98 ms, SDPA-FA2 21.25 (ours x0.886), SDPA 22.22; plain compiled
+#    ours 10.07 ms (issue 10.61: host-bound), FA2 7.95 (x0.790), SDPA 7.92. Then, one call each (not kept as parts):
+#    explore/profile_train_step.py: ours 7.09 ms / SDPA 7.55, attention GPU time 1.91 / 2.32 ms, GPU idle 37.6% / 14.2%;
+#    explore/step_host_probe.py (same process, alternated): ours through kernels 7.09, from the tree 6.34, FA2 5.46 ms,
+#    all host-bound; explore/op_host_probe.py: the fwd op 76-84 us per call against 38 us for its impl called
+#    directly, the bwd op 162-196 against 107-114 (SDPA's forward 39 us): torch.library.custom_op's Python layers
+#    (autograd kernel, alias check, dynamo guard) ~40-80 us per op call
+# 5: carry .kit_client: after the ops moved to torch.library.Library (one CompositeExplicitAutograd kernel and a fake,
+#    no autograd; torch.compile reaches them through interface._CompiledFwd / _CompiledVarlenFwd): the GPU tests of
+#    compile, CUDA graphs and the remembered calls; op_host_probe.py; bench_step.py, ~7 min
+# 5 ran: 32/32; op_host_probe: the fwd op 29-51 us per call against its impl's 23-35, the bwd op 74-78 against 64-79
+#    (the ops' own layers ~6-15 us, were ~40-80); bench_step: plain compiled ours 7.15 ms, FA2 7.55 (ours 1.055x), SDPA
+#    7.57 (1.057x); llama (eager, unchanged path) ours 18.77, FA2 17.14 (x0.913)
+# 6: carry .kit_client: A/B in one call, bench_step.py --models plain (ours, FA2) on this tree and on the tree before
+#    the op change (branch base: _br/base.patch reverts interface.py and the build), alternated twice, ~5 min
+# 6 ran: main ours 7.73 / FA2 7.54 ms, base 7.17 / 7.56, main 7.35 / 7.56, base 8.90 / 7.50: ours host-bound (issue
+#    7.56-9.22 ms), the host's drift between processes larger than the change (inconclusive)
+# 7: carry .kit_client: the same A/B in one process (explore/step_host_probe.py --base /tmp/base: both builds through
+#    kernels under two repo ids, FA2, steps alternated, 12 rounds of 5), twice, ~4 min
+# 7 ran: ours 8.06 / base 8.79 / FA2 6.76 ms, then 7.87 / 8.38 / 6.39: the change 0.92x / 0.94x the step time; every
+#    attention host-bound in this three-model process (results/host_ops_h100_2026-11-27.json)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -36,4 +61,21 @@ case "$part" in
      done
      (cd benchmarks && timeout 170 python3 explore/varlen_tiles.py --head-dims 96 128 --configs table smem_operands \
         --out "$OUT/varlen_tiles.json" 2>&1 | grep -v -i warn | grep "^d") ;;
+  3) timeout 420 python3 benchmarks/bench_step.py --out "$OUT/step.json" 2>&1 | grep -v -i warn | tail -8 ;;
+  4) timeout 580 python3 benchmarks/bench_step.py --seq 8192 --batch 1 --rounds 6 \
+        --out "$OUT/step_s8192.json" 2>&1 | grep -v -i warn | tail -8 ;;
+  5) shards 300 tests/test_call_plans.py tests/test_fwd_gpu.py tests/test_bwd_gpu.py tests/test_dropout_gpu.py \
+       tests/test_flex_gpu.py tests/test_kvcache_gpu.py tests/test_serving_loop_gpu.py -k "compile or graph or plan or remember"
+     timeout 100 python3 benchmarks/explore/op_host_probe.py --out "$OUT/op_host.json" 2>&1 | grep -v -i warn | grep " us/call"
+     timeout 300 python3 benchmarks/bench_step.py --out "$OUT/step.json" 2>&1 | grep -v -i warn | grep "step " ;;
+  6) branch base
+     for t in "$root" /tmp/base "$root" /tmp/base; do
+       (cd "$t" && timeout 130 python3 benchmarks/bench_step.py --models plain --impls ours sdpa_fa2 \
+          --out "$OUT/step_$(basename "$t")_$SECONDS.json" 2>&1 | grep -v -i warn | grep "step " | sed "s|^|$(basename "$t") |")
+     done ;;
+  7) branch base
+     for i in 1 2; do
+       timeout 170 python3 benchmarks/explore/step_host_probe.py --base /tmp/base --rounds 12 --profile-steps 0 \
+         --out "$OUT/probe_ab_$i.json" 2>&1 | grep -v -i warn | grep " step "
+     done ;;
 esac

@@ -571,24 +571,76 @@ class _FlashAttnFunc(torch.autograd.Function):
         return dq, dk, dv, dsink, None, None, None, None, None, None
 
 
-def _register_op(name: str, impl, fake, backward_fn=None, setup_context=None):
-    """Register this build's op ``name`` once per process. The name carries the build's namespace,
-    so two builds never collide; the same build imported twice (clone import + get_kernel) reuses it."""
+#: This build's op library, kept alive for the process (dropping it would remove the ops' registrations).
+_OP_LIBRARIES: dict = {}
+
+
+def _register_op(name: str, impl, fake):
+    """Register this build's op ``name`` once per process. The name carries the build's namespace, so two builds
+    never collide; the same build imported twice (clone import + get_kernel) reuses it. Defined through
+    ``torch.library.Library`` with one CompositeExplicitAutograd kernel and a fake, not ``torch.library.custom_op``:
+    the latter wraps every call in Python layers (an autograd kernel, an alias check, a dynamo guard) that cost a
+    compiled training step ~40-80 us of host time per op call on the H100 device host (session 39,
+    ``explore/op_host_probe.py``). The ops carry no autograd: ``torch.compile`` reaches them through
+    ``_CompiledFwd`` / ``_CompiledVarlenFwd``, whose backward calls the backward ops."""
     qualname = add_op_namespace_prefix(name)
     namespace, short = qualname.split("::")
-    if hasattr(getattr(torch.ops, namespace), short):
-        return getattr(getattr(torch.ops, namespace), short).default
-    op = torch.library.custom_op(qualname, mutates_args=())(impl)
-    op.register_fake(fake)
-    if backward_fn is not None:
-        op.register_autograd(backward_fn, setup_context=setup_context)
-    return op
+    if not hasattr(getattr(torch.ops, namespace), short):
+        lib = _OP_LIBRARIES.setdefault(namespace, torch.library.Library(namespace, "FRAGMENT"))
+        lib.define(short + torch.library.infer_schema(impl, mutates_args=()))
+        lib.impl(short, impl, "CompositeExplicitAutograd")
+        torch.library.register_fake(qualname, fake, lib=lib)
+    return getattr(getattr(torch.ops, namespace), short).default
 
 
 _bwd_op = _register_op("bwd", _bwd_impl, _bwd_fake)
 _varlen_bwd_op = _register_op("varlen_bwd", _varlen_bwd_impl, _varlen_bwd_fake)
-_fwd_op = _register_op("fwd", _fwd_impl, _fwd_fake, _fwd_backward, _fwd_setup_context)
-_varlen_op = _register_op("varlen_fwd", _varlen_impl, _varlen_fake, _varlen_backward, _varlen_setup_context)
+_fwd_op = _register_op("fwd", _fwd_impl, _fwd_fake)
+_varlen_op = _register_op("varlen_fwd", _varlen_impl, _varlen_fake)
+
+
+def _distinct(*tensors) -> tuple:
+    """``tensors`` with any repeat of an earlier one replaced by a view of it: Dynamo does not trace an
+    autograd.Function given one tensor as two inputs (self-attention's ``q is k is v``); gradients reach the
+    tensor through the views."""
+    out = []
+    for t in tensors:
+        repeat = t is not None and any(t is u for u in out)
+        out.append(t.view(t.shape) if repeat else t)
+    return tuple(out)
+
+
+class _CompiledFwd(torch.autograd.Function):
+    """The dense forward op as ``torch.compile`` traces it: forward and backward ops, each traced by its fake
+    (the graph has no break; the arguments are the op's)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits,
+                pack_gqa, deterministic, rng):
+        inputs = (q, k, v, softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits,
+                  pack_gqa, deterministic, rng)
+        output = _fwd_op(*inputs)
+        _fwd_setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_fwd_backward)
+
+
+class _CompiledVarlenFwd(torch.autograd.Function):
+    """``_CompiledFwd`` for the varlen forward op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits, pack_gqa,
+                check_metadata, page_table, deterministic, rng):
+        inputs = (q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                  causal, window_left, window_right, softcap, learnable_sink, num_splits, pack_gqa, check_metadata,
+                  page_table, deterministic, rng)
+        output = _varlen_op(*inputs)
+        _varlen_setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_varlen_backward)
 
 
 def _window_entries(window_size) -> tuple:
@@ -863,8 +915,10 @@ def flash_attn_func(
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
-        out, lse = _fwd_op(q, k, v, softmax_scale, bool(causal), *_window_entries(window_size),
-                           float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa, bool(deterministic), rng)
+        q, k, v, learnable_sink = _distinct(q, k, v, learnable_sink)
+        out, lse = _CompiledFwd.apply(q, k, v, softmax_scale, bool(causal), *_window_entries(window_size),
+                                      float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa,
+                                      bool(deterministic), rng)
         return out, (lse if (return_lse or _needs_grad(q, k, v, learnable_sink)) else None)
     key = None
     if rng is None:
@@ -936,10 +990,12 @@ def flash_attn_varlen_func(
     rng = _rng_of(mods["dropout"], q)
     if torch.compiler.is_compiling():
         # Like flash_attn_func: graphs see the namespaced custom op; validation runs inside it.
-        out, lse = _varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
-                              softmax_scale, bool(causal), *_window_entries(window_size), float(softcap or 0.0),
-                              learnable_sink, num_splits or 0, pack_gqa, check_metadata, page_table,
-                              bool(deterministic), rng)
+        q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, learnable_sink = _distinct(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, learnable_sink)
+        out, lse = _CompiledVarlenFwd.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                                            max_seqlen_k, softmax_scale, bool(causal), *_window_entries(window_size),
+                                            float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa,
+                                            check_metadata, page_table, bool(deterministic), rng)
         return out, (lse if (return_lse or _needs_grad(q, k, v, learnable_sink)) else None)
     key = None
     if _varlen_rememberable(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_metadata, rng):
