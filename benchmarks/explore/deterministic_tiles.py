@@ -95,9 +95,9 @@ def _warm(item) -> str:
     import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120.bwd_config import BwdConfig
 
-    cfg, cls, causal, det = BwdConfig(**item[0]), item[1], item[2], item[3]
+    cfg, cls, causal, det, d = BwdConfig(**item[0]), item[1], item[2], item[3], item[4]
     _use(cfg, cls)
-    q, k, v, dout = _inputs((1, 256, 4, 2), cls)
+    q, k, v, dout = _inputs((1, 256, 4, 2), d)
     return warm_grad(lambda: fa.flash_attn_func(q, k, v, causal=causal, deterministic=det)[0], (q, k, v), dout)
 
 
@@ -109,34 +109,38 @@ def main():
     ap.add_argument("--shapes", nargs="*", default=list(SHAPES), help="batch x seqlen x heads_q x heads_kv")
     ap.add_argument("--configs", nargs="*", default=None, help="candidate names (default: all of the class)")
     ap.add_argument("--no-deterministic", action="store_true", help="time the default backward only")
+    ap.add_argument("--dim", type=int, default=None,
+                    help="the inputs' head dim, within the class (default: the class's own; session 39: 80, 112)")
     args = ap.parse_args()
 
     import torch
 
     cls = args.head_dim
+    d = args.dim or cls
     every = candidates(cls)
     cands = {n: c for n, c in every.items() if args.configs is None or n in args.configs or n == "table"}
     dets = (False,) if args.no_deterministic else (False, True)
     plan = [(name, cfg, causal, det) for causal in (False, True) for name, cfg in cands.items() for det in dets]
     with multiprocessing.get_context("spawn").Pool(args.jobs) as pool:
-        warm = list(pool.imap(_warm, [(asdict(cfg), cls, causal, det) for _, cfg, causal, det in plan]))
+        warm = list(pool.imap(_warm, [(asdict(cfg), cls, causal, det, d) for _, cfg, causal, det in plan]))
     rows = []
     for text in args.shapes:
         shape = tuple(int(x) for x in text.split("x"))
         base = {}
-        tensors = _inputs(shape, cls)
+        tensors = _inputs(shape, d)
         for (name, cfg, causal, det), w in zip(plan, warm):
-            rows.append(time_one(shape, cls, name, cfg, causal, det, w, base, tensors))
+            rows.append(time_one(shape, d, name, cfg, causal, det, w, base, tensors, cls))
     _use(every["table"], cls)
     if args.out:
         Path(args.out).write_text(json.dumps({"device": torch.cuda.get_device_name(),
-                                              "date": datetime.date.today().isoformat(), "head_dim": cls,
+                                              "date": datetime.date.today().isoformat(), "head_dim": d, "class": cls,
                                               "shapes": args.shapes, "occupancy": "sm120 (package default)",
                                               "rows": rows}, indent=1))
 
 
-def time_one(shape, d, name, cfg, causal, det, warm, base, tensors):
-    """One timing row; ``base``: the table tile's default time per causal flag (the table runs first)."""
+def time_one(shape, d, name, cfg, causal, det, warm, base, tensors, cls=None):
+    """One timing row at head dim ``d`` (class ``cls``, default ``d``); ``base``: the table tile's default time per
+    causal flag (the table runs first)."""
     import torch
 
     import flash_attn_4_sm120 as fa
@@ -149,7 +153,7 @@ def time_one(shape, d, name, cfg, causal, det, warm, base, tensors):
     if warm != "ok":
         row["error"] = warm
     else:
-        _use(cfg, d)
+        _use(cfg, cls or d)
         out = fa.flash_attn_func(q, k, v, causal=causal, deterministic=det)[0]
         ms = median_ms(functools.partial(torch.autograd.grad, out, (q, k, v), dout, retain_graph=True))
         flops = 2.5 * 4 * b * hq * s * s * d * (0.5 if causal else 1.0)

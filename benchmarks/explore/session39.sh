@@ -41,6 +41,10 @@
 #    kernels under two repo ids, FA2, steps alternated, 12 rounds of 5), twice, ~4 min
 # 7 ran: ours 8.06 / base 8.79 / FA2 6.76 ms, then 7.87 / 8.38 / 6.39: the change 0.92x / 0.94x the step time; every
 #    attention host-bound in this three-model process (results/host_ops_h100_2026-11-27.json)
+# 8: the kv_in_regs entries at head dims inside their classes but off the class's own (d80 in d96's class, d112 in
+#    d128's) against the splits they replaced, default backward (deterministic_tiles.py --dim), ~6 min
+# 8 ran: the former splits' time over the entries': d80 4x4096 32/8 1.17x / causal 1.17x, 2x3000 16/4 1.08x / 1.04x;
+#    d112 1.18x / 1.13x, 1.19x / 1.30x (merged into results/kv_in_regs_offgrid_h100_2026-11-27.json)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -77,5 +81,10 @@ case "$part" in
      for i in 1 2; do
        timeout 170 python3 benchmarks/explore/step_host_probe.py --base /tmp/base --rounds 12 --profile-steps 0 \
          --out "$OUT/probe_ab_$i.json" 2>&1 | grep -v -i warn | grep " step "
+     done ;;
+  8) for cd in 96:80 128:112; do
+       (cd benchmarks && timeout 170 python3 explore/deterministic_tiles.py --head-dim ${cd%:*} --dim ${cd#*:} \
+          --no-deterministic --shapes 4x4096x32x8 2x3000x16x4 --configs table smem_operands \
+          --out "$OUT/dims_d${cd#*:}.json" 2>&1 | grep -v -i warn | grep "^d")
      done ;;
 esac
