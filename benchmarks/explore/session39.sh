@@ -45,6 +45,12 @@
 #    d128's) against the splits they replaced, default backward (deterministic_tiles.py --dim), ~6 min
 # 8 ran: the former splits' time over the entries': d80 4x4096 32/8 1.17x / causal 1.17x, 2x3000 16/4 1.08x / 1.04x;
 #    d112 1.18x / 1.13x, 1.19x / 1.30x (merged into results/kv_in_regs_offgrid_h100_2026-11-27.json)
+# 9: ncu of the d96 64x128 kv_in_regs main kernel (full, 4x4096 32/8, SM120 occupancy): speed of light, warp states,
+#    pipes, instruction mix and the SASS source counters (where the stalls sit), for the d96 full row's next step, ~2 min
+# 9 ran: tensor pipe 47.6% of peak, issue slots 28.8% busy, IPC 1.19; stalls: wait 29.4%, short scoreboard 15.7%,
+#    selected 14.9%, barrier 13.0% (8.6 points at group 1's first read of P: its warps wait for group 0's S + exp),
+#    math 10.9%; HMMA 49.5% of samples; dQ's GEMM 13.4% of samples, 6.0 points short scoreboard (its LDSM);
+#    6% excessive shared wavefronts, all in the cp.async of 96-column rows (results/ncu_bwd_d96_kvr_h100_2026-11-27.json)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -87,4 +93,11 @@ case "$part" in
           --no-deterministic --shapes 4x4096x32x8 2x3000x16x4 --configs table smem_operands \
           --out "$OUT/dims_d${cd#*:}.json" 2>&1 | grep -v -i warn | grep "^d")
      done ;;
+  9) timeout 200 ncu --kernel-name regex:RoleSplit --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+       --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats --section SourceCounters \
+       --section MemoryWorkloadAnalysis -o /tmp/rep_d96 -f python3 benchmarks/explore/profile_bwd.py --head-dim 96 \
+       > /dev/null 2>&1
+     ncu -i /tmp/rep_d96.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/src_d96.csv.gz"
+     ncu -i /tmp/rep_d96.ncu-rep --page details --csv 2>/dev/null > "$OUT/details_d96.csv"
+     ls -la "$OUT"; grep -i "duration\|Issue Slots Busy\|Pipe\|Stall\|Throughput" "$OUT/details_d96.csv" | cut -c1-200 | head -60 ;;
 esac
