@@ -53,12 +53,18 @@ def hf_step(impl: str, ckpt: Path):
 
 
 def plain_step(attention: str):
+    from client_transformers import REPO_ID
+
+    return compiled_plain_step(__import__("kernels").get_kernel(REPO_ID, version=1) if attention == "ours" else None)
+
+
+def compiled_plain_step(fa):
+    """A step function of the plain GPT under ``torch.compile(fullgraph=True)`` with attention through the module
+    ``fa`` (``flash_attn_func``), or SDPA with ``fa=None``; AdamW."""
     import torch
 
     import train_check
-    from client_transformers import REPO_ID
 
-    fa = __import__("kernels").get_kernel(REPO_ID, version=1) if attention == "ours" else None
     model = train_check.plain_model(fa)
     compiled = torch.compile(model, fullgraph=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)

@@ -51,6 +51,21 @@
 #    selected 14.9%, barrier 13.0% (8.6 points at group 1's first read of P: its warps wait for group 0's S + exp),
 #    math 10.9%; HMMA 49.5% of samples; dQ's GEMM 13.4% of samples, 6.0 points short scoreboard (its LDSM);
 #    6% excessive shared wavefronts, all in the cp.async of 96-column rows (results/ncu_bwd_d96_kvr_h100_2026-11-27.json)
+# 10: P passed warp pair by warp pair in the kv_in_regs splits (FlashBwdRoleSplit.pair_p: named barriers 7-10 of 64
+#    threads, group 1's warp w waiting only for group 0's warp w, whose P it reads; sm_120a: the 50 kv_in_regs configs
+#    conform, registers unchanged but for -1 / -2 on three): A/B with bench_bwd (ours), this tree against the tree
+#    before (branch base), alternated twice, ~5 min
+# 10 ran: backward TFLOPS this tree / before, two rounds each: d96 4x4096 32/8 305, 304 / 298, 298 (+2.2%), causal
+#    290, 289 / 287, 287 (+1%); d128 303, 300 / 291, 289 (+4%), causal 281, 281 / 274, 274 (+2.6%); 8x2048 16/16 causal
+#    231, 249 / 225, 240 (+3%); 2x4096 16/4 causal 268, 263 / 265, 262 (+0.8%): adopted
+# 11: the backward GPU tests and racecheck of bwd_rolesplit (the d96 / d128 kv_in_regs entries, deterministic) with
+#    the pair barriers, ~9 min
+# 11 ran: 186/186; racecheck bwd_rolesplit clean (0 hazards)
+# 12: bench_bwd's d96 and d128 4x4096 32/8 rows (full, causal) with every peer at both occupancies, merged into
+#    results/bwd_h100_2026-11-27.json (the device budget had no room for all eleven rows), ~4 min
+# 12 ran: SM120 occupancy d96 306 TFLOPS, FA2 289 (1.06x), upstream 227 (1.35x); causal 289 / 234 (1.24x) / 214
+#    (1.35x); d128 305 / upstream 215 (1.42x), causal 282 / 203 (1.39x); H100 occupancy d128 1.03x FA2, causal 1.10x,
+#    d96 1.06x, causal 1.23x; deterministic 1.04-1.07x
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -100,4 +115,13 @@ case "$part" in
      ncu -i /tmp/rep_d96.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/src_d96.csv.gz"
      ncu -i /tmp/rep_d96.ncu-rep --page details --csv 2>/dev/null > "$OUT/details_d96.csv"
      ls -la "$OUT"; grep -i "duration\|Issue Slots Busy\|Pipe\|Stall\|Throughput" "$OUT/details_d96.csv" | cut -c1-200 | head -60 ;;
+  10) branch base
+     for t in "$root" /tmp/base "$root" /tmp/base; do
+       bwd_ab "$t" "$(basename "$t")_$SECONDS" ours d96_4x4096 d128_4x4096 d128_2x4096 d128_8x2048 | sed "s|^|$(basename "$t") |"
+     done ;;
+  11) shards 290 tests/test_bwd_gpu.py
+     timeout 250 python3 tools/sanitize.py --families bwd_rolesplit --tools racecheck \
+        --json "$OUT/sanitizer_racecheck.json" 2>&1 | tail -3 ;;
+  12) (cd benchmarks && timeout 400 python3 bench_bwd.py --occupancy both --cases d96_4x4096 d128_4x4096 \
+        --out "$OUT/bwd.json" 2>&1 | grep -v -i warn | grep "\[") ;;
 esac

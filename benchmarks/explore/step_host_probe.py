@@ -49,33 +49,13 @@ def main() -> int:
         set_local_kernels(args.base, [base_id])
 
     def base_step():
-        import kernels
-
-        model = train_check.plain_model(kernels.get_kernel(base_id, version=1))
-        compiled = torch.compile(model, fullgraph=True)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-
-        def step(ids, labels):
-            compiled(ids, labels).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return step
-    data = list(train_check.batches(20, "cuda"))
+        return bench_step.compiled_plain_step(__import__("kernels").get_kernel(base_id, version=1))
 
     def tree_step():
         sys.path.insert(0, str(ROOT / "torch-ext"))
-        import flash_attn_4_sm120 as fa
+        return bench_step.compiled_plain_step(__import__("flash_attn_4_sm120"))
 
-        model = train_check.plain_model(fa)
-        compiled = torch.compile(model, fullgraph=True)
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-
-        def step(ids, labels):
-            compiled(ids, labels).backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-        return step
-
+    data = list(train_check.batches(20, "cuda"))
     names = ("ours", "ours_base" if args.base else "ours_tree", "sdpa_fa2")
     contexts = {n: (lambda n=n: train_check.sdpa_backend(n)) for n in names}
     steps = {}
