@@ -66,6 +66,10 @@
 # 12 ran: SM120 occupancy d96 306 TFLOPS, FA2 289 (1.06x), upstream 227 (1.35x); causal 289 / 234 (1.24x) / 214
 #    (1.35x); d128 305 / upstream 215 (1.42x), causal 282 / 203 (1.39x); H100 occupancy d128 1.03x FA2, causal 1.10x,
 #    d96 1.06x, causal 1.23x; deterministic 1.04-1.07x
+# 13: dropout's d96 cost against the backward with pair barriers (dropout keeps the 64x96 split, unchanged; the
+#    denominator got ~1-2% faster), ~3 min
+# 13 ran: d96 fwd+bwd with / without dropout 10.69 / 8.73 ms (1.225x), causal 5.83 / 4.60 (1.266x; session 38: 5.86 /
+#    4.71, 1.244x): the 1.25x target missed at d96 causal; the device budget then had no room for a fix
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -124,4 +128,6 @@ case "$part" in
         --json "$OUT/sanitizer_racecheck.json" 2>&1 | tail -3 ;;
   12) (cd benchmarks && timeout 400 python3 bench_bwd.py --occupancy both --cases d96_4x4096 d128_4x4096 \
         --out "$OUT/bwd.json" 2>&1 | grep -v -i warn | grep "\[") ;;
+  13) (cd benchmarks && timeout 200 python3 bench_dropout.py --occupancy sm120 --head-dims 96 \
+        --out "$OUT/dropout_d96.json" 2>&1 | grep -v -i warn | grep "\[") ;;
 esac
