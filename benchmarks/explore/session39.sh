@@ -9,7 +9,7 @@
 #    added: its non-deterministic varlen backward with corrupt metadata on the kv_in_regs entry), ~9 min
 # 1 ran: dropout d128 fwd+bwd 14.57 / 12.08 ms (1.206x), causal 7.60 / 6.43 (1.182x; were 1.09x / 1.09x against the
 #    64x64 backward); d64 kv_in_regs 64x128 0.98-1.02x the table's default time, two dO stages 0.98-1.03x, deterministic
-#    1.05-1.16x its default against the table's 1.08-1.22x: not adopted (results/deterministic_tiles_d64_h100_2026-11-27
+#    1.05-1.22x its own default against the table's 1.08-1.22x: not adopted (results/deterministic_tiles_d64_h100_2026-11-27
 #    .json); memcheck bwd_varlen_classes (d64 / d96 / d128) clean
 # 2: off the grid: the d96 / d128 kv_in_regs entries against the splits they replaced at lengths that leave a partial
 #    last key block (3000 tokens) and MQA (deterministic_tiles.py --shapes), and packed varlen documents
