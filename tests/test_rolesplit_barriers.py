@@ -61,18 +61,21 @@ def _group_branch(tree: ast.FunctionDef) -> ast.If:
     raise AssertionError("FlashBwdRoleSplit.step has no `if wg == 0` branch")
 
 
-def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False) -> dict:
-    """The names step's ``const_expr`` conditions read, for one feature combination."""
+def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False, kvr=False) -> dict:
+    """The names step's ``const_expr`` conditions read, for one feature combination (``pair_p`` the kernel's own
+    rule, on this spec and config)."""
     spec = SimpleNamespace(dropout=dropout, block_sparse=(128, 128) if sparse else None,
                            mods=object() if mods else None)
-    return {"self": SimpleNamespace(spec=spec), "cfg": SimpleNamespace(stages_do=stages_do),
-            "turn": (0, 0, 0) if det else None}
+    cfg = SimpleNamespace(stages_do=stages_do, kv_in_regs=kvr)
+    this = SimpleNamespace(spec=spec, config=cfg)
+    this.pair_p = lambda: bwd_rolesplit.FlashBwdRoleSplit.pair_p(this)
+    return {"self": this, "cfg": cfg, "turn": (0, 0, 0) if det else None}
 
 
-@pytest.mark.parametrize("dropout,sparse,mods,stages_do,det", list(itertools.product(
-    [False, True], [False, True], [False, True], [1, 2], [False, True])))
-def test_both_groups_pass_the_same_number_of_barriers(dropout, sparse, mods, stages_do, det):
-    env = _env(dropout, sparse, mods, stages_do, det)
+@pytest.mark.parametrize("dropout,sparse,mods,stages_do,det,kvr", list(itertools.product(
+    [False, True], [False, True], [False, True], [1, 2], [False, True], [False, True])))
+def test_both_groups_pass_the_same_number_of_barriers(dropout, sparse, mods, stages_do, det, kvr):
+    env = _env(dropout, sparse, mods, stages_do, det, kvr)
     branch = _group_branch(_step_tree())
     group0, group1 = _count(branch.body, env), _count(branch.orelse, env)
     assert group0 == group1 > 0, f"group 0 passes {group0} barriers per step, group 1 {group1}"
