@@ -106,7 +106,8 @@ def main() -> int:
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
         report["tree"] = probe("tree", importlib.import_module("flash_attn_4_sm120.interface"))
         if args.tree_only:
-            Path(args.out).write_text(json.dumps(report, indent=1)) if args.out else None
+            if args.out:
+                Path(args.out).write_text(json.dumps(report, indent=1))
             return 0
         set_offline(True)
         set_local_kernels(str(ROOT), [REPO_ID])

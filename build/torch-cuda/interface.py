@@ -586,7 +586,9 @@ def _register_op(name: str, impl, fake):
     qualname = add_op_namespace_prefix(name)
     namespace, short = qualname.split("::")
     if not hasattr(getattr(torch.ops, namespace), short):
-        lib = _OP_LIBRARIES.setdefault(namespace, torch.library.Library(namespace, "FRAGMENT"))
+        lib = _OP_LIBRARIES.get(namespace)
+        if lib is None:  # one library per namespace, made at the first op
+            lib = _OP_LIBRARIES[namespace] = torch.library.Library(namespace, "FRAGMENT")
         lib.define(short + torch.library.infer_schema(impl, mutates_args=()))
         lib.impl(short, impl, "CompositeExplicitAutograd")
         torch.library.register_fake(qualname, fake, lib=lib)
