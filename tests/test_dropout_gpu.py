@@ -91,6 +91,20 @@ def test_head_dims(d, dv, causal):
     run(2, 177, 177, 4, 2, d, dv, causal=causal)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_d96_class_tile(causal, dtype):
+    """d96's 128x64 class tile at a length the tile-efficiency rule keeps it for (177 tokens take the 64-row
+    alternate): causal, its registers hold no P in both widths beside the keep words, so it converts and masks P
+    call by call (``convert_keep_pairs``); full, it converts all of P and then masks it (``apply_keep_pairs``)."""
+    from flash_attn_4_sm120.config import FwdSpec, choose_fwd_config, dropout_on_pairs
+
+    spec = FwdSpec("bf16" if dtype == torch.bfloat16 else "fp16", 96, 96, causal=causal, dropout=True)
+    cfg = choose_fwd_config(spec, fa.dispatch_model(torch.device("cuda")), 1024, 1024, 1024)
+    assert cfg.tile_m == 128 and dropout_on_pairs(spec, cfg) == (not causal)
+    run(1, 1024, 1024, 2, 1, 96, 96, causal=causal, dtype=dtype)
+
+
 @pytest.mark.parametrize("sq,sk", [(1, 1), (113, 799), (799, 113), (64, 64), (65, 129)])
 def test_odd_lengths(sq, sk):
     # One key per row: the true dS is 0 (O = z V, so D = dO.O = z dP), and the kernels' D, from the 16-bit O as

@@ -326,12 +326,13 @@ def dropout_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
 
 
 def dropout_on_pairs(spec: FwdSpec, cfg: FwdConfig) -> bool:
-    """Whether the forward applies dropout to P's 16-bit pairs after the conversion from whole Philox calls
-    (``KeepFlags.apply_pair``) or element by element to the fp32 scores before it, from half calls (a byte compare
-    and a select per score, 8 scores per call: the cost before 2026-11-27). sm_120a gate, 2026-11-27: beside 64 S
-    and 96 O registers per thread and the causal mask's limits (d96's 128x64 4-warp tile) pairs spilled 16 B (84 B
-    from half calls) and whole calls element by element spilled too; half calls element by element fit (252
-    registers). Every other dropout tile of the gate holds the pairs."""
+    """Whether the forward converts all of P to 16 bits and then applies dropout to its pairs
+    (``dropout_mask.apply_keep_pairs``), or converts and masks P call by call from the fp32 scores
+    (``dropout_mask.convert_keep_pairs``: each Philox call's 8 pairs rounded and masked as its words are used). sm_120a
+    gate, 2026-11-27: beside 64 S and 96 O registers per thread and the causal mask's limits (d96's 128x64 4-warp tile)
+    P in both widths beside the words spilled 16 B; until session 40 that tile masked the fp32 scores element by
+    element from half Philox calls (twice the draws: 1.34-1.49x its forward's time without dropout); call by call it
+    fits with whole calls (255 registers, no local memory). Every other dropout tile of the gate holds all of P."""
     s_regs = cfg.tile_m * cfg.tile_n // cfg.num_threads
     o_regs = cfg.tile_m * padded_head_dim(spec.head_dim_v, cfg) // cfg.num_threads
     return not (s_regs >= 64 and o_regs >= 96 and (spec.causal or spec.local))

@@ -61,6 +61,29 @@ def keep_pair(word, pair, threshold_pair, low: bool, *, loc=None, ip=None) -> Ui
     ))
 
 
+@dsl_user_op
+def keep_pair_f32(word, lo, hi, threshold_pair, low: bool, half: bool, *, loc=None, ip=None) -> Uint32:
+    """``keep_pair`` of the fp32 elements ``lo`` (the pair's low lane) and ``hi`` rounded to a 16-bit pair first
+    (``cvt.rn.bf16x2.f32``, or ``f16x2`` where ``half``): one call's conversion and mask in one step, so a tile
+    converts and masks P call by call instead of holding all of it in both widths."""
+    selector = 0x4140 if low else 0x4342
+    cvt = "cvt.rn.f16x2.f32" if half else "cvt.rn.bf16x2.f32"
+    return Uint32(llvm.inline_asm(
+        Uint32.mlir_type,
+        [Uint32(word).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip),
+         Float32(hi).ir_value(loc=loc, ip=ip), Uint32(threshold_pair).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 v, m, p;\n\t"
+        f"{cvt} p, $3, $2;\n\t"
+        f"prmt.b32 v, $1, 0, {selector:#x};\n\t"
+        "set.ge.u32.f16x2 m, v, $4;\n\t"
+        "and.b32 $0, p, m;\n\t}",
+        "=r,r,f,f,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
 def warp_cell_columns(tile_n: int, warps_n: int) -> int:
     """The neighbouring key columns a warp of the S MMA should cover per step under dropout: 32 (whole Philox calls)
     where ``warps_n`` runs of 32 divide the tile, else 16 (half calls)."""
@@ -213,16 +236,42 @@ class KeepFlags:
         word, byte = self._word(r, c)
         return keep_pair(word, pair, self.mask.threshold_pair, byte == 0)
 
+    def convert_pair(self, r: int, c: int, lo, hi, half: bool):
+        """The fp32 elements (r, c) = ``lo`` and (r, c + 1) = ``hi`` (c even) as a 16-bit pair (fp16 where ``half``,
+        else bf16) with its dropped lanes zeroed."""
+        word, byte = self._word(r, c)
+        return keep_pair_f32(word, lo, hi, self.mask.threshold_pair, byte == 0, half)
+
+
+def _pair_slots(flags: KeepFlags, p16: cute.Tensor) -> list:
+    """(r, c, index of the pair's 32-bit register in ``p16``) of every pair ``flags.pairs`` names, in its order
+    (trace time; raises where a pair of S's columns is not one register)."""
+    p_rc = acc_rows_cols(p16)
+    out = []
+    for r, c in flags.pairs:
+        at = cute.crd2idx((r, c), p_rc.layout)
+        if at % 2 or cute.crd2idx((r, c + 1), p_rc.layout) != at + 1:
+            raise ValueError("dropout: a 16-bit pair of S's columns is not one 32-bit register")
+        out.append((r, c, at // 2))
+    return out
+
+
+def convert_keep_pairs(flags: KeepFlags, acc: cute.Tensor, p16: cute.Tensor, half: bool) -> None:
+    """``p16`` (a 16-bit register tensor laid out like ``acc``, the fp32 S accumulator) = ``acc`` rounded, dropped
+    elements zeroed, a pair of neighbouring columns per ``KeepFlags.convert_pair``, call by call: each call's
+    elements leave fp32 as its words are used (the tiles whose registers cannot hold P in both widths beside the
+    words: ``config.dropout_on_pairs``)."""
+    words = cute.recast_tensor(p16, Uint32)
+    flat = cute.make_tensor(words.iterator, cute.make_layout(cute.size(words)))
+    src = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
+    for r, c, w in _pair_slots(flags, p16):
+        flat[w] = flags.convert_pair(r, c, src[2 * w], src[2 * w + 1], half)
+
 
 def apply_keep_pairs(flags: KeepFlags, p16: cute.Tensor) -> None:
     """Zero the dropped elements of ``p16`` (a 16-bit register tensor laid out like the S accumulator), a pair of
     neighbouring columns per ``KeepFlags.apply_pair``, call by call."""
-    p_rc = acc_rows_cols(p16)
     words = cute.recast_tensor(p16, Uint32)
     flat = cute.make_tensor(words.iterator, cute.make_layout(cute.size(words)))
-    for i in range(len(flags.pairs)):
-        r, c = flags.pairs[i]
-        at = cute.crd2idx((r, c), p_rc.layout)
-        if at % 2 or cute.crd2idx((r, c + 1), p_rc.layout) != at + 1:
-            raise ValueError("dropout: a 16-bit pair of S's columns is not one 32-bit register")
-        flat[at // 2] = flags.apply_pair(r, c, flat[at // 2])
+    for r, c, w in _pair_slots(flags, p16):
+        flat[w] = flags.apply_pair(r, c, flat[w])

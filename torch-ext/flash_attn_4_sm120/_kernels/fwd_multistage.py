@@ -62,7 +62,7 @@ from . import CUTLASS_DTYPES, block_info
 from .grid_dependency import enter_grid
 from .fragments import acc_as_operand_a, acc_rows_cols, convert
 from .block_walk import sparse_walk
-from .dropout_mask import DropoutMask, apply_keep_pairs, check_cells
+from .dropout_mask import DropoutMask, apply_keep_pairs, check_cells, convert_keep_pairs
 from .flex_mods import FlexMods, SeqlenInfo, aux_list
 from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
@@ -874,19 +874,16 @@ class FlashFwdMultistage:
         if const_expr(rP is None):
             rP = cute.make_rmem_tensor_like(acc_S, self.dtype)
         pairs = self.spec.dropout and dropout_on_pairs(self.spec, self.config)
-        flags = None
         if const_expr(self.spec.dropout):
             flags = ctx.dropout.keep_flags(ctx.batch, ctx.head, ctx.num_heads, ctx.m_block * self.tile_m,
-                                           n_block * self.tile_n, whole=pairs)
-        if const_expr(self.spec.dropout and not pairs):
-            p_rc = acc_rows_cols(acc_S)
-            for i in cutlass.range_constexpr(len(flags.order)):  # call by call (``KeepFlags``)
-                r, c = flags.order[i]
-                p = p_rc[r, c]
-                p_rc[r, c] = p if flags(r, c) else Float32(0.0)
-        rP.store(acc_S.load().to(self.dtype))
-        if const_expr(pairs):
-            apply_keep_pairs(flags, rP)
+                                           n_block * self.tile_n)
+            if const_expr(pairs):
+                rP.store(acc_S.load().to(self.dtype))
+                apply_keep_pairs(flags, rP)
+            else:
+                convert_keep_pairs(flags, acc_S, rP, self.dtype == cutlass.Float16)
+        else:
+            rP.store(acc_S.load().to(self.dtype))
         return rP
 
     @cute.jit
