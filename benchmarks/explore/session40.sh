@@ -39,6 +39,8 @@
 #    5.84, 5.86 (-2%); the runs' plain fwd+bwd 4.57-4.76 ms (both trees the same kernels): dropout cost at d96 causal
 #    1.228x on their mean (1.253x, 1.205x per round) against the tree before's 1.255x (1.265x, 1.248x); d96 full
 #    unchanged (10.83-10.85 ms both trees): adopted
+# 5: bench_dropout's d96 and d128 rows with every peer (FA2 with and without dropout) on the final tree, merged into
+#    results/dropout_h100_2026-11-27.json (d64's rows: session 36), ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -66,4 +68,6 @@ case "$part" in
           | grep "\[" | sed "s|^|$(basename "$t") |")
        touch "/tmp/done4_$(basename "$t")"
      done ;;
+  5) (cd benchmarks && timeout 560 python3 bench_dropout.py --occupancy sm120 --head-dims 96 128 \
+        --out "$OUT/dropout.json" 2>&1 | grep -v -i warn | grep "\[") ;;
 esac
