@@ -61,21 +61,25 @@ def _group_branch(tree: ast.FunctionDef) -> ast.If:
     raise AssertionError("FlashBwdRoleSplit.step has no `if wg == 0` branch")
 
 
-def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False, kvr=False) -> dict:
-    """The names step's ``const_expr`` conditions read, for one feature combination (``pair_p`` the kernel's own
-    rule, on this spec and config)."""
+def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False, kvr=False, tile_n=128) -> dict:
+    """The names step's ``const_expr`` conditions read, for one feature combination (``pair_p`` and ``lag_dk`` the
+    kernel's own rules, on this spec and config; causal, the highest-first order: ``tile_n`` 128 takes d96's 64 S
+    registers per thread, where the deterministic mode runs without ``lag_dk``, 96 d128's 48)."""
     spec = SimpleNamespace(dropout=dropout, block_sparse=(128, 128) if sparse else None,
-                           mods=object() if mods else None)
-    cfg = SimpleNamespace(stages_do=stages_do, kv_in_regs=kvr)
+                           mods=object() if mods else None, deterministic=det, lowest_first=False, causal=True,
+                           local=False)
+    cfg = SimpleNamespace(stages_do=stages_do, kv_in_regs=kvr, tile_m=64, tile_n=tile_n, role_warps=4)
     this = SimpleNamespace(spec=spec, config=cfg)
     this.pair_p = lambda: bwd_rolesplit.FlashBwdRoleSplit.pair_p(this)
+    this.lag_dk = lambda: bwd_rolesplit.FlashBwdRoleSplit.lag_dk(this)
     return {"self": this, "cfg": cfg, "turn": (0, 0, 0) if det else None}
 
 
+@pytest.mark.parametrize("tile_n", [96, 128])
 @pytest.mark.parametrize("dropout,sparse,mods,stages_do,det,kvr", list(itertools.product(
     [False, True], [False, True], [False, True], [1, 2], [False, True], [False, True])))
-def test_both_groups_pass_the_same_number_of_barriers(dropout, sparse, mods, stages_do, det, kvr):
-    env = _env(dropout, sparse, mods, stages_do, det, kvr)
+def test_both_groups_pass_the_same_number_of_barriers(dropout, sparse, mods, stages_do, det, kvr, tile_n):
+    env = _env(dropout, sparse, mods, stages_do, det, kvr, tile_n)
     branch = _group_branch(_step_tree())
     group0, group1 = _count(branch.body, env), _count(branch.orelse, env)
     assert group0 == group1 > 0, f"group 0 passes {group0} barriers per step, group 1 {group1}"

@@ -41,6 +41,20 @@
 #    unchanged (10.83-10.85 ms both trees): adopted
 # 5: bench_dropout's d96 and d128 rows with every peer (FA2 with and without dropout) on the final tree, merged into
 #    results/dropout_h100_2026-11-27.json (d64's rows: session 36), ~5 min
+# 5 ran: d96 fwd+bwd with / without dropout 10.75 / 8.73 ms (1.231x), causal 5.70 / 4.61 (1.236x); d128 14.58 / 11.75
+#    (1.241x), causal 7.56 / 6.31 (1.197x); FA2 d96 9.50 / causal 5.65 ms without dropout
+# 6: issue 19, the kv_in_regs splits' group 1 runs each step's dK at the start of the next (FlashBwdRoleSplit.lag_dk:
+#    dK(i - 1) before dP(i), so group 1 reaches P with two GEMMs done against group 0's S and exponentials; group 1
+#    loads the next Q tile after a group barrier; step 0's dK adds zeros; the last runs after the walk; sm_120a: the
+#    kv_in_regs configs at 255 registers, no local memory): A/B with bench_bwd (ours) against the tree before
+#    (branch base), d96 / d128 4x4096 32/8 full and causal, alternated, ~4 min
+# 6 ran: backward TFLOPS this tree / before, two rounds: d96 340, 340 / 307, 307 (+10.7%); causal 317, 319 / 288, 290
+#    (+10%); d128 325, 312 / 305, 301 (+4-7%); causal 304, 305 / 283, 284 (+7.5%)
+# 7: the backward GPU suite and racecheck of bwd_rolesplit on the lag_dk tree (the device budget's rest), ~8 min
+#    (lag_dk off for the deterministic highest-first order with a mask beside 64 S registers per thread: d96's causal
+#    and windowed deterministic configs kept 4-8 B of local memory on sm_120a with it)
+# 7 ran: 186/186; racecheck bwd_rolesplit (deterministic, d64 64x64 split, d96 / d128 kv_in_regs entries, varlen)
+#    clean, 0 hazards. The device budget is spent: bench_bwd with every peer on this tree is owed
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -68,6 +82,13 @@ case "$part" in
           | grep "\[" | sed "s|^|$(basename "$t") |")
        touch "/tmp/done4_$(basename "$t")"
      done ;;
+  6) branch base
+     for t in "$root" /tmp/base "$root" /tmp/base; do
+       bwd_ab "$t" "$(basename "$t")_$SECONDS" ours d96_4x4096 d128_4x4096 | sed "s|^|$(basename "$t") |"
+     done ;;
+  7) shards 230 tests/test_bwd_gpu.py
+     timeout 170 python3 tools/sanitize.py --families bwd_rolesplit --tools racecheck \
+        --json "$OUT/sanitizer_racecheck.json" 2>&1 | tail -3 ;;
   5) (cd benchmarks && timeout 560 python3 bench_dropout.py --occupancy sm120 --head-dims 96 128 \
         --out "$OUT/dropout.json" 2>&1 | grep -v -i warn | grep "\[") ;;
 esac

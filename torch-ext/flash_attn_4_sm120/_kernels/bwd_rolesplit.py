@@ -13,7 +13,8 @@ Per step (query block m of query head g), with named barriers (``bar.arrive`` fo
   group 1 (warps 4-7):  dP = dO V^T; wait P; P from sP; dS = P (dP - D') -> sdS; barrier dS1 (its 4 warps);
                         arrive dS; dK += dS^T Q;
   (with ``kv_in_regs``, no dropout: P passes warp pair by warp pair, ``pair_p``: group 0's warp w arrives on its
-  pair's barrier before barrier P0, and group 1's warp w waits there instead of on P)
+  pair's barrier before barrier P0, and group 1's warp w waits there instead of on P; and group 1 runs dK a step
+  late, ``lag_dk``: dK(i - 1), a group barrier, the next Q tile's cp.async by group 1, then dP(i))
   all 8 warps:          dQ_m = dS K into the fp32 accumulator (``dq_accum``); wait for the next tiles; CTA barrier.
 P reaches group 1 in 16 bits (dS = P16 (dP - D'), as the same computation in the input dtype forms it); masked
 entries arrive as P = 0, so group 1 needs no mask, and a mask_mod runs in group 0 beside the element mask (on a
@@ -60,6 +61,7 @@ _GROUP = 128  # threads per warp group
 # named barriers (0 is the CTA barrier)
 _BAR_P, _BAR_P0, _BAR_DS, _BAR_DS1, _BAR_PREAD, _BAR_PZ = 1, 2, 3, 4, 5, 6
 _BAR_PAIR = 7  # named barriers 7-10: warp w of group 0 with warp w of group 1 (``pair_p``)
+_BAR_LAG0, _BAR_LAG1 = 11, 12  # ``lag_dk``: group 1 past the previous step's dK; group 0's count-balancing twin
 _RELEASE = _GROUP + 32  # deterministic mode: the thread that passes the turn on (warp 5, group 1)
 
 
@@ -98,6 +100,20 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         when all four have (ncu, session 39: group 1's wait for P was 8.6% of the d96 kernel's warp samples)."""
         return self.config.kv_in_regs and not self.spec.dropout
 
+    def lag_dk(self) -> bool:
+        """Whether group 1 runs each step's dK GEMM at the start of the next step, before its dP (where P passes by
+        warp pairs, ``pair_p``): group 1 otherwise waits for P through group 0's exponentials, and group 0 for dS
+        through group 1's; with dK(i - 1) ahead of dP(i) group 1 reaches P with two GEMMs done against group 0's one
+        and its exponentials. dK(i - 1) reads the previous step's Q stage and sdS, so group 1 loads the next Q tile
+        (into that stage) itself, after a group barrier that ends every warp's dK, and the last step's dK runs after
+        the walk (``main_loop``). Measured (H100, SM120 occupancy, session 40): d96 4x4096 32/8 backward +10-11%,
+        d128 +4-7.5%, full and causal. Not where the deterministic mode's highest-first turn and a mask's limits sit
+        beside 64 S registers per thread (d96's 64x128 split, causal or windowed: 4-8 B of local memory on sm_120a)."""
+        spec, cfg = self.spec, self.config
+        s_regs = cfg.tile_m * cfg.tile_n // (32 * cfg.role_warps)
+        turn_beside_mask = spec.deterministic and not spec.lowest_first and (spec.causal or spec.local)
+        return self.pair_p() and not (turn_beside_mask and s_regs >= 64)
+
     def ds_over_scale(self) -> bool:
         """Dropout: whether group 1 stores dS (1 - p) (P keep dP - P D' (1 - p): no multiply per score), dQ's fragment
         and the dK epilogue taking the 1 / (1 - p), or dS itself (P keep (dP / (1 - p)) - P D'). The first moves a
@@ -128,13 +144,18 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return ctx
 
     @cute.jit
-    def load_do_group0(self, mdO_s, sdO, head, m, seqlen_q):
-        """cp.async query block m's dO tile (single-buffered) into ``sdO`` by group 0's 128 threads."""
-        width, real = self.head_dim_v, self.spec.head_dim_v
+    def load_by_group(self, mX_s, sX, width: cutlass.Constexpr[int], real: cutlass.Constexpr[int], head, m, seqlen_q):
+        """cp.async query block m's rows of ``mX_s`` (Q or dO; ``width`` padded, ``real`` columns) into the stage
+        ``sX`` by the 128 threads of the caller's warp group: group 0's dO tile (single-buffered), group 1's next Q
+        tile (``lag_dk``)."""
         tiled = self.row_copy(width, _GROUP)
-        gX = cute.local_tile(mdO_s[None, head, None], (self.tile_m, width), (m, 0))
-        load_rows(tiled, group_ids()[1], gX, sdO[None, None, 0], (self.tile_m, width), real,
-                  seqlen_q - m * self.tile_m)
+        gX = cute.local_tile(mX_s[None, head, None], (self.tile_m, width), (m, 0))
+        load_rows(tiled, group_ids()[1], gX, sX, (self.tile_m, width), real, seqlen_q - m * self.tile_m)
+
+    def dk_operands(self, ctx: SimpleNamespace, sm: SimpleNamespace, wtid) -> SimpleNamespace:
+        """Group 1's dK += dS^T Q operands (sdS and Q's stages, read transposed)."""
+        return self.operands(ctx.thr_dkv, self.mma_dkv, wtid, sm.sdSt, sm.sdSt, True, sm.sQt, sm.sQt[None, None, 0],
+                             True)
 
     @cute.jit
     def pass_previous_turn(self, ctx: SimpleNamespace, it, mSem, mCuSeqlensQ, release_tidx):
@@ -150,6 +171,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         acc_kv = cute.make_rmem_tensor(ctx.thr_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_kv.fill(0.0)
         ctx.rB = self.kv_fragment(ctx, sm) if const_expr(self.config.kv_in_regs) else None
+        if const_expr(self.lag_dk()):
+            self.zero_lag_operands(sm)
         if const_expr(self.spec.block_sparse is not None):  # the walk's entries travel with the loop
             ent0, ent1 = raw_entry(ctx.walk, Int32(0)), raw_entry(ctx.walk, Int32(1))
             for it in cutlass.range(num_steps, unroll=1):
@@ -158,9 +181,28 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         else:
             for it in cutlass.range(num_steps, unroll=1):
                 acc_kv = self.step(ctx, sm, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ, acc_kv)
+        if const_expr(self.lag_dk()):  # group 1: the last step's dK (its Q stage and sdS are untouched since)
+            wg, wtid = group_ids()
+            if wg == 1 and num_steps > 0:
+                last = (num_steps - 1) % self.config.stages_q
+                acc_kv = self.gemm(acc_kv, self.dk_operands(ctx, sm, wtid), None, last)
         ctx.acc_kv = acc_kv
         if const_expr(self.spec.deterministic):
             self.pass_previous_turn(ctx, num_steps, mSem, mCuSeqlensQ, ctx.tidx - _RELEASE)  # the last step's
+
+    @cute.jit
+    def zero_lag_operands(self, sm: SimpleNamespace):
+        """``lag_dk``: step 0's dK of "the previous step" reads sdS and Q's other stage, whose bytes nothing has
+        written (possibly NaN patterns): zeros there make it add exactly 0 (a branch around that GEMM kept dK's 96
+        accumulators in two copies and spilled 64-88 B on sm_120a), then a CTA barrier."""
+        tidx, _, _ = cute.arch.thread_idx()
+        for tile, elems in ((sm.sdS, self.tile_m * self.tile_n), (sm.sQ[None, None, 1], self.tile_m * self.head_dim)):
+            words = elems * self.dtype.width // 32
+            flat = cute.make_tensor(cute.recast_ptr(tile.iterator, dtype=cutlass.Uint32), cute.make_layout(words))
+            for i in cutlass.range_constexpr(-(-words // self.num_threads)):
+                if tidx + i * self.num_threads < words:
+                    flat[tidx + i * self.num_threads] = cutlass.Uint32(0)
+        cute.arch.sync_threads()
 
     @cute.jit
     def kv_fragment(self, ctx: SimpleNamespace, sm: SimpleNamespace) -> cute.Tensor:
@@ -187,8 +229,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         else:
             head, m, sq, sdo, has_next = self.step_schedule(ctx, it, num_steps)
         # a. The next step's double-buffered tiles (every thread), into the stage the previous step used.
-        if has_next:
-            self.load_q_do(ctx, sm, it + 1, True, cfg.stages_do == 2, next_coords)
+        if has_next:  # (with ``lag_dk`` group 1 loads the next Q tile once the previous dK has read its stage)
+            self.load_q_do(ctx, sm, it + 1, not self.lag_dk(), cfg.stages_do == 2, next_coords)
         cute.arch.cp_async_commit_group()
         ranges, turn = self.block_turn(ctx, head, m, mSem, mCuSeqlensQ, None)  # group 1 reads after dP
         # plain locals for the branches (see the class docstring)
@@ -241,6 +283,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                 cute.arch.barrier_arrive(barrier_id=_BAR_PAIR + cute.arch.make_warp_uniform(wtid // 32),
                                          number_of_threads=64)
             cute.arch.barrier(barrier_id=_BAR_P0, number_of_threads=_GROUP)
+            if const_expr(self.lag_dk()):  # group 1's lag barrier's twin (both groups pass as many per step)
+                cute.arch.barrier(barrier_id=_BAR_LAG0, number_of_threads=_GROUP)
             if const_expr(not self.pair_p()):
                 cute.arch.barrier_arrive(barrier_id=_BAR_P, number_of_threads=2 * _GROUP)
             if const_expr(self.spec.dropout):
@@ -254,13 +298,22 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=2 * _GROUP)
             if const_expr(cfg.stages_do == 1):  # group 1 is past dP (it arrived after dS), group 0 past dV
                 if has_next:
-                    self.load_do_group0(mdO_s, sdO, head_next, m_next, seqlen_q)
+                    self.load_by_group(mdO_s, sdO[None, None, 0], self.head_dim_v, self.spec.head_dim_v, head_next,
+                                       m_next, seqlen_q)
                 cute.arch.cp_async_commit_group()
         else:
             # c. dP; P from sP; dS -> sdS; dK += dS^T Q
             ops_dp = self.operands(thr_sdp, self.mma_sdp, wtid, sdO, sdO[None, None, 0], False, sV, sV, False,
                                    self.sdp_b_matrices)
             ops_kv = self.operands(thr_dkv, self.mma_dkv, wtid, sdSt, sdSt, True, sQt, sQt[None, None, 0], True)
+            if const_expr(self.lag_dk()):
+                # the previous step's dK (its Q stage and dS), then the next Q tile into that stage
+                acc_kv = self.gemm(acc_kv, ops_kv, None, (it + 1) % cfg.stages_q)  # step 0: zeros (main_loop)
+                cute.arch.barrier(barrier_id=_BAR_LAG1, number_of_threads=_GROUP)
+                if has_next:
+                    self.load_by_group(ctx.mQ_s, sQ[None, None, (it + 1) % cfg.stages_q], self.head_dim,
+                                       self.spec.head_dim, head_next, m_next, seqlen_q)
+                cute.arch.cp_async_commit_group()
             dsum = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):
                 dsum[r] = gD[m * self.tile_m + tScS_rc[r, 0][0]]
@@ -309,7 +362,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                 wait_turn(turn[0], turn[1], seen, tidx - _GROUP)  # barrier dS1 holds group 1 until ours
             cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)
             cute.arch.barrier_arrive(barrier_id=_BAR_DS, number_of_threads=2 * _GROUP)
-            acc_kv = self.gemm(acc_kv, ops_kv, None, sq)
+            if const_expr(not self.lag_dk()):
+                acc_kv = self.gemm(acc_kv, ops_kv, None, sq)
         # d. dQ_m on all 8 warps (sdS is complete for both groups here)
         self.dq_into_accumulator(ctx, sm, workspace_row(mdQacc, ctx.batch, head, mCuSeqlensQ, ctx.total_q), m)
         # e. The next step's tiles have landed; every warp is done with sP, sdS and this step's stages.
