@@ -92,3 +92,22 @@ def test_the_check_sees_a_mismatch():
     extra = ast.parse("cute.arch.barrier(barrier_id=9, number_of_threads=128)").body[0]
     env = _env(dropout=True)
     assert _count(branch.body + [extra], env) == _count(branch.orelse, env) + 1
+
+
+@pytest.mark.parametrize("kvr,dropout,det,lowest_first,causal,tile_n,expected", [
+    (True, False, False, False, True, 128, True),     # d96's entry, default mode
+    (True, False, False, False, True, 96, True),      # d128's entry
+    (True, True, False, False, True, 128, False),     # dropout: P passes group-wide (no pairs), no lag
+    (False, False, False, False, True, 128, False),   # the smem-operand splits (branches/lag-all.patch: untimed)
+    (True, False, True, False, True, 128, False),     # highest-first turn beside the mask at 64 S registers: spilled
+    (True, False, True, False, False, 128, True),     # ... without a mask it fits
+    (True, False, True, True, True, 128, True),       # lowest-first order: no such turn
+    (True, False, True, False, True, 96, True),       # 48 S registers (d128): fits
+])
+def test_lag_dk_rule(kvr, dropout, det, lowest_first, causal, tile_n, expected):
+    """``FlashBwdRoleSplit.lag_dk``: the ``kv_in_regs`` splits without dropout, less the sm_120a gate's exception."""
+    spec = SimpleNamespace(dropout=dropout, deterministic=det, lowest_first=lowest_first, causal=causal, local=False)
+    cfg = SimpleNamespace(kv_in_regs=kvr, tile_m=64, tile_n=tile_n, role_warps=4)
+    this = SimpleNamespace(spec=spec, config=cfg)
+    this.pair_p = lambda: bwd_rolesplit.FlashBwdRoleSplit.pair_p(this)
+    assert bwd_rolesplit.FlashBwdRoleSplit.lag_dk(this) is expected
