@@ -127,7 +127,7 @@ class DropoutMask:
                            threshold=t << (32 - VALUE_BITS), threshold_pair=t | (t << 16), scale=scale,
                            keep_prob=keep_prob, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc)
 
-    def keep_flags(self, batch, head, num_heads, q_base, k_base, whole: bool = True) -> "KeepFlags":
+    def keep_flags(self, batch, head, num_heads, q_base, k_base) -> "KeepFlags":
         """The keep flags of this thread's elements of query head ``head`` of ``num_heads`` in sequence ``batch``, in
         the tile whose row 0 is query position ``q_base`` and column 0 key position ``k_base`` (multiples of 16)."""
         rows, cols = cute.size(self.tScS_rc, mode=[0]), cute.size(self.tScS_rc, mode=[1])
@@ -143,17 +143,17 @@ class DropoutMask:
                 raise ValueError("dropout: accumulator columns are not 16-column atom pairs")
         col_pos = [self.t0ScS_rc[0, c][1] for c in range(cols)]
         return KeepFlags(self, Uint32(batch * num_heads + head), Uint32(q_base + self.tScS_rc[0, 0][0]),
-                         Uint32(k_base + self.tScS_rc[0, 0][1]), rows, cols, col_pos, whole)
+                         Uint32(k_base + self.tScS_rc[0, 0][1]), rows, cols, col_pos)
 
 
-def call_groups(cols: int, col_pos: list, whole: bool = True) -> list:
+def call_groups(cols: int, col_pos: list) -> list:
     """The thread's columns (its (rows, cols) view) grouped by Philox call: a group of 8 where two neighbouring
-    16-column atom pairs make one 32-column cell (positions ``[0, 1, 8, 9, 16, 17, 24, 25]`` from a multiple of 32)
-    and ``whole``, else a group of 4 (half a call). ``col_pos``: thread 0's column of each (compile-time)."""
+    16-column atom pairs make one 32-column cell (positions ``[0, 1, 8, 9, 16, 17, 24, 25]`` from a multiple of 32),
+    else a group of 4 (half a call). ``col_pos``: thread 0's column of each (compile-time)."""
     groups, c = [], 0
     while c < cols:
         base = col_pos[c]
-        if whole and base % CELL_K == 0 and c + 8 <= cols and col_pos[c + 4] == base + CELL:
+        if base % CELL_K == 0 and c + 8 <= cols and col_pos[c + 4] == base + CELL:
             groups.append(tuple(range(c, c + 8)))
             c += 8
         else:
@@ -169,8 +169,7 @@ class KeepFlags:
     ``order`` / ``pairs`` (call by call) keeps each call's 4 words live for its elements only: drawing every call up
     front held the whole tile's words beside S and spilled (sm_120a gate, 2026-11-26)."""
 
-    def __init__(self, mask: DropoutMask, head_word, q0, k0, rows: int, cols: int, col_pos: list = None,
-                 whole: bool = True):
+    def __init__(self, mask: DropoutMask, head_word, q0, k0, rows: int, cols: int, col_pos: list = None):
         self.mask, self.head_word, self.q0, self.k0 = mask, head_word, q0, k0
         if col_pos is None:  # a layout of neighbouring atoms (host tests)
             col_pos = [16 * (c // 4) + [0, 1, 8, 9][c % 4] for c in range(cols)]
@@ -178,7 +177,7 @@ class KeepFlags:
         self._col = {}
         #: per call group (its first column): a half call (8 scores: its word half picked at run time, ``_word``)
         self.half_call = {}
-        groups = call_groups(cols, col_pos, whole)
+        groups = call_groups(cols, col_pos)
         for g in groups:
             self.half_call[g[0]] = len(g) == 4
             for c in g:
