@@ -61,13 +61,14 @@ def _group_branch(tree: ast.FunctionDef) -> ast.If:
     raise AssertionError("FlashBwdRoleSplit.step has no `if wg == 0` branch")
 
 
-def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False, kvr=False, tile_n=128) -> dict:
+def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False, kvr=False, tile_n=128, lowest_first=False,
+         causal=True) -> dict:
     """The names step's ``const_expr`` conditions read, for one feature combination (``pair_p`` and ``lag_dk`` the
     kernel's own rules, on this spec and config; causal, the highest-first order: ``tile_n`` 128 takes d96's 64 S
     registers per thread, where the deterministic mode runs without ``lag_dk``, 96 d128's 48)."""
     spec = SimpleNamespace(dropout=dropout, block_sparse=(128, 128) if sparse else None,
-                           mods=object() if mods else None, deterministic=det, lowest_first=False, causal=True,
-                           local=False)
+                           mods=object() if mods else None, deterministic=det, lowest_first=lowest_first,
+                           causal=causal, local=False)
     cfg = SimpleNamespace(stages_do=stages_do, kv_in_regs=kvr, tile_m=64, tile_n=tile_n, role_warps=4)
     this = SimpleNamespace(spec=spec, config=cfg)
     this.pair_p = lambda: bwd_rolesplit.FlashBwdRoleSplit.pair_p(this)
@@ -106,8 +107,5 @@ def test_the_check_sees_a_mismatch():
 ])
 def test_lag_dk_rule(kvr, dropout, det, lowest_first, causal, tile_n, expected):
     """``FlashBwdRoleSplit.lag_dk``: the ``kv_in_regs`` splits without dropout, less the sm_120a gate's exception."""
-    spec = SimpleNamespace(dropout=dropout, deterministic=det, lowest_first=lowest_first, causal=causal, local=False)
-    cfg = SimpleNamespace(kv_in_regs=kvr, tile_m=64, tile_n=tile_n, role_warps=4)
-    this = SimpleNamespace(spec=spec, config=cfg)
-    this.pair_p = lambda: bwd_rolesplit.FlashBwdRoleSplit.pair_p(this)
-    assert bwd_rolesplit.FlashBwdRoleSplit.lag_dk(this) is expected
+    this = _env(dropout=dropout, det=det, kvr=kvr, tile_n=tile_n, lowest_first=lowest_first, causal=causal)["self"]
+    assert this.lag_dk() is expected

@@ -235,7 +235,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         ranges, turn = self.block_turn(ctx, head, m, mSem, mCuSeqlensQ, None)  # group 1 reads after dP
         # plain locals for the branches (see the class docstring)
         sQ, sdO, sK, sV, sP, sdS = sm.sQ, sm.sdO, sm.sK, sm.sV, sm.sP, sm.sdS
-        sQt, sdOt, sPt, sdSt = sm.sQt, sm.sdOt, sm.sPt, sm.sdSt
+        sdOt, sPt = sm.sdOt, sm.sPt
         thr_sdp, thr_dkv, r2s, thr_r2s = ctx.thr_sdp, ctx.thr_dkv, ctx.r2s, ctx.thr_r2s
         tScS_rc, t0ScS_rc = ctx.tScS_rc, ctx.t0ScS_rc
         n_block, seqlen_q, seqlen_k = ctx.n_block, ctx.seqlen_q, ctx.seqlen_k
@@ -305,7 +305,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             # c. dP; P from sP; dS -> sdS; dK += dS^T Q
             ops_dp = self.operands(thr_sdp, self.mma_sdp, wtid, sdO, sdO[None, None, 0], False, sV, sV, False,
                                    self.sdp_b_matrices)
-            ops_kv = self.operands(thr_dkv, self.mma_dkv, wtid, sdSt, sdSt, True, sQt, sQt[None, None, 0], True)
+            ops_kv = self.dk_operands(ctx, sm, wtid)
             if const_expr(self.lag_dk()):
                 # the previous step's dK (its Q stage and dS), then the next Q tile into that stage
                 acc_kv = self.gemm(acc_kv, ops_kv, None, (it + 1) % cfg.stages_q)  # step 0: zeros (main_loop)
