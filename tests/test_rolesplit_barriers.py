@@ -98,14 +98,18 @@ def test_the_check_sees_a_mismatch():
 @pytest.mark.parametrize("kvr,dropout,det,lowest_first,causal,tile_n,expected", [
     (True, False, False, False, True, 128, True),     # d96's entry, default mode
     (True, False, False, False, True, 96, True),      # d128's entry
-    (True, True, False, False, True, 128, False),     # dropout: P passes group-wide (no pairs), no lag
-    (False, False, False, False, True, 128, False),   # the smem-operand splits (branches/lag-all.patch: untimed)
+    (True, True, False, False, True, 128, True),      # dropout: P passes group-wide (no pairs), dK still lags
+    (False, False, False, False, True, 128, True),    # the smem-operand splits (session 41)
+    (False, True, False, False, True, 64, True),      # d64 / d128's dropout splits
     (True, False, True, False, True, 128, False),     # highest-first turn beside the mask at 64 S registers: spilled
     (True, False, True, False, False, 128, True),     # ... without a mask it fits
     (True, False, True, True, True, 128, True),       # lowest-first order: no such turn
     (True, False, True, False, True, 96, True),       # 48 S registers (d128): fits
+    (False, False, True, False, False, 128, False),   # deterministic smem-operand splits: d64 ran 10% slower lagged
+    (False, False, True, True, True, 64, False),      # ... in either order
 ])
 def test_lag_dk_rule(kvr, dropout, det, lowest_first, causal, tile_n, expected):
-    """``FlashBwdRoleSplit.lag_dk``: the ``kv_in_regs`` splits without dropout, less the sm_120a gate's exception."""
+    """``FlashBwdRoleSplit.lag_dk``: every role split (deterministic: the ``kv_in_regs`` ones), less the sm_120a
+    gate's exception."""
     this = _env(dropout=dropout, det=det, kvr=kvr, tile_n=tile_n, lowest_first=lowest_first, causal=causal)["self"]
     assert this.lag_dk() is expected

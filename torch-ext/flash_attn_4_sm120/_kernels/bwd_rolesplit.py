@@ -13,8 +13,9 @@ Per step (query block m of query head g), with named barriers (``bar.arrive`` fo
   group 1 (warps 4-7):  dP = dO V^T; wait P; P from sP; dS = P (dP - D') -> sdS; barrier dS1 (its 4 warps);
                         arrive dS; dK += dS^T Q;
   (with ``kv_in_regs``, no dropout: P passes warp pair by warp pair, ``pair_p``: group 0's warp w arrives on its
-  pair's barrier before barrier P0, and group 1's warp w waits there instead of on P; and group 1 runs dK a step
-  late, ``lag_dk``: dK(i - 1), a group barrier, the next Q tile's cp.async by group 1, then dP(i))
+  pair's barrier before barrier P0, and group 1's warp w waits there instead of on P; in every split (deterministic:
+  the kv_in_regs ones), group 1 runs dK a step late, ``lag_dk``: dK(i - 1), a group barrier, the next Q tile's
+  cp.async by group 1, then dP(i))
   all 8 warps:          dQ_m = dS K into the fp32 accumulator (``dq_accum``); wait for the next tiles; CTA barrier.
 P reaches group 1 in 16 bits (dS = P16 (dP - D'), as the same computation in the input dtype forms it); masked
 entries arrive as P = 0, so group 1 needs no mask, and a mask_mod runs in group 0 beside the element mask (on a
@@ -101,18 +102,22 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return self.config.kv_in_regs and not self.spec.dropout
 
     def lag_dk(self) -> bool:
-        """Whether group 1 runs each step's dK GEMM at the start of the next step, before its dP (where P passes by
-        warp pairs, ``pair_p``): group 1 otherwise waits for P through group 0's exponentials, and group 0 for dS
-        through group 1's; with dK(i - 1) ahead of dP(i) group 1 reaches P with two GEMMs done against group 0's one
-        and its exponentials. dK(i - 1) reads the previous step's Q stage and sdS, so group 1 loads the next Q tile
-        (into that stage) itself, after a group barrier that ends every warp's dK, and the last step's dK runs after
-        the walk (``main_loop``). Measured (H100, SM120 occupancy, session 40): d96 4x4096 32/8 backward +10-11%,
-        d128 +4-7.5%, full and causal. Not where the deterministic mode's highest-first turn and a mask's limits sit
-        beside 64 S registers per thread (d96's 64x128 split, causal or windowed: 4-8 B of local memory on sm_120a)."""
+        """Whether group 1 runs each step's dK GEMM at the start of the next step, before its dP: group 1 otherwise
+        waits for P through group 0's exponentials, and group 0 for dS through group 1's; with dK(i - 1) ahead of
+        dP(i) group 1 reaches P with two GEMMs done against group 0's one and its exponentials. dK(i - 1) reads the
+        previous step's Q stage and sdS, so group 1 loads the next Q tile (into that stage) itself, after a group
+        barrier that ends every warp's dK, and the last step's dK runs after the walk (``main_loop``). Measured (H100,
+        SM120 occupancy): the ``kv_in_regs`` splits (session 40) d96 4x4096 32/8 backward +10-11%, d128 +4-7.5%,
+        full and causal; every other split (session 41, same-call A/B) d64's 64x128 entry +6.8% full, +3.6% causal,
+        forward + backward with dropout 0.1 (the smem-operand splits) d64 -6%, causal -4%, d128 causal -6%, d128
+        +1.5%. The deterministic mode lags dK in the ``kv_in_regs`` splits only: d64's deterministic backward ran
+        10% slower with it (4x4096 32/8, 5.72 -> 6.30 ms; causal +4%), and d96 / d128's gained 1-2%; nor where its
+        highest-first turn and a mask's limits sit beside 64 S registers per thread (d96's 64x128 split, causal or
+        windowed: 4-8 B of local memory on sm_120a)."""
         spec, cfg = self.spec, self.config
         s_regs = cfg.tile_m * cfg.tile_n // (32 * cfg.role_warps)
         turn_beside_mask = spec.deterministic and not spec.lowest_first and (spec.causal or spec.local)
-        return self.pair_p() and not (turn_beside_mask and s_regs >= 64)
+        return (cfg.kv_in_regs or not spec.deterministic) and not (turn_beside_mask and s_regs >= 64)
 
     def ds_over_scale(self) -> bool:
         """Dropout: whether group 1 stores dS (1 - p) (P keep dP - P D' (1 - p): no multiply per score), dQ's fragment
