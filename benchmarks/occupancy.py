@@ -6,7 +6,7 @@ H100 gains 10-25% from it). Our kernels pad their launch to the model's CTAs per
 (``ExecutionModel.occupancy_launch_smem``); the peers' launches cannot be padded, so their occupancy is
 set through the context's cache preference (``cuCtxSetCacheConfig``), which the driver honours when it
 sizes an SM's shared-memory carveout (seen with ncu on the H100, 2026-11-23,
-``benchmarks/results/carveout_probe_h100_2026-11-23.json``):
+``benchmarks/results/carveout_probe_h100_2026-11-23.json.gz``):
   * no preference: the carveout that fits the most CTAs (FA2 d=128, 64 KB: 132 KB, 2 CTAs per SM);
   * L1 preferred: the smallest carveout that fits one CTA (64 KB CTA: 100 KB, 1 CTA per SM).
 Per peer and case ``faithful_preference`` reads the peer's kernel (shared memory, registers, threads)

@@ -314,7 +314,7 @@ def test_step_divisor_for_dense_steps_of_the_entries_that_carry_it():
                                                (4, 4096, 32, 8, 64, (True, 1, None)),
                                                (8, 2048, 16, 16, 128, (False, 1, 1))])
 def test_det_order_picks_the_measured_winner(b, s, hq, hkv, d, best):
-    """The causal deterministic order (H100, SM120 occupancy, session 34, deterministic_order_h100_2026-11-26.json):
+    """The causal deterministic order (H100, SM120 occupancy, session 34, deterministic_order_h100_2026-11-26.json.gz):
     lowest first ran 0.90-0.93x the highest-first time at the GQA shapes (probe: bands of 8 fastest at 4 x 2048 8/2
     and 16 x 1024 32/8, 4 and 8 equal at 2 x 4096 16/4; whole groups faster than split 2), 1.42x at 8 x 2048 16/16
     (MHA: 128 pairs of short CTAs, whose chains the banded order starts together). None: any band."""

@@ -1,6 +1,6 @@
 """The benchmark's SM120-occupancy harness (benchmarks/occupancy.py): which cache preference gives a peer's
 kernel an SM120's CTAs per SM on the H100. Pure logic; the mechanism itself was checked with ncu on the device
-(benchmarks/results/carveout_probe_h100_2026-11-23.json)."""
+(benchmarks/results/carveout_probe_h100_2026-11-23.json.gz)."""
 
 import sys
 from pathlib import Path

@@ -4,7 +4,7 @@ An SM120 SM has 100 KB of shared memory, an H100 SM 228 KB: a 64-99 KB forward C
 and once per SM120 SM, and two co-resident CTAs hide each other's softmax. The package pads our own
 launches (``ExecutionModel.occupancy_launch_smem``); the peers' launches cannot be padded, and a co-resident
 "holder" kernel does not work (session 8). This probe (session 10, which confirmed it:
-``benchmarks/results/carveout_probe_h100_2026-11-23.json``; ``benchmarks/occupancy.py`` is what the benchmark uses) tries the context's cache-configuration preference instead
+``benchmarks/results/carveout_probe_h100_2026-11-23.json.gz``; ``benchmarks/occupancy.py`` is what the benchmark uses) tries the context's cache-configuration preference instead
 (``cuCtxSetCacheConfig``): with L1 preferred, the driver should give each kernel the smallest shared-memory
 carveout its CTA fits in, which for a 64-99 KB CTA is the 100 KB configuration an SM120 has.
 

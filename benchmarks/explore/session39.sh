@@ -16,7 +16,7 @@
 #    (varlen_tiles.py, 128-2048 tokens packed to 16384, 32/8 heads), default only, ~8 min
 # 2 ran: the former splits' time over the entries': d96 2x3000 16/4 1.04x, causal 0.99x; 4x3000 32/1 1.08x / 1.01x;
 #    1x8000 16/16 1.13x / 1.09x; varlen 1.10x / 1.08x. d128 2x3000 1.14x / 1.28x; 4x3000 32/1 1.19x / 1.17x; 1x8000
-#    1.16x / 1.20x; varlen 1.19x / 1.10x (results/kv_in_regs_offgrid_h100_2026-11-27.json)
+#    1.16x / 1.20x; varlen 1.19x / 1.10x (results/kv_in_regs_offgrid_h100_2026-11-27.json.gz)
 # 3: carry .kit_client (tools/stage_client_kit.sh): bench_step.py, the training step end to end with every attention
 #    in one process (session 31's run, 1.04x FA2 compiled, predates sessions 32-38's backward), 4 x 2048, ~6 min
 # 4: carry .kit_client: bench_step.py at 1 x 8192 tokens (attention a larger share of the step), ~8 min
@@ -40,11 +40,11 @@
 # 7: carry .kit_client: the same A/B in one process (explore/step_host_probe.py --base /tmp/base: both builds through
 #    kernels under two repo ids, FA2, steps alternated, 12 rounds of 5), twice, ~4 min
 # 7 ran: ours 8.06 / base 8.79 / FA2 6.76 ms, then 7.87 / 8.38 / 6.39: the change 0.92x / 0.94x the step time; every
-#    attention host-bound in this three-model process (results/host_ops_h100_2026-11-27.json)
+#    attention host-bound in this three-model process (results/host_ops_h100_2026-11-27.json.gz)
 # 8: the kv_in_regs entries at head dims inside their classes but off the class's own (d80 in d96's class, d112 in
 #    d128's) against the splits they replaced, default backward (deterministic_tiles.py --dim), ~6 min
 # 8 ran: the former splits' time over the entries': d80 4x4096 32/8 1.17x / causal 1.17x, 2x3000 16/4 1.08x / 1.04x;
-#    d112 1.18x / 1.13x, 1.19x / 1.30x (merged into results/kv_in_regs_offgrid_h100_2026-11-27.json)
+#    d112 1.18x / 1.13x, 1.19x / 1.30x (merged into results/kv_in_regs_offgrid_h100_2026-11-27.json.gz)
 # 9: ncu of the d96 64x128 kv_in_regs main kernel (full, 4x4096 32/8, SM120 occupancy): speed of light, warp states,
 #    pipes, instruction mix and the SASS source counters (where the stalls sit), for the d96 full row's next step, ~2 min
 # 9 ran: tensor pipe 47.6% of peak, issue slots 28.8% busy, IPC 1.19; stalls: wait 29.4%, short scoreboard 15.7%,

@@ -23,7 +23,7 @@
 #    1.343x), causal 1.226x / 1.295x / 1.251x; 2x4096 16/4 and 8x2048 16/16 alike (kvr 1.00-1.27x slower but d128 o2
 #    causal 8x2048 0.976x): not adopted. d96 forward with dropout, 4x4096 causal: 128x64 8-warp two-stage 1.581 ms,
 #    64x64 4-warp 1.605 against the class tile's ~1.45 (their plain forwards 1.415 / 1.440 against 1.153): not
-#    adopted (results/dropout_tiles_h100_2026-11-27.json, part 2's rows)
+#    adopted (results/dropout_tiles_h100_2026-11-27.json.gz, part 2's rows)
 # 3: explore/dropout_tiles.py --kinds fwd --head-dims 96: the class tile's narrower twin, 128x32 on 4 warps,
 #    one and two stages (the pairs fit: 32 S registers per thread; 128x48 breaks d96's 32-row copy passes), plain and
 #    with dropout, three shapes, ~3 min

@@ -303,9 +303,9 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 
 #: The main kernel's tile per head-dim class (the smallest class >= max(head_dim, head_dim_v)): tiles that fit
 #: 101376 B (byte arithmetic in notes/bwd_design.md, section 3), the warp split and the 4- or 8-warp
-#: choice measured by ``benchmarks/tune_bwd.py`` at SM120 occupancy (``tune_bwd_h100_2026-11-25.json``:
+#: choice measured by ``benchmarks/tune_bwd.py`` at SM120 occupancy (``tune_bwd_h100_2026-11-25.json.gz``:
 #: at d64 and d96 the 4-warp 64x64 tile beat the 8-warp ones then, 32x32 warp tiles for S and dP;
-#: ``tune_bwd_rolesplit_h100_2026-11-25.json``: at d128 the role split, where each warp group runs one of the
+#: ``tune_bwd_rolesplit_h100_2026-11-25.json.gz``: at d128 the role split, where each warp group runs one of the
 #: two S-sized GEMMs on 32x32 warp tiles, beats the 8-warp tile by 20%; at d64 and d96 the 64x64 role split ties
 #: the 4-warp one). d64 since 2026-11-26 (``explore/deterministic_tiles.py``, ``deterministic_tiles_h100_2026-11-26
 #: .json``, SM120 occupancy): the 64x128 role split (128 keys per CTA, 91 KB) runs 1.30-1.42x the 4-warp tile's
@@ -313,14 +313,14 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #: d96 on 2026-11-26 (``deterministic_tiles_d96_h100_2026-11-26.json``, the same shapes): the 64x64 role split
 #: (since it draws dropout once and passes equal barrier counts) took 0.95x the 4-warp tile's time at 4x4096 full
 #: and causal and at 2x4096 full, 1.01x at 2x4096 causal; deterministic 0.88 / 0.92x / 0.89x / 0.94x. Since
-#: 2026-11-27 (session 37, ``deterministic_tiles_d96_h100_2026-11-27.json``) the 64x96 role split: 96 keys per CTA
+#: 2026-11-27 (session 37, ``deterministic_tiles_d96_h100_2026-11-27.json.gz``) the 64x96 role split: 96 keys per CTA
 #: (98304 B with one dO stage; K / V by a warp group each, ``bwd_kv_copy_threads``) take 0.76x the 64x64 split's
 #: time at 4x4096 32/8 full, 0.88x causal, 0.83x / 0.92x at 2x4096 16/4, 0.84x / 0.87x at 8x2048 16/16; the
 #: deterministic mode 1.02-1.27x its default (the 64x64 split: 1.00-1.46x its own). Its 16x96 S warp tiles
 #: (sdp_warps_m=4) ran 1.04-1.09x slower than 32x48. Since session 38 (same file, same shapes) the 64x128 role split
 #: with each group's S / dP B operand in registers (``kv_in_regs``: P and dS in V's shared memory, 94208 B): 0.82-0.93x
 #: the 64x96 split's time, full and causal, deterministic 1.06-1.21x its default; dK / dV on 4x1 warps instead of 2x2
-#: 0.98-1.01x (not adopted). d128 since session 38 (``deterministic_tiles_d128_h100_2026-11-27.json``): the 64x96 role
+#: 0.98-1.01x (not adopted). d128 since session 38 (``deterministic_tiles_d128_h100_2026-11-27.json.gz``): the 64x96 role
 #: split with its K / V rows in registers (24 keys per warp: one n8 atom per warp step, ``bwd_sdp_n_step``; 98304 B)
 #: takes 0.86-0.93x the 64x64 split's time at 4x4096 32/8, 2x4096 16/4 and 8x2048 16/16, full and causal;
 #: deterministic 1.04-1.28x its default (the 64x64 split's 8x2048 16/16 full: 1.47x).
@@ -625,14 +625,14 @@ def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
 #: The deterministic lowest-first order's chain (``_kernels/dq_accum``): key blocks of a pair that start together
 #: reach each query block at the same step, and each adds after its predecessor has released it; in the role split
 #: the release comes in the next step, after dP: about 0.9 of a step after the wait (the model's CTA starts that
-#: much after its predecessor's). H100, SM120 occupancy, session 34 (deterministic_order_h100_2026-11-26.json):
+#: much after its predecessor's). H100, SM120 occupancy, session 34 (deterministic_order_h100_2026-11-26.json.gz):
 #: with it the model gives lowest first / highest first 1.45x at 8 x 2048 16/16 d128 causal with the band the
 #: default's rule takes (measured 1.42x), 0.99x at 2 x 4096 16/4 (0.98x), 0.97-0.98x at 4 x 4096 32/8 d128 and 4 x
 #: 2048 8/2 (0.92-0.94x), 0.95x at d64 4 x 4096 32/8 (0.90x).
 DET_CHAIN_LAG = 0.9
 #: The lowest-first order's bands may hold rows up to this share of the L2 (the default's ``BWD_L2_BAND_SHARE``:
 #: 1.0): larger bands start fewer CTAs of a pair together, so shorter chains. Session 34's probe
-#: (det_order_probe.py, deterministic_order_h100_2026-11-26.json), d128 causal: 4 x 2048 8/2 band 8 (64 MB of rows)
+#: (det_order_probe.py, deterministic_order_h100_2026-11-26.json.gz), d128 causal: 4 x 2048 8/2 band 8 (64 MB of rows)
 #: 0.492 ms against 0.529 with 4; 2 x 4096 16/4 band 8 (128 MB) 1.628 against 1.631 with 4; 16 x 1024 32/8 band 8
 #: (32 MB) 1.979 against 2.003 with 16.
 DET_L2_BAND_SHARE = 2.0

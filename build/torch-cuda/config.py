@@ -388,7 +388,7 @@ def num_splits_for(requested, num_ctas: int, num_n_blocks: int, num_sms: int, ba
     whole.
 
     Measured at the SM120's occupancy on 132 SMs (split_sweep_h100_2026-11-23_sm120occ.json,
-    decode_tiles_h100_2026-11-25.json, pdl_decode_h100_2026-11-25.json): 16 x 8 KV heads of an 80 KB tile
+    decode_tiles_h100_2026-11-25.json, pdl_decode_h100_2026-11-25.json.gz): 16 x 8 KV heads of an 80 KB tile
     (128 CTAs) stream fastest unsplit, 64 tiles with 2 splits, 8 tiles with 16 (17 spill into a second
     wave: 2081 GB/s against 2450; 32, two full waves: 2014); 132 tiles 3064 GB/s, 136 unsplit 1896 (the
     4-CTA second wave doubles the time), which this rule splits 4 ways (predicted 0.65 of unsplit)."""
