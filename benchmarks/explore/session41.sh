@@ -20,7 +20,7 @@
 #    runs lag_dk only in la); bench_dropout ours_dropout at d64 / d128 once per tree; first, bench_bwd's d128
 #    4x2048 8/2 causal row again with every peer (part 4 found part 2's a host-noise outlier), ~8 min
 # 3 ran: 8/2 again: ours 224 / upstream 148 TFLOPS at SM120 occupancy (its H100-occupancy cells noisy: fwd+bwd 150
-#    under bwd 187); d64 backward main / la: 264, 264 / 281, 283 TFLOPS (+6.8%), causal 247, 249 / 258, 255 (+3.6%);
+#    under bwd 187); d64 backward main / la: 264, 264 / 281, 283 TFLOPS (+6.8%), causal 247, 249 / 258, 255 (+3.5%);
 #    dropout fwd+bwd main / la: d64 7.90 / 7.42 ms, causal 4.11 / 3.94, d128 14.55 / 14.77, causal 7.56 / 7.11
 # 4: bench_bwd's d128 4x2048 8/2 causal row (ours, deterministic; both occupancies: part 2 had 0.707 ms at SM120
 #    occupancy against 0.420 in session 38, and the deterministic mode faster than the default) on main against

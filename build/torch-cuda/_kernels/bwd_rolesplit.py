@@ -108,7 +108,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         previous step's Q stage and sdS, so group 1 loads the next Q tile (into that stage) itself, after a group
         barrier that ends every warp's dK, and the last step's dK runs after the walk (``main_loop``). Measured (H100,
         SM120 occupancy): the ``kv_in_regs`` splits (session 40) d96 4x4096 32/8 backward +10-11%, d128 +4-7.5%,
-        full and causal; every other split (session 41, same-call A/B) d64's 64x128 entry +6.8% full, +3.6% causal,
+        full and causal; every other split (session 41, same-call A/B) d64's 64x128 entry +6.8% full, +3.5% causal,
         forward + backward with dropout 0.1 (the smem-operand splits) d64 -6%, causal -4%, d128 causal -6%, d128
         +1.5%. The deterministic mode lags dK in the ``kv_in_regs`` splits only: d64's deterministic backward ran
         10% slower with it (4x4096 32/8, 5.72 -> 6.30 ms; causal +4%), and d96 / d128's gained 1-2%; nor where its
