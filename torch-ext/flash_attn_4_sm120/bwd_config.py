@@ -143,6 +143,12 @@ def _sdp_key_share(cfg: BwdConfig) -> int:
     return cfg.tile_n // max(1, cfg.role_warps // max(cfg.sdp_warps_m, 1))
 
 
+def bwd_group_scores(cfg: BwdConfig) -> int:
+    """S (or dP) accumulator elements per thread of a role split's warp group: the tile over its ``role_warps`` warps
+    (d64's 64x128 and d96's 64x128 splits: 64; d128's 64x96: 48; the 64x64 splits: 32)."""
+    return cfg.tile_m * cfg.tile_n // (32 * cfg.role_warps)
+
+
 def bwd_kv_regs(cfg: BwdConfig, d: int) -> int:
     """32-bit registers per thread of a ``kv_in_regs`` role split's B operand: its warp's share of the keys
     (``_sdp_key_share``) at padded width ``d``, two 16-bit elements a register."""

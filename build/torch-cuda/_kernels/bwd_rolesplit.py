@@ -47,7 +47,7 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
 from .. import flex
-from ..bwd_config import bwd_sdp_n_step, bwd_tile_bytes
+from ..bwd_config import bwd_group_scores, bwd_sdp_n_step, bwd_tile_bytes
 from .block_walk import raw_entry
 from .bwd_multistage import FlashBwdMultistage
 from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
@@ -115,7 +115,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         highest-first turn and a mask's limits sit beside 64 S registers per thread (d96's 64x128 split, causal or
         windowed: 4-8 B of local memory on sm_120a)."""
         spec, cfg = self.spec, self.config
-        s_regs = cfg.tile_m * cfg.tile_n // (32 * cfg.role_warps)
+        s_regs = bwd_group_scores(cfg)
         turn_beside_mask = spec.deterministic and not spec.lowest_first and (spec.causal or spec.local)
         return (cfg.kv_in_regs or not spec.deterministic) and not (turn_beside_mask and s_regs >= 64)
 
@@ -126,7 +126,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         scores per thread are more than twice the dQ fragment's elements per thread (d64's 64x128 split: 64 against
         16; d64's 64x64 split for varlen: 32 against 16, not taken). Measured (H100, SM120 occupancy, session 36, one round): d64 4x4096 32/8 fwd+bwd with dropout 8.44 ->
         8.06 ms; d128's 64x64 split (32 against 32) 7.62 -> 7.74 ms causal."""
-        scores = self.tile_m * self.tile_n // (32 * self.config.role_warps)
+        scores = bwd_group_scores(self.config)
         dq_elems = self.tile_m * self.head_dim // self.num_threads
         return scores > 2 * dq_elems
 
