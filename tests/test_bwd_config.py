@@ -89,8 +89,9 @@ def test_selection_falls_back_when_the_table_entry_cannot_run(monkeypatch):
 
 
 def test_d96_role_split_and_its_alternatives():
-    """d96's entry is the role split with its S / dP operands in registers; dropout and varlen in the highest-first
-    deterministic order (no registers for them there) take the same split with both operands in shared memory; a
+    """d96's entry is the role split with its S / dP operands in registers, dropout included (session 42); dropout
+    beside varlen and varlen in the highest-first deterministic order (no registers for them there) take the same
+    split with both operands in shared memory; a
     plain spec neither can run (head dims unequal once padded to 32) takes the 4-warp tile, heavy specs (softcap) the
     8-warp one, varlen stays on the role split (session 37: faster, no spills), and with unequal head dims dropout
     goes past the 4-warp tile (too many registers beside the keep flags) to the 8-warp one."""
@@ -104,7 +105,9 @@ def test_d96_role_split_and_its_alternatives():
              BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, deterministic=True): smem,
              BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, deterministic=True, lowest_first=True): rs,
              BwdSpec("bf16", 96, 96, True, softcap=True, varlen_q=True, varlen_k=True): heavy,
-             BwdSpec("bf16", 96, 96, True, dropout=True): smem, BwdSpec("bf16", 96, 48, False, dropout=True): heavy}
+             BwdSpec("bf16", 96, 96, True, dropout=True): rs,
+             BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, dropout=True): smem,
+             BwdSpec("bf16", 96, 48, False, dropout=True): heavy}
     for spec, cfg in cases.items():
         assert select_bwd_config(spec, SM120) == cfg, spec
 
@@ -112,7 +115,8 @@ def test_d96_role_split_and_its_alternatives():
 def test_kv_in_regs_puts_p_and_ds_in_the_v_region():
     """``kv_in_regs``: the role split's S / dP B operands in registers (a warp's 32 of 128 keys at d96: 48 registers),
     P and dS in V's shared memory (94208 B for d96's 64x128 tile, where separate tiles need 116 KB); refused off the
-    role split, with dropout, and for varlen in the highest-first deterministic order (the sm_120a gate's spills)."""
+    role split, with dropout where a warp's keys are not whole 16-column atom pairs (d128's 24) or beside varlen, and
+    for varlen in the highest-first deterministic order (the sm_120a gate's spills)."""
     cfg = BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True, kv_in_regs=True)
     spec = BwdSpec("bf16", 96, 96, True)
     assert bwd_kv_regs(cfg, 96) == 48 and bwd_kv_regs(BWD_TABLE[192], 192) == 0
@@ -127,7 +131,11 @@ def test_kv_in_regs_puts_p_and_ds_in_the_v_region():
     assert any("shared memory" in p for p in bwd_config_problems(spec, plain, SM120))
     assert any("kv_in_regs is the role split" in p for p in bwd_config_problems(
         spec, BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=4, dq_warps_m=4, kv_in_regs=True), SM120))
-    assert any("dropout" in p for p in bwd_config_problems(BwdSpec("bf16", 96, 96, True, dropout=True), cfg, SM120))
+    assert not bwd_config_problems(BwdSpec("bf16", 96, 96, True, dropout=True), cfg, SM120)
+    assert any("24 keys per warp" in p for p in bwd_config_problems(BwdSpec("bf16", 128, 128, True, dropout=True),
+                                                                     d128, SM120))
+    assert any("dropout" in p for p in bwd_config_problems(
+        BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, dropout=True), cfg, SM120))
     packed = BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, deterministic=True)
     assert any("highest-first" in p for p in bwd_config_problems(packed, cfg, SM120))
     assert not bwd_config_problems(BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True), cfg, SM120)

@@ -22,12 +22,29 @@ def test_every_class_has_dropout_configs(d, dv, causal):
     bspec = BwdSpec("bf16", d, dv, causal, dropout=True)
     cfg = bwd_config.select_bwd_config(bspec, SM120)
     assert not bwd_config.bwd_config_problems(bspec, cfg, SM120)
-    # the role split at d64, d96 and d128 (group 0 draws the tile's keep flags and rewrites sP as P z for dV after
-    # group 1 has taken the undropped P; group 1 reads P z back): d64's 64x128 table entry, causal included
+    # the role split at d64, d96 and d128 (group 0 draws the tile's keep flags and writes P with the dropped elements
+    # negated; group 1 reads P and the flags from that one tile, and group 0 then rewrites sP as P keep for dV):
+    # d64's 64x128 table entry, causal included; d96's kv_in_regs entry (session 42), d128's 64x64 split (its
+    # kv_in_regs entry gives a warp 24 keys, not whole 16-column atom pairs)
     cls = bwd_config.bwd_head_dim_class(bspec)
     assert cfg.role_split == (d == dv and cls in (64, 96, 128))
     if cls == 64 and d == dv:
         assert cfg.tile_n == 128
+    if d == dv and cls in (96, 128):
+        assert cfg.kv_in_regs == (cls == 96)
+        assert cfg == bwd_config.select_bwd_config(BwdSpec("bf16", d, dv, causal), SM120) or cls == 128
+
+
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_d96_dropout_keeps_its_entry_but_with_varlen(deterministic):
+    """d96 dropout runs the class's ``kv_in_regs`` entry, as d96 without dropout (the signed P tile and the slot's
+    words read where used: no local memory on sm_120a, session 42), except beside varlen's per-sequence addressing
+    (one local word): the smem-operand split."""
+    plain = BwdSpec("bf16", 96, 96, True, deterministic=deterministic, lowest_first=deterministic, dropout=True)
+    packed = BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, dropout=True)
+    assert bwd_config.select_bwd_config(plain, SM120).kv_in_regs
+    assert not bwd_config.select_bwd_config(packed, SM120).kv_in_regs
+    assert any("varlen" in why for why in bwd_config.bwd_config_problems(packed, bwd_config.BWD_TABLE[96], SM120))
 
 
 def test_dropout_refuses_packed_and_persistent_tiles():

@@ -85,7 +85,7 @@ def test_backward_regenerates_the_mask():
     run(1, 130, 190, 2, 2, 64, 64, p=0.5)
 
 
-@pytest.mark.parametrize("d,dv", [(64, 64), (96, 96), (128, 128), (192, 128), (256, 256), (40, 40), (8, 8)])
+@pytest.mark.parametrize("d,dv", [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256), (40, 40), (8, 8)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_head_dims(d, dv, causal):
     run(2, 177, 177, 4, 2, d, dv, causal=causal)

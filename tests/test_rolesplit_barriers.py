@@ -63,8 +63,8 @@ def _group_branch(tree: ast.FunctionDef) -> ast.If:
 
 def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False, kvr=False, tile_n=128, lowest_first=False,
          causal=True) -> dict:
-    """The names step's ``const_expr`` conditions read, for one feature combination (``pair_p`` and ``lag_dk`` the
-    kernel's own rules, on this spec and config; causal, the highest-first order: ``tile_n`` 128 takes d96's 64 S
+    """The names step's ``const_expr`` conditions read, for one feature combination (``pair_p``, ``lag_dk`` and
+    ``signed_p`` the kernel's own rules, on this spec and config; causal, the highest-first order: ``tile_n`` 128 takes d96's 64 S
     registers per thread, where the deterministic mode runs without ``lag_dk``, 96 d128's 48)."""
     spec = SimpleNamespace(dropout=dropout, block_sparse=(128, 128) if sparse else None,
                            mods=object() if mods else None, deterministic=det, lowest_first=lowest_first,
@@ -73,6 +73,7 @@ def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False, kvr=Fa
     this = SimpleNamespace(spec=spec, config=cfg)
     this.pair_p = lambda: bwd_rolesplit.FlashBwdRoleSplit.pair_p(this)
     this.lag_dk = lambda: bwd_rolesplit.FlashBwdRoleSplit.lag_dk(this)
+    this.signed_p = lambda: bwd_rolesplit.FlashBwdRoleSplit.signed_p(this)
     return {"self": this, "cfg": cfg, "turn": (0, 0, 0) if det else None}
 
 
@@ -113,3 +114,16 @@ def test_lag_dk_rule(kvr, dropout, det, lowest_first, causal, tile_n, expected):
     gate's exception."""
     this = _env(dropout=dropout, det=det, kvr=kvr, tile_n=tile_n, lowest_first=lowest_first, causal=causal)["self"]
     assert this.lag_dk() is expected
+
+
+@pytest.mark.parametrize("kvr,dropout,expected", [
+    (True, True, True),     # d96's 64x128 dropout split: one signed tile (two spilled group 1)
+    (False, True, False),   # the smem-operand dropout splits: two tiles (signed ran 3-13% slower there)
+    (True, False, False),   # no dropout: no keep flags to carry
+    (False, False, False),
+])
+def test_signed_p_rule(kvr, dropout, expected):
+    """``FlashBwdRoleSplit.signed_p``: dropout's P passes signed in the ``kv_in_regs`` splits only; the barrier
+    count test above takes both ways (dropout with and without ``kvr``)."""
+    this = _env(dropout=dropout, kvr=kvr)["self"]
+    assert this.signed_p() is expected

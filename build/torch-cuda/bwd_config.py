@@ -204,7 +204,7 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
             // cfg.num_threads
         extra = spec.causal or spec.local or spec.softcap or spec.mods is not None
         # the role split draws the flags in group 0 only, beside its one S-sized tile, out of the group branch
-        # (``dropped_p``): sm_120a gate, 2026-11-26, d40-d64 on the 64x128 role split, full, causal, a window or
+        # (``sign_dropped``): sm_120a gate, 2026-11-26, d40-d64 on the 64x128 role split, full, causal, a window or
         # deterministic: 243-255 registers, no local memory in the shipped cubin
         if s_regs >= 32 and (extra or s_regs + dkv_regs > 96) and not cfg.role_split:
             out.append(f"dropout beside {s_regs} S registers per thread and an element mask, softcap or mods, or "
@@ -254,9 +254,15 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
     if cfg.kv_in_regs:
         if not cfg.role_split:
             out.append("kv_in_regs is the role split's (each group's one B operand in registers)")
-        if spec.dropout:
-            # sm_120a gate, 2026-11-27: d96's 64x128 split spilled 140-152 B with group 0's keep flags
-            out.append("kv_in_regs: dropout's keep flags beside the K / V rows in registers spill")
+        if spec.dropout and _sdp_key_share(cfg) % 16:
+            # the keep flags come in 16-column atom pairs (``dropout_mask.keep_flags``): d128's 64x96 split gives a
+            # warp 24 keys. (d96's 64x128 split holds them since group 1 reads P and the flags as one signed tile
+            # and the dropout words are read where used: sm_120a, session 42; before, it spilled 120-176 B)
+            out.append(f"kv_in_regs: dropout's keep flags need a warp share of the keys in 16-column atom pairs "
+                       f"({_sdp_key_share(cfg)} keys per warp)")
+        if spec.dropout and (spec.varlen_q or spec.varlen_k):
+            # sm_120a gate, session 42: d96's 64x128 split, causal, packed: one local word in the shipped SASS
+            out.append("kv_in_regs: dropout's keep flags beside varlen's per-sequence addressing keep a local word")
         if spec.mods is not None:
             # sm_120a gate, 2026-11-27: d128's 64x96 split with a document mask_mod kept one local word
             out.append("kv_in_regs: a mask_mod's index arithmetic beside the K / V rows in registers spills")
@@ -370,8 +376,10 @@ BWD_TABLE_FALLBACK = {
 }
 
 
-#: Specs a class's ``kv_in_regs`` entry has no registers for (the predicate says which: dropout, mask_mods, varlen in
-#: the highest-first deterministic order): the role split each class ran before session 38, both S / dP operands read from
+#: Specs a class's ``kv_in_regs`` entry cannot run (the predicate says which: dropout where a warp's key share is not
+#: whole atom pairs (d128; d96's dropout runs its entry since session 42), mask_mods, varlen in the highest-first
+#: deterministic order):
+#: the role split each class ran before session 38, both S / dP operands read from
 #: shared memory (d96 64x96, 98304 B; d128 64x64: ``BWD_TABLE``'s comment).
 BWD_TABLE_SMEM_OPERANDS = {
     96: BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True),

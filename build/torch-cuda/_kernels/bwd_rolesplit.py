@@ -19,16 +19,21 @@ Per step (query block m of query head g), with named barriers (``bar.arrive`` fo
   all 8 warps:          dQ_m = dS K into the fp32 accumulator (``dq_accum``); wait for the next tiles; CTA barrier.
 P reaches group 1 in 16 bits (dS = P16 (dP - D'), as the same computation in the input dtype forms it); masked
 entries arrive as P = 0, so group 1 needs no mask, and a mask_mod runs in group 0 beside the element mask (on a
-block-sparse walk's mask-list tiles only). Dropout: group 0 alone draws the tile's keep flags; group 1 takes the
-undropped P from sP and arrives on barrier PREAD, group 0 rewrites sP as P keep (the forward's 16-bit P V operand;
-1 / (1 - p) goes on dV at the end) and arrives on barrier PZ, and group 1 reads P keep back and forms
-dS = P keep (dP / (1 - p)) - P D' (= P (dP z - D'), z = keep / (1 - p); or dS (1 - p) where that saves group 1
-work, ``ds_over_scale``) with no flags of its own (both groups drawing the same flags, as before 2026-11-26, spent
-the Philox work twice per tile; group 1, which holds dP beside P, has no registers for the draws). Each group passes
-the same number of barriers per step (group 1 one of its own after reading P keep): compute-sanitizer's racecheck
-pairs barriers by count and reported hazards across the CTA barrier while the counts differed. Not with softcap or a
-score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with head_dim !=
-head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
+block-sparse walk's mask-list tiles only). Dropout: group 0 alone draws the tile's keep flags (both groups drawing
+the same flags, as before 2026-11-26, spent the Philox work twice per tile), in one of two ways (``signed_p``):
+  two tiles (the smem-operand splits): group 0 writes the undropped P; group 1 takes it and arrives on barrier PREAD;
+    group 0 rewrites sP as P keep (the forward's 16-bit P V operand; 1 / (1 - p) goes on dV at the end) and arrives
+    on barrier PZ; group 1 reads P keep back and forms dS = P keep (dP / (1 - p)) - P D' (or dS (1 - p) where that
+    saves group 1 work, ``ds_over_scale``);
+  signed (the ``kv_in_regs`` splits, whose group 1 has no registers for P and P keep beside dP and its V rows):
+    group 0 writes P with the dropped elements negated (``dropout_mask.keep_pair``'s ``sign``: P >= 0, so the sign
+    bit carries the flag); group 1 takes that one tile, arrives on PREAD and forms dS from the signed P ps alone,
+    ps (dP / (1 - p) - D') where ps >= 0, ps D' (= -P D') where not; group 0 then zeroes the negative lanes and
+    rewrites sP as P keep for its dV.
+Each group passes the same number of barriers per step (group 1 one of its own after its reads): compute-sanitizer's
+racecheck pairs barriers by count and reported hazards across the CTA barrier while the counts differed. Not with
+softcap or a score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with
+head_dim != head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
 With ``kv_in_regs`` (d96's 64x128 and d128's 64x96 entries) S and dP run on 1x4 warps and each group keeps its B
 operand in registers for the whole walk (group 0 its warp's K rows, group 1 its V rows: ``kv_fragment``, loaded once,
 then a CTA barrier), so no step reads K or V for them and V's shared memory holds P and dS; a warp share of the keys
@@ -51,7 +56,7 @@ from ..bwd_config import bwd_group_scores, bwd_sdp_n_step, bwd_tile_bytes
 from .block_walk import raw_entry
 from .bwd_multistage import FlashBwdMultistage
 from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
-from .dropout_mask import apply_keep_pairs
+from .dropout_mask import DropoutMask, apply_keep_pairs, signed_to_keep_pairs
 from .flex_mods import FlexMods, apply_mods
 from .fragments import acc_rows_cols, convert
 from .mask import mask_scores
@@ -119,13 +124,33 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         turn_beside_mask = spec.deterministic and not spec.lowest_first and (spec.causal or spec.local)
         return (cfg.kv_in_regs or not spec.deterministic) and not (turn_beside_mask and s_regs >= 64)
 
+    def signed_p(self) -> bool:
+        """Dropout: whether P passes to group 1 signed, the keep flags in its sign bits (one tile, one read), rather
+        than as the undropped P and then P keep (two tiles, barrier PZ between them). Signed in the ``kv_in_regs``
+        splits: there group 1 holding P and P keep beside dP, its V rows and dK spilled (d96's 64x128 split,
+        sm_120a: 176 B), and signed it runs without, d96 4x4096 32/8 fwd+bwd with dropout 10.63 -> 10.01 ms (H100,
+        SM120 occupancy, session 43, against the smem-operand split the predicate gave it before). Two tiles
+        elsewhere: signed, the smem-operand splits ran 3-13% slower (d64 / d128, full and causal, same splits; same
+        session, two rounds), with the Philox words held across the walk or read per step alike: the draw moves
+        ahead of P, onto group 1's wait, where with two tiles it runs after group 1 has read P."""
+        return self.spec.dropout and self.config.kv_in_regs
+
+    def dropout_words(self, ctx: SimpleNamespace) -> DropoutMask:
+        """Group 0's dropout mask with its key, offset and threshold words read from the slot each step
+        (``DropoutMask.reread``; the slot's four words sit in L1) rather than held across the walk beside the scales:
+        held, they spilled d96's ``kv_in_regs`` split (sm_120a, session 42: 44 B at 255 registers), and the whole
+        mask rebuilt per step (its scales a division) spilled d128's 64x64 split 20-112 B. The ``kv_in_regs``
+        splits only; the others hold them (``ctx.dropout``)."""
+        return ctx.dropout.reread(ctx.rng_slot) if self.config.kv_in_regs else ctx.dropout
+
     def ds_over_scale(self) -> bool:
         """Dropout: whether group 1 stores dS (1 - p) (P keep dP - P D' (1 - p): no multiply per score), dQ's fragment
         and the dK epilogue taking the 1 / (1 - p), or dS itself (P keep (dP / (1 - p)) - P D'). The first moves a
         multiply per score of group 1 to a multiply per dQ fragment element on all 8 warps: taken where group 1's
         scores per thread are more than twice the dQ fragment's elements per thread (d64's 64x128 split: 64 against
-        16; d64's 64x64 split for varlen: 32 against 16, not taken). Measured (H100, SM120 occupancy, session 36, one round): d64 4x4096 32/8 fwd+bwd with dropout 8.44 ->
-        8.06 ms; d128's 64x64 split (32 against 32) 7.62 -> 7.74 ms causal."""
+        16; d64's 64x64 split for varlen: 32 against 16, not taken). Measured (H100, SM120 occupancy, session 36,
+        one round): d64 4x4096 32/8 fwd+bwd with dropout 8.44 -> 8.06 ms; d128's 64x64 split (32 against 32) 7.62 ->
+        7.74 ms causal."""
         scores = bwd_group_scores(self.config)
         dq_elems = self.tile_m * self.head_dim // self.num_threads
         return scores > 2 * dq_elems
@@ -283,7 +308,10 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             for r in cutlass.range_constexpr(cute.size(S_rc, mode=[0])):
                 for c in cutlass.range_constexpr(cute.size(S_rc, mode=[1])):
                     S_rc[r, c] = cute.math.exp2(S_rc[r, c] * scale_log2 - lse2[r], fastmath=True)
-            cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(sP))
+            p16 = convert(acc, self.dtype)
+            if const_expr(self.signed_p()):  # dropped elements travel as -P (``keep_pair``'s ``sign``)
+                self.sign_dropped(ctx, p16, head, m, n_block)
+            cute.copy(r2s, thr_r2s.retile(p16), thr_r2s.partition_D(sP))
             if const_expr(self.pair_p()):
                 cute.arch.barrier_arrive(barrier_id=_BAR_PAIR + cute.arch.make_warp_uniform(wtid // 32),
                                          number_of_threads=64)
@@ -293,12 +321,18 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             if const_expr(not self.pair_p()):
                 cute.arch.barrier_arrive(barrier_id=_BAR_P, number_of_threads=2 * _GROUP)
             if const_expr(self.spec.dropout):
-                # dropout: group 1 has taken the undropped P (barrier PREAD); sP now holds P keep for dV and for
-                # group 1 (barrier PZ)
+                # dropout: group 1 has taken P, signed or undropped (barrier PREAD); sP now holds P keep for dV (and,
+                # two tiles, for group 1: barrier PZ)
                 cute.arch.barrier(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
-                cute.copy(r2s, thr_r2s.retile(self.dropped_p(ctx, acc, head, m, n_block)), thr_r2s.partition_D(sP))
+                if const_expr(self.signed_p()):
+                    signed_to_keep_pairs(p16)
+                    cute.copy(r2s, thr_r2s.retile(p16), thr_r2s.partition_D(sP))
+                else:
+                    pk = self.dropped_p(ctx, acc, head, m, n_block)
+                    cute.copy(r2s, thr_r2s.retile(pk), thr_r2s.partition_D(sP))
                 cute.arch.barrier(barrier_id=_BAR_P0, number_of_threads=_GROUP)
-                cute.arch.barrier_arrive(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
+                if const_expr(not self.signed_p()):
+                    cute.arch.barrier_arrive(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
             acc_kv = self.gemm(acc_kv, ops_kv, None, sdo)
             cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=2 * _GROUP)
             if const_expr(cfg.stages_do == 1):  # group 1 is past dP (it arrived after dS), group 0 past dV
@@ -341,16 +375,29 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             cute.copy(r2s, thr_r2s.partition_D(sP), thr_r2s.retile(p16))
             p = convert(p16, Float32)
             p_rc, ds_rc = acc_rows_cols(p), acc_rows_cols(acc)
-            if const_expr(self.spec.dropout):
-                # dropout: the undropped P is in registers (group 0 may now write P keep); P keep from group 0 (barrier
-                # PZ), dS (1 - p) = P keep dP - P D' (1 - p)
+            if const_expr(self.signed_p()):
+                # dropout, signed: P is in registers (group 0 may now write P keep): P = |ps|, kept where ps >= 0;
+                # dS = ps (dP / (1 - p) - D') where kept, ps D' (= -P D') where dropped (dS (1 - p): dP - D' (1 - p))
+                cute.arch.barrier_arrive(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
+                # group 1's own barrier: both groups pass the same number of barriers per step (racecheck, whose
+                # model pairs them by count, reported RAW hazards across the CTA barrier without it; session 28)
+                cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)
+                for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
+                    for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
+                        ps = p_rc[r, c]
+                        if const_expr(self.ds_over_scale()):
+                            kept = ds_rc[r, c] - dsum[r]
+                        else:
+                            kept = ds_rc[r, c] * ctx.dropout.scale - dsum[r]
+                        ds_rc[r, c] = ps * (kept if ps >= Float32(0.0) else dsum[r])
+            elif const_expr(self.spec.dropout):
+                # dropout, two tiles: the undropped P is in registers (group 0 may now write P keep); P keep from
+                # group 0 (barrier PZ), dS (1 - p) = P keep dP - P D' (1 - p)
                 cute.arch.barrier_arrive(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
                 cute.arch.barrier(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
                 pk16 = cute.make_rmem_tensor_like(acc, self.dtype)
                 cute.copy(r2s, thr_r2s.partition_D(sP), thr_r2s.retile(pk16))
-                # group 1's own barrier: both groups pass the same number of barriers per step (racecheck, whose
-                # model pairs them by count, reported RAW hazards across the CTA barrier without it; session 28)
-                cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)
+                cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)  # as above
                 pk_rc = acc_rows_cols(convert(pk16, Float32))
                 for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
                     for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
@@ -379,13 +426,24 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return acc_kv
 
     @cute.jit
+    def sign_dropped(self, ctx: SimpleNamespace, p16: cute.Tensor, head, m, n_block):
+        """Group 0, dropout: P in 16 bits with the dropped elements negated, call by call (``KeepFlags.sign_pair``),
+        so group 1 reads P and the keep flags in one tile; after group 1's read ``signed_to_keep_pairs`` zeroes them
+        (P keep, the forward's 16-bit P V operand, for dV). Unscaled, as the forward's P V (its 1 / (1 - p) on O): dV
+        is scaled once in ``store_dkv`` and group 1 scales dP, so both gradients see the forward's P exactly (P z
+        rounded to 16 bits put a rounding of 1 / (1 - p) into dS that the forward never had; session 36). A method
+        of its own: its temporaries stay out of the group branch (which would carry them out as its results)."""
+        keep = self.dropout_words(ctx).keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m,
+                                                  n_block * self.tile_n)
+        apply_keep_pairs(keep, p16, sign=True)
+
+    @cute.jit
     def dropped_p(self, ctx: SimpleNamespace, acc: cute.Tensor, head, m, n_block) -> cute.Tensor:
-        """Group 0, dropout: P keep in 16 bits for dV and for group 1's dS, the dropped pairs' lanes zeroed call by
-        call (``KeepFlags.apply_pair``). Unscaled, as the forward's P V (its 1 / (1 - p) on O): dV is scaled once in
-        ``store_dkv`` and group 1 scales dP, so both gradients see the forward's P exactly (P z rounded to 16 bits
-        here put a rounding of 1 / (1 - p) into dS that the forward never had; session 36). A method of its own:
-        its temporaries stay out of the group branch (which would carry them out as its results)."""
-        keep = ctx.dropout.keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m, n_block * self.tile_n)
+        """Group 0, dropout in two tiles: P keep in 16 bits for dV and for group 1's dS, the dropped pairs' lanes
+        zeroed call by call (``KeepFlags.apply_pair``); unscaled, as ``sign_dropped`` says. A method of its own for
+        the same reason."""
+        keep = self.dropout_words(ctx).keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m,
+                                                  n_block * self.tile_n)
         pk = convert(acc, self.dtype)
         apply_keep_pairs(keep, pk)
         return pk

@@ -11,7 +11,7 @@ thread's fragment is made of whole 16-column atom pairs on m16 atoms (the tiled 
 that breaks the grouping fails to build instead of drawing a different mask.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cutlass.cute as cute
@@ -40,12 +40,16 @@ def philox(c0, c1, c2, c3, k0, k1) -> tuple:
 
 
 @dsl_user_op
-def keep_pair(word, pair, threshold_pair, low: bool, *, loc=None, ip=None) -> Uint32:
+def keep_pair(word, pair, threshold_pair, low: bool, sign: bool = False, *, loc=None, ip=None) -> Uint32:
     """The 16-bit pair ``pair`` (a Uint32) with each lane zeroed where its byte of ``word`` (bytes 0 and 1 for the
     low pair, 2 and 3 otherwise; the pair's low lane takes the lower byte) is below the threshold. The bytes become
     16-bit lanes (PRMT) that compare as half-precision denormals, in order, against ``threshold_pair`` (the
-    threshold in both lanes): ``set.ge.u32.f16x2`` gives each lane all ones or zero."""
+    threshold in both lanes): ``set.ge.u32.f16x2`` gives each lane all ones or zero. With ``sign`` the dropped
+    lanes get their sign bit set instead (one LOP3: pair | (~mask & sign bits)): a dropped probability travels as
+    -P, so a reader gets P (its magnitude) and the keep flag (its sign) from one 16-bit value; P >= 0, so the sign
+    is free (``signed_to_keep`` zeroes those lanes later)."""
     selector = 0x4140 if low else 0x4342
+    combine = "lop3.b32 $0, $2, m, 0x80008000, 0xf2;" if sign else "and.b32 $0, $2, m;"
     return Uint32(llvm.inline_asm(
         Uint32.mlir_type,
         [Uint32(word).ir_value(loc=loc, ip=ip), Uint32(pair).ir_value(loc=loc, ip=ip),
@@ -53,7 +57,7 @@ def keep_pair(word, pair, threshold_pair, low: bool, *, loc=None, ip=None) -> Ui
         "{\n\t.reg .b32 v, m;\n\t"
         f"prmt.b32 v, $1, 0, {selector:#x};\n\t"
         "set.ge.u32.f16x2 m, v, $3;\n\t"
-        "and.b32 $0, $2, m;\n\t}",
+        f"{combine}\n\t}}",
         "=r,r,r,r",
         has_side_effects=False,
         is_align_stack=False,
@@ -78,6 +82,23 @@ def keep_pair_f32(word, lo, hi, threshold_pair, low: bool, half: bool, *, loc=No
         "set.ge.u32.f16x2 m, v, $4;\n\t"
         "and.b32 $0, p, m;\n\t}",
         "=r,r,f,f,r",
+        has_side_effects=False,
+        is_align_stack=False,
+        asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+@dsl_user_op
+def signed_to_keep(pair, *, loc=None, ip=None) -> Uint32:
+    """A ``keep_pair(sign=True)`` result with its negative lanes zeroed (P keep): PRMT replicates each lane's sign
+    bit over the lane, LOP3 clears the lanes it set (-0 too)."""
+    return Uint32(llvm.inline_asm(
+        Uint32.mlir_type,
+        [Uint32(pair).ir_value(loc=loc, ip=ip)],
+        "{\n\t.reg .b32 m;\n\t"
+        "prmt.b32 m, $1, 0, 0xbb99;\n\t"
+        "lop3.b32 $0, $1, m, 0, 0x30;\n\t}",  # pair & ~m
+        "=r,r",
         has_side_effects=False,
         is_align_stack=False,
         asm_dialect=llvm.AsmDialect.AD_ATT,
@@ -126,6 +147,13 @@ class DropoutMask:
         return DropoutMask(key0=Uint32(mRng[0]), key1=Uint32(mRng[1]), offset=Uint32(mRng[2]),
                            threshold=t << (32 - VALUE_BITS), threshold_pair=t | (t << 16), scale=scale,
                            keep_prob=keep_prob, tScS_rc=tScS_rc, t0ScS_rc=t0ScS_rc)
+
+    def reread(self, mRng: cute.Tensor) -> "DropoutMask":
+        """This mask with its key, offset and threshold words read from the slot again where a kernel uses them,
+        instead of held in registers from its start (``of``'s words); the scales (a division) kept."""
+        t = Uint32(mRng[3])
+        return replace(self, key0=Uint32(mRng[0]), key1=Uint32(mRng[1]), offset=Uint32(mRng[2]),
+                       threshold=t << (32 - VALUE_BITS), threshold_pair=t | (t << 16))
 
     def keep_flags(self, batch, head, num_heads, q_base, k_base) -> "KeepFlags":
         """The keep flags of this thread's elements of query head ``head`` of ``num_heads`` in sequence ``batch``, in
@@ -235,6 +263,12 @@ class KeepFlags:
         word, byte = self._word(r, c)
         return keep_pair(word, pair, self.mask.threshold_pair, byte == 0)
 
+    def sign_pair(self, r: int, c: int, pair):
+        """The 16-bit pair (elements (r, c), (r, c + 1), c even) with its dropped lanes negated (``keep_pair``'s
+        ``sign``)."""
+        word, byte = self._word(r, c)
+        return keep_pair(word, pair, self.mask.threshold_pair, byte == 0, sign=True)
+
     def convert_pair(self, r: int, c: int, lo, hi, half: bool):
         """The fp32 elements (r, c) = ``lo`` and (r, c + 1) = ``hi`` (c even) as a 16-bit pair (fp16 where ``half``,
         else bf16) with its dropped lanes zeroed."""
@@ -267,10 +301,19 @@ def convert_keep_pairs(flags: KeepFlags, acc: cute.Tensor, p16: cute.Tensor, hal
         flat[w] = flags.convert_pair(r, c, src[2 * w], src[2 * w + 1], half)
 
 
-def apply_keep_pairs(flags: KeepFlags, p16: cute.Tensor) -> None:
+def apply_keep_pairs(flags: KeepFlags, p16: cute.Tensor, sign: bool = False) -> None:
     """Zero the dropped elements of ``p16`` (a 16-bit register tensor laid out like the S accumulator), a pair of
-    neighbouring columns per ``KeepFlags.apply_pair``, call by call."""
+    neighbouring columns per ``KeepFlags.apply_pair``, call by call; with ``sign``, negate them
+    (``KeepFlags.sign_pair``)."""
     words = cute.recast_tensor(p16, Uint32)
     flat = cute.make_tensor(words.iterator, cute.make_layout(cute.size(words)))
     for r, c, w in _pair_slots(flags, p16):
-        flat[w] = flags.apply_pair(r, c, flat[w])
+        flat[w] = flags.sign_pair(r, c, flat[w]) if sign else flags.apply_pair(r, c, flat[w])
+
+
+def signed_to_keep_pairs(p16: cute.Tensor) -> None:
+    """``p16`` after ``apply_keep_pairs(sign=True)``, its negative elements zeroed: P keep, the 16-bit P V operand."""
+    words = cute.recast_tensor(p16, Uint32)
+    flat = cute.make_tensor(words.iterator, cute.make_layout(cute.size(words)))
+    for w in range(cute.size(flat)):
+        flat[w] = signed_to_keep(flat[w])

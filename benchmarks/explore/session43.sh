@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Session 43 (issue 20: dropout's cost; the signed-P branch on the device).
+# One part per call, the client kit carried (it holds everything but upstream's wheel, which no part here runs):
+#   run(command="source .kit_client/device-setup.sh; bash benchmarks/explore/session43.sh N", carry=[".kit_client"])
+# Branch sp = _br/sp.patch = branches/dropout-signed-p.patch (P passes signed in the dropout role splits, barrier PZ
+# gone, d96's dropout on its kv_in_regs split).
+# 1: on branch sp, the backward, dropout, flex and block-sparse GPU suites; racecheck, synccheck and memcheck of the
+#    dropout family (its barriers changed), ~9 min
+# 1 ran: 388/388 (12 shards, 362 s); synccheck and memcheck of dropout 0 errors; racecheck cut by its timeout
+# 2: bench_dropout A/B, main against sp: ours + ours_dropout on main, every implementation on sp (the candidate
+#    results file), then ours_dropout once more on each, d64 / d96 / d128, ~9 min
+# 2 ran: fwd+bwd ms main ours / ours_dropout, then sp ours / ours_dropout (cost); second round main / sp ours_dropout:
+#    d64 6.32 / 7.52 (1.189x), sp 6.33 / 8.06 (1.274x); 7.53 / 8.03; causal 3.40 / 3.94 (1.157x), sp 3.44 / 4.43
+#    (1.287x); 3.93 / 4.46; d96 8.09 / 10.63 (1.313x), sp 8.04 / 10.01 (1.245x); 10.70 / 10.07; causal 4.32 / 5.31
+#    (1.231x), sp 4.30 / 5.32 (1.237x); 5.34 / 5.36; d128 11.15 / 15.07 (1.351x), sp 11.20 / 15.49 (1.383x); 15.10 /
+#    15.48; causal 6.02 / 7.15 (1.187x), sp 6.01 / 7.60 (1.264x); 7.30 / 7.63. sp: d96 full -6%, d64 / d128 (same
+#    splits as main) +3-13% slower: not merged as is
+# 3: bench_dropout A/B, main against v1 (= sp with the Philox words held across the walk outside the kv_in_regs
+#    splits, as on main): ours + ours_dropout on main, ours_dropout on v1, then ours_dropout on each again, d64 / d128
+# 3 ran: fwd+bwd with dropout, main / v1 (two rounds): d64 7.50, 7.47 / 7.83, 7.81; causal 3.93, 4.01 / 4.28, 4.27;
+#    d128 14.84, 14.98 / 15.87, 15.88; causal 7.13, 7.35 / 7.46, 7.54: v1 still 3-9% slower, so signed P itself, not
+#    the per-step read of the words, costs the smem-operand splits. Merged instead: signed P in the kv_in_regs splits
+#    only (FlashBwdRoleSplit.signed_p), two tiles elsewhere (their SASS identical to main's: d64 full, d128 causal)
+# 4: on the merged tree: racecheck of the dropout family; the dropout suite and the dropout cases of the backward,
+#    flex and block-sparse suites, ~8 min
+# 4 ran: racecheck dropout 0 hazards; test_dropout_gpu.py 48/48 (12 shards, 90 s); the -k dropout selection of the
+#    other three suites collected nothing (their dropout cases live in test_dropout_gpu.py)
+# 5: bench_dropout with every implementation, d64 / d96 / d128 / d256 (the results file), ~8 min
+# 5 ran: fwd+bwd ms ours / with dropout (cost): d64 6.34 / 7.46 (1.177x), causal 3.40 / 3.97 (1.168x); d96 8.06 /
+#    9.98 (1.238x), causal 4.29 / 5.33 (1.242x); d128 11.15 / 14.95 (1.341x), causal 6.01 / 7.12 (1.184x); d256 50.35
+#    / 50.65 (1.006x), causal 23.53 / 24.58 (1.044x) (results/dropout_h100_2026-11-27.json)
+set -u
+cd "$(dirname "$0")/../.."
+root=$PWD
+part="${1:-1}"
+source benchmarks/explore/shards.sh
+case "$part" in
+  1) branch sp
+     (cd /tmp/sp && shards 470 tests/test_bwd_gpu.py tests/test_dropout_gpu.py tests/test_flex_gpu.py \
+        tests/test_block_sparse_gpu.py)
+     (cd /tmp/sp && timeout 110 python3 tools/sanitize.py --families dropout --tools racecheck synccheck memcheck \
+        --json "$OUT/sanitizer_dropout_sp.json" 2>&1 | tail -6) ;;
+  2) branch sp
+     i=0
+     for t in "$root" /tmp/sp "$root" /tmp/sp; do
+       i=$((i + 1)); impls="ours ours_dropout"; [ "$i" -eq 2 ] && impls=""; [ "$i" -gt 2 ] && impls=ours_dropout
+       (cd "$t/benchmarks" && timeout 170 python3 bench_dropout.py --occupancy sm120 ${impls:+--impls $impls} \
+          --head-dims 64 96 128 --out "$OUT/dropout_$(basename "$t")_$i.json" 2>&1 | grep -v -i warn \
+          | grep "\[" | sed "s|^|$(basename "$t") |")
+     done ;;
+  3) branch v1
+     i=0
+     for t in "$root" /tmp/v1 "$root" /tmp/v1; do
+       i=$((i + 1)); impls=ours_dropout; [ "$i" -eq 1 ] && impls="ours ours_dropout"
+       (cd "$t/benchmarks" && timeout 120 python3 bench_dropout.py --occupancy sm120 --impls $impls \
+          --head-dims 64 128 --out "$OUT/dropout_$(basename "$t")_$i.json" 2>&1 | grep -v -i warn \
+          | grep "\[" | sed "s|^|$(basename "$t") |")
+     done ;;
+  4) timeout 330 python3 tools/sanitize.py --families dropout --tools racecheck \
+        --json "$OUT/sanitizer_dropout_racecheck.json" 2>&1 | tail -3
+     shards 240 tests/test_dropout_gpu.py
+     mv "$OUT/tests_4.txt" "$OUT/tests_4a.txt"
+     shards 200 tests/test_bwd_gpu.py tests/test_flex_gpu.py tests/test_block_sparse_gpu.py -k dropout ;;
+  5) for hd in "64 96" "128 256"; do
+       (cd benchmarks && timeout 250 python3 bench_dropout.py --occupancy sm120 --head-dims $hd \
+          --out "$OUT/dropout_${hd// /_}.json" 2>&1 | grep -v -i warn | grep "\[")
+     done ;;
+esac
