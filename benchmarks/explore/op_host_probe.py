@@ -5,7 +5,8 @@ Session 39: the compiled plain GPT's step is host-bound with the bundle (``explo
 splits an op call's host time into the dispatcher and ``torch.library.custom_op`` layers (``torch.ops`` call, as an
 inductor graph makes it, under ``no_grad`` as AOTAutograd's runtime runs the forward graph's ops) and the bundle's
 own impl (``interface._fwd_impl`` / ``_bwd_impl`` called directly), for the tree's package and the build loaded
-through ``kernels`` (``--profile``: cProfiles of the tree's op calls); a small causal GQA shape, so the GPU never holds the host back. Median of 7 rounds of 200 calls.
+through ``kernels`` (``--profile``: cProfiles of the tree's op calls), and forward + backward through autograd
+beside SDPA's (session 43; ``--breakdown``: that call's parts); a small causal GQA shape, so the GPU never holds the host back. Median of 7 rounds of 200 calls.
 
     source .kit_client/device-setup.sh && python3 benchmarks/explore/op_host_probe.py --out $OUT/op_host.json
 """
@@ -40,6 +41,157 @@ def per_call_us(fn, calls: int = 200, rounds: int = 7) -> float:
 
 
 PROFILE = False
+BREAKDOWN = False
+
+
+def breakdown(iface, ours_step, qkv, qkv_t, ours_dout) -> dict:
+    """Where an eager fwd+bwd call's host time goes (``--breakdown``): the forward with a graph built, the backward
+    body (``backward.run_bwd``) with and without its three launches, each launch alone, the dQ accumulator's
+    zero fill, and the autograd floor (a Python autograd.Function that only returns its input's view, forward and
+    backward through the engine, against the same with a native op)."""
+    import dataclasses
+
+    import torch
+
+    backward = importlib.import_module(iface.__name__.rsplit(".", 1)[0] + ".backward")
+    captured = {}
+    run_bwd, bwd_launch = backward.run_bwd, backward.bwd_launch
+
+    def spy_launch(*a, **kw):
+        launch = bwd_launch(*a, **kw)
+        captured["launch"] = launch
+
+        def wrap(name, fn):
+            def call(*args):
+                captured[name] = args
+                return fn(*args)
+            return call
+        return dataclasses.replace(launch, pre=wrap("pre", launch.pre), main=wrap("main", launch.main),
+                                   post=wrap("post", launch.post))
+
+    grads_fn = iface._grads
+
+    def spy_grads(*x, **y):
+        captured["grads_args"] = x
+        return grads_fn(*x, **y)
+    iface._grads = spy_grads
+
+    def spy_run(*a, **kw):
+        captured["run_bwd"] = (a, kw)
+        return run_bwd(*a, **kw)
+    backward.run_bwd, backward.bwd_launch = spy_run, spy_launch
+    try:
+        ours_step()
+    finally:
+        backward.run_bwd, backward.bwd_launch = run_bwd, bwd_launch
+        iface._grads = grads_fn
+    torch.cuda.synchronize()
+    a, kw = captured["run_bwd"]
+    launch = captured["launch"]
+    rows = {}
+    q, k, v = qkv
+    qt, kt, vt = qkv_t
+    rows["fwd with grad (graph built), ours"] = per_call_us(lambda: iface.flash_attn_func(q, k, v, causal=True))
+    rows["fwd with grad (graph built), SDPA"] = per_call_us(
+        lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True))
+    rows["bwd body (run_bwd)"] = per_call_us(lambda: run_bwd(*a, **kw))
+
+    def noop(*args):
+        return None
+    quiet = dataclasses.replace(launch, pre=noop, main=noop, post=noop)
+    backward.bwd_launch = lambda *x, **y: quiet
+    try:
+        rows["bwd body, launches skipped"] = per_call_us(lambda: run_bwd(*a, **kw))
+    finally:
+        backward.bwd_launch = bwd_launch
+    for name in ("pre", "main", "post"):
+        fn, args = getattr(launch, name), captured[name]
+        rows[f"launch {name} alone"] = per_call_us(lambda fn=fn, args=args: fn(*args))
+    dq_acc = captured["main"][6]
+    rows["torch.zeros (dQ accumulator)"] = per_call_us(lambda: torch.zeros(dq_acc.shape, dtype=dq_acc.dtype,
+                                                                           device=dq_acc.device))
+    rows["torch.empty (dQ accumulator)"] = per_call_us(lambda: torch.empty(dq_acc.shape, dtype=dq_acc.dtype,
+                                                                           device=dq_acc.device))
+
+    grads_fn = iface._grads
+    fixed = grads_fn(*captured["grads_args"]) if "grads_args" in captured else None
+    if fixed is not None:
+        iface._grads = lambda *x, **y: fixed
+        try:
+            rows["fwd+bwd autograd, ours, backward body skipped"] = per_call_us(ours_step)
+        finally:
+            iface._grads = grads_fn
+    rows["fwd + autograd.grad, ours"] = per_call_us(
+        lambda: torch.autograd.grad(iface.flash_attn_func(q, k, v, causal=True)[0], (q, k, v), ours_dout))
+    rows["fwd + autograd.grad, SDPA"] = per_call_us(lambda: torch.autograd.grad(
+        torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True), (qt, kt, vt),
+        ours_dout.transpose(1, 2)))
+
+    rows.update(timed_inside(iface, backward, ours_step, lambda: backward.run_bwd(*a, **kw)))
+
+    class Ident(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+    x = torch.randn(8, device="cuda", requires_grad=True)
+    g = torch.ones(8, device="cuda")
+    rows["autograd floor, Python Function"] = per_call_us(lambda: Ident.apply(x).backward(g))
+    rows["autograd floor, native op"] = per_call_us(lambda: x.view_as(x).backward(g))
+    return rows
+
+
+def timed_inside(iface, backward, ours_step, direct) -> dict:
+    """Mean microseconds spent inside ``_grads``, ``run_bwd`` and each of the three backward launches when the
+    autograd engine calls the backward (``ours_step``) and when ``run_bwd`` is called on this thread (``direct``),
+    from wrappers that time each call with ``perf_counter`` (session 43: the backward body cost ~180 us through
+    autograd against ~50 us called directly)."""
+    import collections
+    import dataclasses
+    import threading
+
+    import torch
+
+    spent = collections.defaultdict(float)
+    threads = set()
+
+    def timed(name, fn):
+        def call(*x, **y):
+            t0 = time.perf_counter()
+            try:
+                return fn(*x, **y)
+            finally:
+                spent[name] += time.perf_counter() - t0
+                threads.add((name, threading.get_ident() == threading.main_thread().ident))
+        return call
+    grads_fn, run_bwd, bwd_launch = iface._grads, backward.run_bwd, backward.bwd_launch
+
+    def launch_timed(*x, **y):
+        launch = bwd_launch(*x, **y)
+        return dataclasses.replace(launch, pre=timed("pre", launch.pre), main=timed("main", launch.main),
+                                   post=timed("post", launch.post))
+    rows = {}
+    for label, fn in (("autograd", ours_step), ("direct", direct)):
+        iface._grads, backward.run_bwd = timed("_grads", grads_fn), timed("run_bwd", run_bwd)
+        backward.bwd_launch = timed("bwd_launch", launch_timed)
+        try:
+            fn()
+            torch.cuda.synchronize()
+            spent.clear()
+            threads.clear()
+            n = 300
+            for _ in range(n):
+                fn()
+            torch.cuda.synchronize()
+        finally:
+            iface._grads, backward.run_bwd, backward.bwd_launch = grads_fn, run_bwd, bwd_launch
+        for name, total in sorted(spent.items()):
+            rows[f"inside {name}, {label}"] = total / n * 1e6
+        print(f"{label}: (function, on the main thread): {sorted(threads)}", flush=True)
+    return rows
 
 
 def probe(label: str, iface) -> dict:
@@ -64,6 +216,21 @@ def probe(label: str, iface) -> dict:
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         rows["SDPA forward (no_grad)"] = per_call_us(
             lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True))
+    # forward + backward through autograd, as an eager training step calls them (ours: flash_attn_func)
+    qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+    qtg, ktg, vtg = (t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v))
+
+    def ours_step():
+        iface.flash_attn_func(qg, kg, vg, causal=True)[0].backward(dout)
+
+    def sdpa_step():
+        torch.nn.functional.scaled_dot_product_attention(qtg, ktg, vtg, is_causal=True, enable_gqa=True).backward(
+            dout.transpose(1, 2))
+
+    rows["fwd+bwd autograd, ours"] = per_call_us(ours_step)
+    rows["fwd+bwd autograd, SDPA"] = per_call_us(sdpa_step)
+    if BREAKDOWN:
+        rows.update(breakdown(iface, ours_step, (qg, kg, vg), (qtg, ktg, vtg), dout))
     for name, us in rows.items():
         print(f"{label:6s} {name:30s} {us:7.1f} us/call", flush=True)
     if PROFILE:
@@ -71,9 +238,10 @@ def probe(label: str, iface) -> dict:
         import io
         import pstats
 
-        for name, fn in (("fwd op", lambda: fwd_op(*fwd_args)), ("bwd op", lambda: bwd_op(*bwd_args))):
+        for name, fn in (("fwd op", lambda: fwd_op(*fwd_args)), ("bwd op", lambda: bwd_op(*bwd_args)),
+                         ("fwd+bwd autograd", ours_step)):
             prof = cProfile.Profile()
-            with torch.no_grad():
+            with torch.set_grad_enabled(name.endswith("autograd")):
                 prof.enable()
                 for _ in range(300):
                     fn()
@@ -93,9 +261,10 @@ def main() -> int:
     ap.add_argument("--out")
     ap.add_argument("--profile", action="store_true", help="cProfile 300 calls of each op (the tree's package)")
     ap.add_argument("--tree-only", action="store_true")
+    ap.add_argument("--breakdown", action="store_true", help="time the eager fwd+bwd call's parts (the tree's)")
     args = ap.parse_args()
-    global PROFILE
-    PROFILE = args.profile
+    global PROFILE, BREAKDOWN
+    PROFILE, BREAKDOWN = args.profile, args.breakdown
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -28,7 +28,13 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.0, help="dropout_p (seeded)")
     ap.add_argument("--window", type=int, default=None, help="a (left, 0) window instead of --causal")
     ap.add_argument("--deterministic", action="store_true")
+    ap.add_argument("--smem-operands", action="store_true",
+                    help="run the class's smem-operand role split instead of its kv_in_regs entry (the split its "
+                         "dropout calls run: profiles with and without dropout on one kernel)")
     args = ap.parse_args()
+    if args.smem_operands:
+        from flash_attn_4_sm120 import bwd_config
+        bwd_config.BWD_TABLE[args.head_dim] = bwd_config.BWD_TABLE_SMEM_OPERANDS[args.head_dim]
     b, s, hq, hkv = (int(x) for x in args.shape.split(","))
     d, dv = args.head_dim, args.head_dim_v or args.head_dim
     torch.manual_seed(0)

@@ -29,6 +29,22 @@
 # 5 ran: fwd+bwd ms ours / with dropout (cost): d64 6.34 / 7.46 (1.177x), causal 3.40 / 3.97 (1.168x); d96 8.06 /
 #    9.98 (1.238x), causal 4.29 / 5.33 (1.242x); d128 11.15 / 14.95 (1.341x), causal 6.01 / 7.12 (1.184x); d256 50.35
 #    / 50.65 (1.006x), causal 23.53 / 24.58 (1.044x) (results/dropout_h100_2026-11-27.json)
+# 6: the merged tree: memcheck + synccheck of the dropout family, the dropout suite's new d80 rows (d80's dropout
+#    runs its kv_in_regs split); explore/op_host_probe.py --profile --tree-only (issue 19's host work per call,
+#    with fwd+bwd through autograd beside SDPA's), ~5 min
+# 6 ran: memcheck + synccheck dropout 0 errors; test_head_dims[80-80] 2/2; op host time: fwd op 33 us, bwd op 83,
+#    bwd impl 70, SDPA fwd 43; fwd+bwd through autograd ours 553 / SDPA 379 us (a slow host phase)
+# 7: explore/op_host_probe.py --breakdown --tree-only: the eager fwd+bwd call's host time by part (run twice: the
+#    second with the backward body skipped and autograd.grad rows added; the third with time inside the backward
+#    body through autograd and called directly), ~2 min
+# 7 ran: fwd+bwd autograd ours 331 / 344 / 364 us, SDPA 221 / 204 / 246; fwd with a graph ours 42, SDPA 28; run_bwd
+#    45-52 us (launches 4-6 us each, zeros of dQ's accumulator 10-12 us, as empty 5); backward body skipped 162 us;
+#    inside _grads through autograd 138 us, run_bwd 124 (direct, same wrappers: 91), every wrapped call off the
+#    main thread under autograd; autograd floor (identity Function) 81-103 us, native op 67-81
+# 8: ncu of d128's 64x64 smem-operand role split (full, 4x4096 32/8, SM120 occupancy) with dropout 0.1 and without
+#    (explore/profile_bwd.py --smem-operands): where dropout's extra time in that split goes, ~4 min
+# 8 ran: 13.47 / 12.20 ms under ncu (1.10x), instructions +22%, issue slots 27.1 / 24.8% busy; group 0's first P
+#    keep store after barrier PREAD 6.7% of the stall samples (results/ncu_dropout_d128_h100_2026-11-27.json)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -64,5 +80,23 @@ case "$part" in
   5) for hd in "64 96" "128 256"; do
        (cd benchmarks && timeout 250 python3 bench_dropout.py --occupancy sm120 --head-dims $hd \
           --out "$OUT/dropout_${hd// /_}.json" 2>&1 | grep -v -i warn | grep "\[")
+     done ;;
+  6) timeout 150 python3 tools/sanitize.py --families dropout --tools memcheck synccheck \
+        --json "$OUT/sanitizer_dropout_mem_sync.json" 2>&1 | tail -3
+     shards 150 tests/test_dropout_gpu.py -k "80-80"
+     timeout 200 python3 benchmarks/explore/op_host_probe.py --profile --tree-only --out "$OUT/op_host.json" 2>&1 \
+        | grep -v -i warn | head -150 ;;
+  7) timeout 200 python3 benchmarks/explore/op_host_probe.py --breakdown --tree-only --out "$OUT/op_host_parts.json" \
+        2>&1 | grep -v -i warn | head -60 ;;
+  8) for run in "drop:--dropout 0.1" "plain:--smem-operands"; do
+       name=${run%%:*}
+       timeout 240 ncu --kernel-name regex:RoleSplit --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+         --section WarpStateStats --section ComputeWorkloadAnalysis --section InstructionStats \
+         --section SourceCounters -o /tmp/rep_$name -f python3 benchmarks/explore/profile_bwd.py --head-dim 128 \
+         ${run#*:} > /dev/null 2>&1
+       ncu -i /tmp/rep_$name.ncu-rep --page source --csv --print-source sass 2>/dev/null | gzip > "$OUT/src_$name.csv.gz"
+       ncu -i /tmp/rep_$name.ncu-rep --page details --csv 2>/dev/null > "$OUT/details_$name.csv"
+       echo "== $name"; grep -i "\"Duration\"\|Issue Slots Busy\|Executed Ipc A\|Stall\|Warp Cycles Per Issued" \
+         "$OUT/details_$name.csv" | cut -c1-160 | head -30
      done ;;
 esac

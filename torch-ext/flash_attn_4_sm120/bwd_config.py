@@ -377,7 +377,7 @@ BWD_TABLE_FALLBACK = {
 
 
 #: Specs a class's ``kv_in_regs`` entry cannot run (the predicate says which: dropout where a warp's key share is not
-#: whole atom pairs (d128; d96's dropout runs its entry since session 42), mask_mods, varlen in the highest-first
+#: whole atom pairs (d128; d96's dropout runs its entry since session 43), mask_mods, varlen in the highest-first
 #: deterministic order):
 #: the role split each class ran before session 38, both S / dP operands read from
 #: shared memory (d96 64x96, 98304 B; d128 64x64: ``BWD_TABLE``'s comment).
