@@ -83,6 +83,7 @@ def test_backward_regenerates_the_mask():
     """p = 0.5: a backward mask that differs from the forward's in any element moves dV[j] = sum_q P z dO and dQ / dK
     far past the 2x rule."""
     run(1, 130, 190, 2, 2, 64, 64, p=0.5)
+    run(1, 130, 190, 2, 2, 96, 96, p=0.5)  # d96's kv_in_regs split: P reaches dS signed (bwd_rolesplit.signed_p)
 
 
 @pytest.mark.parametrize("d,dv", [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256), (40, 40), (8, 8)])
@@ -112,11 +113,13 @@ def test_odd_lengths(sq, sk):
     grads = sk > 1
     run(2, sq, sk, 4, 2, 128, 128, causal=True, grads=grads)
     run(1, sq, sk, 2, 1, 64, 64, grads=grads)
+    run(1, sq, sk, 2, 1, 96, 96, causal=True, grads=grads)
 
 
 @pytest.mark.parametrize("window", [(32, 0), (16, 16), (None, 8)])
 def test_windows(window):
     run(2, 300, 300, 4, 2, 128, 128, window_size=window)
+    run(1, 300, 300, 2, 1, 96, 96, window_size=window)
 
 
 def test_softcap_and_sink():
@@ -127,10 +130,12 @@ def test_softcap_and_sink():
 @pytest.mark.parametrize("p", [0.0001, 0.1, 0.9])
 def test_probabilities(p):
     run(1, 256, 256, 2, 2, 128, 128, p=p, causal=True)
+    run(1, 256, 256, 2, 2, 96, 96, p=p)
 
 
 def test_fp16():
     run(2, 200, 200, 4, 4, 128, 128, dtype=torch.float16, causal=True)
+    run(2, 200, 200, 4, 2, 96, 96, dtype=torch.float16)
 
 
 def test_pack_gqa_runs_unpacked():
@@ -249,11 +254,13 @@ def test_mods_and_block_sparsity():
             _close(g, r, t, torch.bfloat16, f"{what} {name}")
 
 
+@pytest.mark.parametrize("d", [96, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_deterministic_backward_is_bitwise_repeatable(causal):
+def test_deterministic_backward_is_bitwise_repeatable(causal, d):
+    """d96: its kv_in_regs split (P passed signed), d128: its 64x64 smem-operand split."""
     torch.manual_seed(0)
-    q, k, v = _rand(2, 777, 8, 128), _rand(2, 777, 2, 128), _rand(2, 777, 2, 128)
-    dout = _rand(2, 777, 8, 128)
+    q, k, v = _rand(2, 777, 8, d), _rand(2, 777, 2, d), _rand(2, 777, 2, d)
+    dout = _rand(2, 777, 8, d)
     results = []
     for _ in range(3):
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
@@ -261,7 +268,7 @@ def test_deterministic_backward_is_bitwise_repeatable(causal):
         results.append(torch.autograd.grad((out.float() * dout.float()).sum(), leaves))
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other))
-    run(1, 300, 300, 4, 2, 128, 128, causal=causal, deterministic=True)
+    run(1, 300, 300, 4, 2, d, d, causal=causal, deterministic=True)
 
 
 def _identity_v(b, sk, hkv, d):

@@ -45,6 +45,9 @@
 #    (explore/profile_bwd.py --smem-operands): where dropout's extra time in that split goes, ~4 min
 # 8 ran: 13.47 / 12.20 ms under ncu (1.10x), instructions +22%, issue slots 27.1 / 24.8% busy; group 0's first P
 #    keep store after barrier PREAD 6.7% of the stall samples (results/ncu_dropout_d128_h100_2026-11-27.json)
+# 9: the dropout suite with d96 rows added (odd lengths, windows, p, fp16, the mask regenerated, deterministic):
+#    the kv_in_regs split's signed P beyond the head-dim rows, ~4 min
+# 9 ran: 52/52 (12 shards, 67 s)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -99,4 +102,5 @@ case "$part" in
        echo "== $name"; grep -i "\"Duration\"\|Issue Slots Busy\|Executed Ipc A\|Stall\|Warp Cycles Per Issued" \
          "$OUT/details_$name.csv" | cut -c1-160 | head -30
      done ;;
+  9) shards 300 tests/test_dropout_gpu.py ;;
 esac
