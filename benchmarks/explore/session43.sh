@@ -48,6 +48,16 @@
 # 9: the dropout suite with d96 rows added (odd lengths, windows, p, fp16, the mask regenerated, deterministic):
 #    the kv_in_regs split's signed P beyond the head-dim rows, ~4 min
 # 9 ran: 52/52 (12 shards, 67 s)
+# 10: branch wip-d128-run (d128 dropout on its 64x96 kv_in_regs split, RunKeepFlags): the dropout suite, racecheck +
+#    memcheck of the dropout family, bench_dropout d128 A/B against base (_br/base.patch: the tree back to main),
+#    alternated twice, ~7 min
+# 10 ran: dropout suite 52/52; racecheck of dropout 5126 errors (20 RAW hazards displayed), memcheck 0; fwd+bwd ms with
+#    dropout, branch / base (two rounds): d128 full 13.83, 13.82 / 14.94, 14.94 (-7.4%; cost 1.237x against the
+#    branch's 11.18 without), causal 7.41, 7.44 / 7.11, 7.31 (+2-4%) (results/dropout_d128_run_ab_h100_2026-11-27.json.gz)
+# 11: racecheck of the dropout family on wip-d128-run with its log kept: which kernel and accesses race, ~3 min
+# 11 ran: 21 hazard lines, all RAW in a FlashBwdRoleSplit kernel, block (3,1,1): writes by group 0 threads 48-51 and
+#    112 at +0xadf0 (32-bit, consecutive bytes 0x12e40-0x12e53), reads by group 1 threads 160-161 at +0xb5c0 (16 bytes
+#    each); not resolved this session (branch not merged: explore/branches/dropout-d128-run.patch)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -103,4 +113,20 @@ case "$part" in
          "$OUT/details_$name.csv" | cut -c1-160 | head -30
      done ;;
   9) shards 300 tests/test_dropout_gpu.py ;;
+  10) shards 200 tests/test_dropout_gpu.py
+     timeout 170 python3 tools/sanitize.py --families dropout --tools racecheck memcheck \
+        --json "$OUT/sanitizer_dropout_run.json" 2>&1 | tail -3
+     branch base
+     i=0
+     for t in "$root" /tmp/base "$root" /tmp/base; do
+       i=$((i + 1)); impls=ours_dropout; [ "$i" -eq 1 ] && impls="ours ours_dropout"
+       (cd "$t/benchmarks" && timeout 80 python3 bench_dropout.py --occupancy sm120 --impls $impls \
+          --head-dims 128 --out "$OUT/dropout_$(basename "$t")_$i.json" 2>&1 | grep -v -i warn \
+          | grep "\[" | sed "s|^|$(basename "$t") |")
+     done ;;
+  11) timeout 200 python3 tools/sanitize.py --families dropout --tools racecheck --log-dir /tmp/slog \
+        --json "$OUT/sanitizer_dropout_race.json" 2>&1 | tail -2
+     ls /tmp/slog; f=$(ls /tmp/slog/* | head -1); grep -c "hazard" "$f"
+     grep -i "kernel\|hazard\|Write\|Read\|Access" "$f" | sed 's/[ ]\+/ /g' | cut -c1-260 | head -40
+     gzip -c "$f" > "$OUT/racecheck_dropout_log.gz" ;;
 esac
