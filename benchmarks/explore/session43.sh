@@ -58,6 +58,14 @@
 # 11 ran: 21 hazard lines, all RAW in a FlashBwdRoleSplit kernel, block (3,1,1): writes by group 0 threads 48-51 and
 #    112 at +0xadf0 (32-bit, consecutive bytes 0x12e40-0x12e53), reads by group 1 threads 160-161 at +0xb5c0 (16 bytes
 #    each); not resolved this session (branch not merged: explore/branches/dropout-d128-run.patch)
+# 12: branch d128run (_br/d128run.patch = branches/dropout-d128-run.patch): racecheck of one d128 dropout call
+#    (explore/race_sass.py --run) with its log, and the SASS of the main kernel that call launches, ~3 min
+# 12 ran: racecheck of that one call: 0 hazards; the SASS dump stopped (nvdisasm needs CUDA_HOME)
+# 13: branch d128run: racecheck of the whole dropout family again with its log; the SASS of the d128 call's main kernel
+#    (CUDA_HOME set for nvdisasm), ~4 min
+# 13 ran: 20 RAW hazards again (block (2,1,0): group 0 thread 32's stores at +0xae20 / +0xae50, group 1 thread 192's
+#    16-byte reads at +0xb5c0; results/racecheck_dropout_d128_run_h100_2026-11-27.log.gz); the SASS dump stopped
+#    again (nvdisasm); the device time is spent
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -129,4 +137,22 @@ case "$part" in
      ls /tmp/slog; f=$(ls /tmp/slog/* | head -1); grep -c "hazard" "$f"
      grep -i "kernel\|hazard\|Write\|Read\|Access" "$f" | sed 's/[ ]\+/ /g' | cut -c1-260 | head -40
      gzip -c "$f" > "$OUT/racecheck_dropout_log.gz" ;;
+  12) branch d128run
+     cd /tmp/d128run
+     timeout 200 compute-sanitizer --tool racecheck --racecheck-report all --print-limit 60 \
+       python3 benchmarks/explore/race_sass.py --run > "$OUT/race.log" 2>&1
+     grep -c "hazard" "$OUT/race.log"; grep -o "at [a-z_0-9A-Z]*+0x[0-9a-f]*" "$OUT/race.log" | sed 's/at kernel[^+]*/at /' \
+       | sort | uniq -c | head
+     timeout 200 python3 benchmarks/explore/race_sass.py --sass "$OUT/main.sass" 2>&1 | grep -v -i warn | tail -4
+     for f in "$OUT"/main.sass.*.cubin; do (cuobjdump -sass "$f" > "$f.cuobjdump.txt" 2>&1 || true); done
+     ls -la "$OUT" ;;
+  13) branch d128run
+     cd /tmp/d128run
+     export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$(command -v cuobjdump || echo /usr/local/cuda/bin/x)")")}"
+     timeout 200 python3 tools/sanitize.py --families dropout --tools racecheck --log-dir /tmp/slog13 \
+        --json "$OUT/sanitizer_race13.json" 2>&1 | tail -2
+     f=$(ls /tmp/slog13/* | head -1); grep -c "hazard" "$f"; gzip -c "$f" > "$OUT/race13.log.gz"
+     grep -o "at [a-z_0-9A-Z]*+0x[0-9a-f]*" "$f" | sed 's/at kernel[^+]*/at /' | sort | uniq -c | head
+     timeout 150 python3 benchmarks/explore/race_sass.py --sass "$OUT/main_sass" 2>&1 | grep -v -i warn | tail -3
+     ls "$OUT" ;;
 esac
