@@ -31,7 +31,10 @@ the same flags, as before 2026-11-26, spent the Philox work twice per tile), in 
     ps (dP / (1 - p) - D') where ps >= 0, ps D' (= -P D') where not; group 0 then zeroes the negative lanes and
     rewrites sP as P keep for its dV.
 Each group passes the same number of barriers per step (group 1 one of its own after its reads): compute-sanitizer's
-racecheck pairs barriers by count and reported hazards across the CTA barrier while the counts differed. Not with
+racecheck pairs barriers by count and reported hazards across the CTA barrier while the counts differed. (Signed,
+group 0 passes 5 bar.sync and 1 bar.arrive per step, group 1 4 and 2; two tiles, 5 and 2 each. Racecheck was clean
+on d96's signed split in session 43, but reported hazards near the epilogue on an unmerged d128 one:
+``notes/perf.md``.) Not with
 softcap or a score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with
 head_dim != head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
 With ``kv_in_regs`` (d96's 64x128 and d128's 64x96 entries) S and dP run on 1x4 warps and each group keeps its B
@@ -131,8 +134,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         sm_120a: 176 B), and signed it runs without, d96 4x4096 32/8 fwd+bwd with dropout 10.63 -> 10.01 ms (H100,
         SM120 occupancy, session 43, against the smem-operand split the predicate gave it before). Two tiles
         elsewhere: signed, the smem-operand splits ran 3-13% slower (d64 / d128, full and causal, same splits; same
-        session, two rounds), with the Philox words held across the walk or read per step alike: the draw moves
-        ahead of P, onto group 1's wait, where with two tiles it runs after group 1 has read P."""
+        session, two rounds), with the Philox words held across the walk or read per step alike; why is not
+        established (the two-tile SASS draws the flags ahead of barrier PREAD too: ncu, session 43)."""
         return self.spec.dropout and self.config.kv_in_regs
 
     def dropout_words(self, ctx: SimpleNamespace) -> DropoutMask:
