@@ -436,19 +436,20 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         is scaled once in ``store_dkv`` and group 1 scales dP, so both gradients see the forward's P exactly (P z
         rounded to 16 bits put a rounding of 1 / (1 - p) into dS that the forward never had; session 36). A method
         of its own: its temporaries stay out of the group branch (which would carry them out as its results)."""
-        keep = self.dropout_words(ctx).keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m,
+        apply_keep_pairs(self.tile_keep_flags(ctx, head, m, n_block), p16, sign=True)
+
+    def tile_keep_flags(self, ctx: SimpleNamespace, head, m, n_block):
+        """Group 0's keep flags of step (query block ``m`` of ``head``, key block ``n_block``)."""
+        return self.dropout_words(ctx).keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m,
                                                   n_block * self.tile_n)
-        apply_keep_pairs(keep, p16, sign=True)
 
     @cute.jit
     def dropped_p(self, ctx: SimpleNamespace, acc: cute.Tensor, head, m, n_block) -> cute.Tensor:
         """Group 0, dropout in two tiles: P keep in 16 bits for dV and for group 1's dS, the dropped pairs' lanes
         zeroed call by call (``KeepFlags.apply_pair``); unscaled, as ``sign_dropped`` says. A method of its own for
         the same reason."""
-        keep = self.dropout_words(ctx).keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m,
-                                                  n_block * self.tile_n)
         pk = convert(acc, self.dtype)
-        apply_keep_pairs(keep, pk)
+        apply_keep_pairs(self.tile_keep_flags(ctx, head, m, n_block), pk)
         return pk
 
     @cute.jit

@@ -39,6 +39,14 @@ def philox(c0, c1, c2, c3, k0, k1) -> tuple:
     return c0, c1, c2, c3
 
 
+def _keep_tail(low: bool, threshold: str, combine: str) -> str:
+    """The inline-asm lines ``keep_pair`` and ``keep_pair_f32`` share: the pair's two bytes of the word as 16-bit
+    lanes (PRMT, bytes 0 / 1 for the low pair), their compare with ``threshold`` (an operand), then ``combine``."""
+    return (f"prmt.b32 v, $1, 0, {0x4140 if low else 0x4342:#x};\n\t"
+            f"set.ge.u32.f16x2 m, v, {threshold};\n\t"
+            f"{combine}\n\t}}")
+
+
 @dsl_user_op
 def keep_pair(word, pair, threshold_pair, low: bool, sign: bool = False, *, loc=None, ip=None) -> Uint32:
     """The 16-bit pair ``pair`` (a Uint32) with each lane zeroed where its byte of ``word`` (bytes 0 and 1 for the
@@ -48,16 +56,12 @@ def keep_pair(word, pair, threshold_pair, low: bool, sign: bool = False, *, loc=
     lanes get their sign bit set instead (one LOP3: pair | (~mask & sign bits)): a dropped probability travels as
     -P, so a reader gets P (its magnitude) and the keep flag (its sign) from one 16-bit value; P >= 0, so the sign
     is free (``signed_to_keep`` zeroes those lanes later)."""
-    selector = 0x4140 if low else 0x4342
     combine = "lop3.b32 $0, $2, m, 0x80008000, 0xf2;" if sign else "and.b32 $0, $2, m;"
     return Uint32(llvm.inline_asm(
         Uint32.mlir_type,
         [Uint32(word).ir_value(loc=loc, ip=ip), Uint32(pair).ir_value(loc=loc, ip=ip),
          Uint32(threshold_pair).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .b32 v, m;\n\t"
-        f"prmt.b32 v, $1, 0, {selector:#x};\n\t"
-        "set.ge.u32.f16x2 m, v, $3;\n\t"
-        f"{combine}\n\t}}",
+        "{\n\t.reg .b32 v, m;\n\t" + _keep_tail(low, "$3", combine),
         "=r,r,r,r",
         has_side_effects=False,
         is_align_stack=False,
@@ -70,17 +74,12 @@ def keep_pair_f32(word, lo, hi, threshold_pair, low: bool, half: bool, *, loc=No
     """``keep_pair`` of the fp32 elements ``lo`` (the pair's low lane) and ``hi`` rounded to a 16-bit pair first
     (``cvt.rn.bf16x2.f32``, or ``f16x2`` where ``half``): one call's conversion and mask in one step, so a tile
     converts and masks P call by call instead of holding all of it in both widths."""
-    selector = 0x4140 if low else 0x4342
     cvt = "cvt.rn.f16x2.f32" if half else "cvt.rn.bf16x2.f32"
     return Uint32(llvm.inline_asm(
         Uint32.mlir_type,
         [Uint32(word).ir_value(loc=loc, ip=ip), Float32(lo).ir_value(loc=loc, ip=ip),
          Float32(hi).ir_value(loc=loc, ip=ip), Uint32(threshold_pair).ir_value(loc=loc, ip=ip)],
-        "{\n\t.reg .b32 v, m, p;\n\t"
-        f"{cvt} p, $3, $2;\n\t"
-        f"prmt.b32 v, $1, 0, {selector:#x};\n\t"
-        "set.ge.u32.f16x2 m, v, $4;\n\t"
-        "and.b32 $0, p, m;\n\t}",
+        f"{{\n\t.reg .b32 v, m, p;\n\t{cvt} p, $3, $2;\n\t" + _keep_tail(low, "$4", "and.b32 $0, p, m;"),
         "=r,r,f,f,r",
         has_side_effects=False,
         is_align_stack=False,
@@ -289,13 +288,18 @@ def _pair_slots(flags: KeepFlags, p16: cute.Tensor) -> list:
     return out
 
 
+def _pair_words(p16: cute.Tensor) -> cute.Tensor:
+    """A 16-bit register tensor as a flat tensor of its 32-bit words (neighbouring pairs)."""
+    words = cute.recast_tensor(p16, Uint32)
+    return cute.make_tensor(words.iterator, cute.make_layout(cute.size(words)))
+
+
 def convert_keep_pairs(flags: KeepFlags, acc: cute.Tensor, p16: cute.Tensor, half: bool) -> None:
     """``p16`` (a 16-bit register tensor laid out like ``acc``, the fp32 S accumulator) = ``acc`` rounded, dropped
     elements zeroed, a pair of neighbouring columns per ``KeepFlags.convert_pair``, call by call: each call's
     elements leave fp32 as its words are used (the tiles whose registers cannot hold P in both widths beside the
     words: ``config.dropout_on_pairs``)."""
-    words = cute.recast_tensor(p16, Uint32)
-    flat = cute.make_tensor(words.iterator, cute.make_layout(cute.size(words)))
+    flat = _pair_words(p16)
     src = cute.make_tensor(acc.iterator, cute.make_layout(cute.size(acc)))
     for r, c, w in _pair_slots(flags, p16):
         flat[w] = flags.convert_pair(r, c, src[2 * w], src[2 * w + 1], half)
@@ -305,15 +309,13 @@ def apply_keep_pairs(flags: KeepFlags, p16: cute.Tensor, sign: bool = False) -> 
     """Zero the dropped elements of ``p16`` (a 16-bit register tensor laid out like the S accumulator), a pair of
     neighbouring columns per ``KeepFlags.apply_pair``, call by call; with ``sign``, negate them
     (``KeepFlags.sign_pair``)."""
-    words = cute.recast_tensor(p16, Uint32)
-    flat = cute.make_tensor(words.iterator, cute.make_layout(cute.size(words)))
+    flat = _pair_words(p16)
     for r, c, w in _pair_slots(flags, p16):
         flat[w] = flags.sign_pair(r, c, flat[w]) if sign else flags.apply_pair(r, c, flat[w])
 
 
 def signed_to_keep_pairs(p16: cute.Tensor) -> None:
     """``p16`` after ``apply_keep_pairs(sign=True)``, its negative elements zeroed: P keep, the 16-bit P V operand."""
-    words = cute.recast_tensor(p16, Uint32)
-    flat = cute.make_tensor(words.iterator, cute.make_layout(cute.size(words)))
+    flat = _pair_words(p16)
     for w in range(cute.size(flat)):
         flat[w] = signed_to_keep(flat[w])

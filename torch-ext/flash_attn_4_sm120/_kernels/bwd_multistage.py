@@ -307,7 +307,7 @@ class FlashBwdMultistage:
             if const_expr(self.spec.dropout):
                 check_cells(self.mma_sdp, self.tile_m, self.tile_n)
                 ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)
-                ctx.rng_slot = mRng  # (the role split reads it where used: ``FlashBwdRoleSplit.dropout_mask``)
+                ctx.rng_slot = mRng  # (the role split reads it where used: ``FlashBwdRoleSplit.dropout_words``)
                 ctx.num_heads = num_heads(mQ, packed_q)
             self.load_kv(ctx, sm, mK_s, mV_s, head_kv // split if const_expr(split > 1) else head_kv)
             ctx.walk = None
