@@ -115,7 +115,8 @@ def test_d96_role_split_and_its_alternatives():
 def test_kv_in_regs_puts_p_and_ds_in_the_v_region():
     """``kv_in_regs``: the role split's S / dP B operands in registers (a warp's 32 of 128 keys at d96: 48 registers),
     P and dS in V's shared memory (94208 B for d96's 64x128 tile, where separate tiles need 116 KB); refused off the
-    role split, with dropout where a warp's keys are not whole 16-column atom pairs (d128's 24) or beside varlen, and
+    role split, with dropout where a warp's keys are not whole n8 atoms or beside varlen (or, at 24 keys per warp,
+    the deterministic mode), and
     for varlen in the highest-first deterministic order (the sm_120a gate's spills)."""
     cfg = BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True, kv_in_regs=True)
     spec = BwdSpec("bf16", 96, 96, True)
@@ -124,7 +125,16 @@ def test_kv_in_regs_puts_p_and_ds_in_the_v_region():
     d128 = BWD_TABLE[128]
     assert d128.kv_in_regs and bwd_kv_regs(d128, 128) == 48 and bwd_sdp_n_step(d128) == 8 and bwd_sdp_n_step(cfg) == 16
     assert bwd_smem_bytes(BwdSpec("bf16", 128, 128, True), d128) == 98304
-    assert select_bwd_config(BwdSpec("bf16", 128, 128, True, dropout=True), SM120) == BWD_TABLE_SMEM_OPERANDS[128]
+    # dropout runs it too on full walks (a warp's 24 keys as one run of n8 atoms, ``dropout_mask.RunKeepFlags``), not
+    # beside the deterministic mode (its spill) nor varlen; causal and windowed walks take the 64x64 split (faster)
+    assert select_bwd_config(BwdSpec("bf16", 128, 128, False, dropout=True), SM120) == d128
+    for masked in (BwdSpec("bf16", 128, 128, True, dropout=True), BwdSpec("bf16", 128, 128, False, local=True,
+                                                                           dropout=True)):
+        assert not bwd_config_problems(masked, d128, SM120)
+        assert select_bwd_config(masked, SM120) == BWD_TABLE_SMEM_OPERANDS[128]
+    det = BwdSpec("bf16", 128, 128, True, deterministic=True, dropout=True)
+    assert any("deterministic" in p for p in bwd_config_problems(det, d128, SM120))
+    assert select_bwd_config(det, SM120) == BWD_TABLE_SMEM_OPERANDS[128]
     assert bwd_smem_bytes(spec, cfg) == 94208 and not bwd_config_problems(spec, cfg, SM120)
     plain = BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True)
     assert bwd_smem_bytes(spec, plain) == 118784
@@ -132,8 +142,10 @@ def test_kv_in_regs_puts_p_and_ds_in_the_v_region():
     assert any("kv_in_regs is the role split" in p for p in bwd_config_problems(
         spec, BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=4, dq_warps_m=4, kv_in_regs=True), SM120))
     assert not bwd_config_problems(BwdSpec("bf16", 96, 96, True, dropout=True), cfg, SM120)
-    assert any("24 keys per warp" in p for p in bwd_config_problems(BwdSpec("bf16", 128, 128, True, dropout=True),
-                                                                     d128, SM120))
+    assert not bwd_config_problems(BwdSpec("bf16", 128, 128, True, dropout=True), d128, SM120)
+    odd = BwdConfig(64, 80, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=1, role_split=True, kv_in_regs=True)
+    assert any("20 keys per warp" in p for p in bwd_config_problems(BwdSpec("bf16", 128, 128, True, dropout=True),
+                                                                    odd, SM120))
     assert any("dropout" in p for p in bwd_config_problems(
         BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, dropout=True), cfg, SM120))
     packed = BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, deterministic=True)

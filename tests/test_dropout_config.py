@@ -22,17 +22,20 @@ def test_every_class_has_dropout_configs(d, dv, causal):
     bspec = BwdSpec("bf16", d, dv, causal, dropout=True)
     cfg = bwd_config.select_bwd_config(bspec, SM120)
     assert not bwd_config.bwd_config_problems(bspec, cfg, SM120)
-    # the role split at d64, d96 and d128 (group 0 draws the tile's keep flags and writes P with the dropped elements
-    # negated; group 1 reads P and the flags from that one tile, and group 0 then rewrites sP as P keep for dV):
-    # d64's 64x128 table entry, causal included; d96's kv_in_regs entry (session 42), d128's 64x64 split (its
-    # kv_in_regs entry gives a warp 24 keys, not whole 16-column atom pairs)
+    # the role split at d64, d96 and d128 (group 0 draws the tile's keep flags; d64's 64x128 table entry, causal
+    # included, passes P and P keep as two tiles; the kv_in_regs entries of d96 and d128 (session 43-44) pass P with
+    # the dropped elements negated, d128's warps drawing their 24 keys as one run of n8 atoms): each class's entry
+    # without dropout, except d128's causal walks (its 64x64 smem-operand split: ``_prefers_smem_operands``)
     cls = bwd_config.bwd_head_dim_class(bspec)
     assert cfg.role_split == (d == dv and cls in (64, 96, 128))
     if cls == 64 and d == dv:
         assert cfg.tile_n == 128
     if d == dv and cls in (96, 128):
-        assert cfg.kv_in_regs == (cls == 96)
-        assert cfg == bwd_config.select_bwd_config(BwdSpec("bf16", d, dv, causal), SM120) or cls == 128
+        assert cfg.kv_in_regs == (cls == 96 or not causal)
+        if cfg.kv_in_regs:
+            assert cfg == bwd_config.select_bwd_config(BwdSpec("bf16", d, dv, causal), SM120)
+        else:
+            assert cfg == bwd_config.BWD_TABLE_SMEM_OPERANDS[cls]
 
 
 @pytest.mark.parametrize("deterministic", [False, True])
@@ -110,6 +113,38 @@ def test_kernel_slots_draw_the_documented_mask(col_pos, warp_cols):
             words = dropout.philox4x32((ctr0, k >> 5, b * heads + h, offset), (seed & 0xFFFFFFFF, seed >> 32))
             value = (int(words[word]) >> (8 * byte)) & 0xFF
             assert (value >= t) == bool(ref[q0 + lr + row_pos[r], k0 + lc + col_pos[c]]), (warp_col, lane, r, c)
+
+
+def test_run_layout_draws_the_documented_mask():
+    """``RunKeepFlags`` (a warp's run of n8 atoms starting at any multiple of 8: d128's ``kv_in_regs`` split, 24
+    keys per warp at 24 w): both cells' calls per m16 atom, each column's call, word and byte half from its own key
+    (``RunKeepFlags.pick``, the arithmetic the kernel runs, here on ints), reproduce ``dropout_keep_mask`` for every
+    lane of the four warps, on the CPU."""
+    from flash_attn_4_sm120._kernels.dropout_mask import RunKeepFlags, atom_run
+
+    seed, offset, p, b, h, heads, q0, k0 = 0x1234_5678_9ABC, 3, 0.3, 1, 2, 3, 32, 64
+    col_pos = [8 * (c // 2) + c % 2 for c in range(6)]
+    assert atom_run(col_pos) and not atom_run(INTERLEAVED)
+    rows = 4
+    row_pos = [16 * (r // 2) + 8 * (r % 2) for r in range(rows)]
+    ref = dropout.dropout_keep_mask(seed, offset, b + 1, heads, q0 + 48, k0 + 96, p)[b, h]
+    t = dropout.keep_threshold(p)
+    kept = 0
+    for warp, lane in ((w, lane) for w in range(4) for lane in range(32)):
+        first = k0 + 24 * warp + 2 * (lane % 4)  # the thread's first key column
+        for r in range(rows):
+            q_call = q0 + lane // 4 + row_pos[r - r % 2]
+            ctr0 = (q_call >> 4) * 32 + (q_call & 7) * 4 + ((first & 7) >> 1)
+            calls = [dropout.philox4x32((ctr0, (first >> 5) + i, b * heads + h, offset), (seed & 0xFFFFFFFF, seed >> 32))
+                     for i in range(2)]
+            for c in range(len(col_pos)):
+                k = first + col_pos[c]
+                second, upper, shift = RunKeepFlags.pick(k, first)
+                value = (int(calls[second][2 * (r % 2) + upper]) >> shift >> (8 * (c % 2))) & 0xFF
+                keep = bool(ref[q0 + lane // 4 + row_pos[r], k])
+                assert (value >= t) == keep, (warp, lane, r, c)
+                kept += keep
+    assert 0.6 < kept / (4 * 32 * rows * len(col_pos)) < 0.8
 
 
 def test_unseeded_slot_comes_from_torch_generator():

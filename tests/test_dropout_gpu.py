@@ -84,6 +84,7 @@ def test_backward_regenerates_the_mask():
     far past the 2x rule."""
     run(1, 130, 190, 2, 2, 64, 64, p=0.5)
     run(1, 130, 190, 2, 2, 96, 96, p=0.5)  # d96's kv_in_regs split: P reaches dS signed (bwd_rolesplit.signed_p)
+    run(1, 130, 190, 2, 2, 128, 128, p=0.5)  # d128's full walk: its kv_in_regs split's runs (RunKeepFlags)
 
 
 @pytest.mark.parametrize("d,dv", [(64, 64), (80, 80), (96, 96), (128, 128), (192, 128), (256, 256), (40, 40), (8, 8)])
@@ -114,6 +115,7 @@ def test_odd_lengths(sq, sk):
     run(2, sq, sk, 4, 2, 128, 128, causal=True, grads=grads)
     run(1, sq, sk, 2, 1, 64, 64, grads=grads)
     run(1, sq, sk, 2, 1, 96, 96, causal=True, grads=grads)
+    run(1, sq, sk, 2, 1, 128, 128, grads=grads)  # d128 full: the run layout (causal d128: the 64x64 split)
 
 
 @pytest.mark.parametrize("window", [(32, 0), (16, 16), (None, 8)])
@@ -131,11 +133,13 @@ def test_softcap_and_sink():
 def test_probabilities(p):
     run(1, 256, 256, 2, 2, 128, 128, p=p, causal=True)
     run(1, 256, 256, 2, 2, 96, 96, p=p)
+    run(1, 256, 256, 2, 2, 128, 128, p=p)
 
 
 def test_fp16():
     run(2, 200, 200, 4, 4, 128, 128, dtype=torch.float16, causal=True)
     run(2, 200, 200, 4, 2, 96, 96, dtype=torch.float16)
+    run(2, 200, 200, 4, 2, 128, 128, dtype=torch.float16)
 
 
 def test_pack_gqa_runs_unpacked():

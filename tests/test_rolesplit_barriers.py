@@ -1,6 +1,7 @@
-"""The role-split backward's two warp groups pass the same number of named barriers per step for every feature
-combination: compute-sanitizer's racecheck pairs barriers by count and reported thousands of hazards across the
-CTA barrier while the groups' counts differed (session 28, dropout: 6 against 5). A static check of the source of
+"""The role-split backward's two warp groups pass the same number of bar.sync and the same number of bar.arrive per
+step for every feature combination: compute-sanitizer's racecheck pairs barriers by count and reported thousands of
+hazards across the CTA barrier while the groups' counts differed (session 28, dropout: 6 against 5; session 43, the
+signed dropout protocol: 6 each, but 5 / 1 bar.sync / bar.arrive against 4 / 2). A static check of the source of
 ``FlashBwdRoleSplit.step`` (no compile): its ``if wg == 0`` branches, each trace-time ``const_expr`` branch taken
 as the spec and config say, and run-time branches required to pass equal counts on both sides."""
 
@@ -35,21 +36,22 @@ def _const_expr_arg(test: ast.AST):
     return None
 
 
-def _count(stmts, env) -> int:
-    """Barriers one thread passes through ``stmts`` (trace-time branches resolved by ``env``)."""
+def _count(stmts, env, kind=None) -> int:
+    """Barriers one thread passes through ``stmts`` (trace-time branches resolved by ``env``): every one, or those
+    of one ``kind`` (``"barrier"``, a bar.sync; ``"barrier_arrive"``, a bar.arrive)."""
     n = 0
     for node in stmts:
         if isinstance(node, ast.If):
             arg = _const_expr_arg(node.test)
             if arg is not None:
                 taken = eval(compile(ast.Expression(arg), "<step>", "eval"), {}, env)  # noqa: S307 (our source)
-                n += _count(node.body if taken else node.orelse, env)
+                n += _count(node.body if taken else node.orelse, env, kind)
             else:
-                body, orelse = _count(node.body, env), _count(node.orelse, env)
+                body, orelse = _count(node.body, env, kind), _count(node.orelse, env, kind)
                 assert body == orelse, f"run-time branch at line {node.lineno} passes {body} / {orelse} barriers"
                 n += body
             continue
-        n += sum(1 for sub in ast.walk(node) if _is_barrier(sub))
+        n += sum(1 for sub in ast.walk(node) if _is_barrier(sub) and kind in (None, sub.func.attr))
     return n
 
 
@@ -83,17 +85,20 @@ def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False, kvr=Fa
 def test_both_groups_pass_the_same_number_of_barriers(dropout, sparse, mods, stages_do, det, kvr, tile_n):
     env = _env(dropout, sparse, mods, stages_do, det, kvr, tile_n)
     branch = _group_branch(_step_tree())
-    group0, group1 = _count(branch.body, env), _count(branch.orelse, env)
-    assert group0 == group1 > 0, f"group 0 passes {group0} barriers per step, group 1 {group1}"
+    for kind in sorted(_BARRIER_CALLS):
+        group0, group1 = _count(branch.body, env, kind), _count(branch.orelse, env, kind)
+        assert group0 == group1 > 0, f"group 0 passes {group0} {kind} per step, group 1 {group1}"
 
 
 def test_the_check_sees_a_mismatch():
-    """An extra barrier in one group's branch is caught (the counter reads the code it should)."""
+    """An extra barrier in one group's branch is caught (the counter reads the code it should), by kind too."""
     tree = _step_tree()
     branch = _group_branch(tree)
     extra = ast.parse("cute.arch.barrier(barrier_id=9, number_of_threads=128)").body[0]
     env = _env(dropout=True)
     assert _count(branch.body + [extra], env) == _count(branch.orelse, env) + 1
+    assert _count(branch.body + [extra], env, "barrier") == _count(branch.orelse, env, "barrier") + 1
+    assert _count(branch.body + [extra], env, "barrier_arrive") == _count(branch.orelse, env, "barrier_arrive")
 
 
 @pytest.mark.parametrize("kvr,dropout,det,lowest_first,causal,tile_n,expected", [

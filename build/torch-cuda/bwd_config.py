@@ -254,12 +254,18 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
     if cfg.kv_in_regs:
         if not cfg.role_split:
             out.append("kv_in_regs is the role split's (each group's one B operand in registers)")
-        if spec.dropout and _sdp_key_share(cfg) % 16:
-            # the keep flags come in 16-column atom pairs (``dropout_mask.keep_flags``): d128's 64x96 split gives a
-            # warp 24 keys. (d96's 64x128 split holds them since group 1 reads P and the flags as one signed tile
-            # and the dropout words are read where used: sm_120a, session 42; before, it spilled 120-176 B)
-            out.append(f"kv_in_regs: dropout's keep flags need a warp share of the keys in 16-column atom pairs "
+        if spec.dropout and _sdp_key_share(cfg) % 8:
+            # the keep flags come in 16-column atom pairs or one run of n8 atoms per warp (``dropout_mask.keep_flags``;
+            # d128's 64x96 split: 24 keys per warp, ``RunKeepFlags``, since session 43). (d96's 64x128 split holds
+            # them since group 1 reads P and the flags as one signed tile and the dropout words are read where used:
+            # sm_120a, session 43; before, it spilled 120-176 B)
+            out.append(f"kv_in_regs: dropout's keep flags need a warp share of the keys in n8 atoms "
                        f"({_sdp_key_share(cfg)} keys per warp)")
+        if spec.dropout and spec.deterministic and bwd_sdp_n_step(cfg) == 8:
+            # sm_120a gate, session 43: d128's 64x96 split, causal, highest first: 56 B of local memory beside the
+            # run's two Philox calls per m16 atom
+            out.append("kv_in_regs: dropout's run of n8 atoms (two calls per m16 atom) beside the deterministic "
+                       "mode's turn spills")
         if spec.dropout and (spec.varlen_q or spec.varlen_k):
             # sm_120a gate, session 42: d96's 64x128 split, causal, packed: one local word in the shipped SASS
             out.append("kv_in_regs: dropout's keep flags beside varlen's per-sequence addressing keep a local word")
@@ -376,9 +382,9 @@ BWD_TABLE_FALLBACK = {
 }
 
 
-#: Specs a class's ``kv_in_regs`` entry cannot run (the predicate says which: dropout where a warp's key share is not
-#: whole atom pairs (d128; d96's dropout runs its entry since session 43), mask_mods, varlen in the highest-first
-#: deterministic order):
+#: Specs a class's ``kv_in_regs`` entry cannot run (the predicate says which: dropout beside varlen or, where a warp's
+#: key share is one run of n8 atoms, the deterministic mode; mask_mods, varlen in the highest-first deterministic
+#: order), and those it runs slower (``_prefers_smem_operands``):
 #: the role split each class ran before session 38, both S / dP operands read from
 #: shared memory (d96 64x96, 98304 B; d128 64x64: ``BWD_TABLE``'s comment).
 BWD_TABLE_SMEM_OPERANDS = {
@@ -409,12 +415,24 @@ def bwd_head_dim_class(spec: BwdSpec) -> int:
     return next(c for c in HEAD_DIM_CLASSES if d <= c)
 
 
+def _prefers_smem_operands(spec: BwdSpec, cfg: BwdConfig) -> bool:
+    """Dropout on a causal or windowed walk where ``cfg`` is a ``kv_in_regs`` split whose warps draw their keys as one
+    run of n8 atoms (``bwd_sdp_n_step`` 8: d128's 64x96, two Philox calls per m16 atom): the smem-operand split goes
+    first. The run draws about 2.7x the calls of whole 32-column cells on every tile, masked or not; a full walk
+    gains more from the split than it pays, a masked one, whose 64x64 smem-operand split already carries dropout
+    at 1.17-1.18x its time without, does not. Measured (H100, SM120 occupancy, fwd+bwd with dropout 0.1, 32/8 heads,
+    same call, two rounds; session 44): run split against the 64x64 split, full 4x4096 13.61 / 15.00 ms, 2x8192
+    26.86 / 29.24 (-8 to -9%); causal 4x4096 7.37 / 7.10-7.25, 2x8192 14.04 / 13.73 (+2 to +4%)."""
+    return spec.dropout and (spec.causal or spec.local) and bwd_sdp_n_step(cfg) == 8
+
+
 @lru_cache(maxsize=None)
 def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
     """The table's config for ``spec``: a heavy spec (softcap, mods, block sparsity) takes its class's ``BWD_TABLE_HEAVY``
     entry where there is one; a spec the chosen entry cannot run (a role-split entry and softcap) falls back to
     the other (a plain spec first to ``BWD_TABLE_UNSPLIT``'s, a dropout spec to ``BWD_TABLE_DROPOUT``'s; a spec a
-    ``kv_in_regs`` entry has no registers for first to ``BWD_TABLE_SMEM_OPERANDS``'s), then to
+    ``kv_in_regs`` entry has no registers for first to ``BWD_TABLE_SMEM_OPERANDS``'s, as does one it runs slower:
+    ``_prefers_smem_operands``), then to
     ``BWD_TABLE_FALLBACK``'s. Raises if none fits (a table or predicate bug)."""
     cls = bwd_head_dim_class(spec)
     order = [BWD_TABLE[cls]] + ([BWD_TABLE_HEAVY[cls]] if cls in BWD_TABLE_HEAVY else [])
@@ -423,7 +441,8 @@ def select_bwd_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
     elif cls in BWD_TABLE_UNSPLIT:
         order.insert(1, BWD_TABLE_UNSPLIT[cls])
     if cls in BWD_TABLE_SMEM_OPERANDS:
-        order.insert(order.index(BWD_TABLE[cls]) + 1, BWD_TABLE_SMEM_OPERANDS[cls])
+        after = 0 if _prefers_smem_operands(spec, BWD_TABLE[cls]) else 1
+        order.insert(order.index(BWD_TABLE[cls]) + after, BWD_TABLE_SMEM_OPERANDS[cls])
     if spec.dropout and cls in BWD_TABLE_DROPOUT:
         order.insert(1, BWD_TABLE_DROPOUT[cls])
     order += [BWD_TABLE_FALLBACK[cls]] if cls in BWD_TABLE_FALLBACK else []

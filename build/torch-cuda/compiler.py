@@ -825,14 +825,19 @@ def dropout_cases(model: ExecutionModel = SM120) -> list[Case]:
             BwdSpec("fp16", 128, 128, causal=True, dropout=True),
             BwdSpec("bf16", 128, 128, causal=False, mods=docs_bwd, dropout=True),
             BwdSpec("bf16", 128, 128, causal=True, block_sparse=(128, 128), dropout=True),
-            # d96's kv_in_regs entry with dropout (session 42): its features and orders, and the head dims it pads
+            # d96's and d128's kv_in_regs entries with dropout (sessions 43-44; d128's on full walks only): their
+            # features and orders, and the head dims they pad
             BwdSpec("bf16", 96, 96, causal=True, varlen_q=True, varlen_k=True, dropout=True),
             BwdSpec("bf16", 96, 96, causal=True, deterministic=True, dropout=True),
             BwdSpec("bf16", 96, 96, causal=True, deterministic=True, lowest_first=True, dropout=True),
             BwdSpec("bf16", 96, 96, causal=True, varlen_q=True, varlen_k=True, deterministic=True, dropout=True),
             BwdSpec("bf16", 96, 96, causal=False, local=True, dropout=True),
             BwdSpec("fp16", 96, 96, causal=False, dropout=True),
-            BwdSpec("bf16", 80, 80, causal=False, dropout=True)]
+            BwdSpec("bf16", 80, 80, causal=False, dropout=True),
+            BwdSpec("bf16", 128, 128, causal=False, local=True, dropout=True),
+            BwdSpec("fp16", 128, 128, causal=False, dropout=True),
+            BwdSpec("bf16", 128, 128, causal=True, deterministic=True, lowest_first=True, dropout=True),
+            BwdSpec("bf16", 112, 112, causal=False, dropout=True)]
     cases = []
     for spec in fwd:
         label = "chunked_local" if spec.mods is not None else ""

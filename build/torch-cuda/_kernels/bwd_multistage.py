@@ -54,7 +54,7 @@ from cutlass.cute.nvgpu import cpasync, warp
 
 from .. import flex
 from ..bwd_config import (BwdConfig, bwd_banded, bwd_config_problems, bwd_kv_copy_threads, bwd_padded_head_dim,
-                          bwd_rotated_start, bwd_smem_bytes, bwd_step_divisor, bwd_tile_bytes,
+                          bwd_rotated_start, bwd_sdp_n_step, bwd_smem_bytes, bwd_step_divisor, bwd_tile_bytes,
                           bwd_v_region_bytes)
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
@@ -122,6 +122,11 @@ class FlashBwdMultistage:
         self.sdO_layout = cute.tile_to_shape(atom_v, (tm, dv, cfg.stages_do), (0, 1, 2))
         self.sK_layout = cute.tile_to_shape(atom_qk, (tn, d), (0, 1))
         self.sV_layout = cute.tile_to_shape(atom_v, (tn, dv), (0, 1))
+        if self.spec.dropout and bwd_sdp_n_step(cfg) == 8:
+            # P / dS written by warps whose S columns are runs of 24 (``sdp_cells``): unswizzled 8 x 8 blocks (each
+            # a contiguous 128 B, conflict-free for the 32-bit stores and the ldmatrix reads), which the runs'
+            # 24-column stride divides (the 32-column swizzle atom does not)
+            atom_mn = cute.make_composed_layout(cute.make_swizzle(0, 3, 3), 0, cute.make_layout((8, 8), stride=(8, 1)))
         self.sP_layout = cute.tile_to_shape(atom_mn, (tm, tn), (0, 1))
         cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
         self.g2s_qk = g2s_tiled_copy(dt, atom_qk.outer.shape[1], self.num_threads, cp_async)
@@ -159,8 +164,14 @@ class FlashBwdMultistage:
 
     def sdp_cells(self, warps: int) -> int:
         """``warp_tiled_mma``'s ``cells`` for the S / dP MMA on ``warps`` warps: dropout's Philox cells (32 columns per
-        warp where the tile holds them: whole calls), else none."""
-        return warp_cell_columns(self.tile_n, warps // self.config.sdp_warps_m) if self.spec.dropout else 0
+        warp where the tile holds them: whole calls), else none; a ``kv_in_regs`` split whose warp share of the keys
+        is not whole 16-column atom pairs: that share as one run of n8 atoms (``dropout_mask.RunKeepFlags``)."""
+        if not self.spec.dropout:
+            return 0
+        warps_n = warps // self.config.sdp_warps_m
+        if bwd_sdp_n_step(self.config) == 8:  # (a kv_in_regs split's share of 24 keys: d128's 64x96)
+            return self.tile_n // warps_n
+        return warp_cell_columns(self.tile_n, warps_n)
 
     @cute.jit
     def __call__(
@@ -305,7 +316,7 @@ class FlashBwdMultistage:
             )
             ctx.dropout = None  # issue 20: the forward's keep mask, regenerated (``dropout_mask``)
             if const_expr(self.spec.dropout):
-                check_cells(self.mma_sdp, self.tile_m, self.tile_n)
+                check_cells(self.mma_sdp, self.tile_m, self.tile_n, bwd_sdp_n_step(self.config))
                 ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)
                 ctx.rng_slot = mRng  # (the role split reads it where used: ``FlashBwdRoleSplit.dropout_words``)
                 ctx.num_heads = num_heads(mQ, packed_q)

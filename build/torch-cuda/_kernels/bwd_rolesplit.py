@@ -28,20 +28,22 @@ the same flags, as before 2026-11-26, spent the Philox work twice per tile), in 
   signed (the ``kv_in_regs`` splits, whose group 1 has no registers for P and P keep beside dP and its V rows):
     group 0 writes P with the dropped elements negated (``dropout_mask.keep_pair``'s ``sign``: P >= 0, so the sign
     bit carries the flag); group 1 takes that one tile, arrives on PREAD and forms dS from the signed P ps alone,
-    ps (dP / (1 - p) - D') where ps >= 0, ps D' (= -P D') where not; group 0 then zeroes the negative lanes and
-    rewrites sP as P keep for its dV.
-Each group passes the same number of barriers per step (group 1 one of its own after its reads): compute-sanitizer's
-racecheck pairs barriers by count and reported hazards across the CTA barrier while the counts differed. (Signed,
-group 0 passes 5 bar.sync and 1 bar.arrive per step, group 1 4 and 2; two tiles, 5 and 2 each. Racecheck was clean
-on d96's signed split in session 43, but reported hazards near the epilogue on an unmerged d128 one:
-``notes/perf.md``.) Not with
+    ps (dP / (1 - p) - D') where ps >= 0, ps D' (= -P D') where not; group 0 then zeroes the negative lanes,
+    rewrites sP as P keep for its dV and arrives on PZ, which group 1 passes only before its dS barrier (long
+    after group 0's arrival: d96 measured the same with and without it, session 44).
+Each group passes the same number of bar.sync and the same number of bar.arrive per step (group 1 one bar.sync of its
+own after its reads; 5 and 2 each with dropout): compute-sanitizer's racecheck pairs barriers by count and reported
+hazards across the CTA barrier while the counts differed (session 28: 6 against 5 barriers; session 43: the signed
+protocol without PZ, 5 / 1 bar.sync / bar.arrive against 4 / 2, thousands of RAW hazards between ``store_dkv``'s
+staging stores and its row reads, which a ``bar.sync 0`` separates; with PZ 0 in 4 of 4 runs). Not with
 softcap or a score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with
 head_dim != head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
 With ``kv_in_regs`` (d96's 64x128 and d128's 64x96 entries) S and dP run on 1x4 warps and each group keeps its B
 operand in registers for the whole walk (group 0 its warp's K rows, group 1 its V rows: ``kv_fragment``, loaded once,
 then a CTA barrier), so no step reads K or V for them and V's shared memory holds P and dS; a warp share of the keys
-that is not a 16-multiple (d128: 24) steps one n8 atom per warp (``bwd_config.bwd_sdp_n_step``). dV / dK and dQ read
-sK / sP / sdS as before.
+that is not a 16-multiple (d128: 24) steps one n8 atom per warp (``bwd_config.bwd_sdp_n_step``; with dropout its keep
+flags come as one run of n8 atoms per warp, ``dropout_mask.RunKeepFlags``, and P / dS sit in unswizzled 8x8 blocks).
+dV / dK and dQ read sK / sP / sdS as before.
 Deterministic mode: thread 128 (group 1) reads the query block's counter after dP and polls it before barrier
 dS1, which holds group 1 and, through arrive dS, group 0, before any reduction; thread 160 (group 1) releases it
 in the next step, after dP (``pass_previous_turn``), when the reductions the step's last barrier ordered have
@@ -334,8 +336,9 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                     pk = self.dropped_p(ctx, acc, head, m, n_block)
                     cute.copy(r2s, thr_r2s.retile(pk), thr_r2s.partition_D(sP))
                 cute.arch.barrier(barrier_id=_BAR_P0, number_of_threads=_GROUP)
-                if const_expr(not self.signed_p()):
-                    cute.arch.barrier_arrive(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
+                # two tiles: group 1 reads P keep after this; signed: it only waits here before its dS store's
+                # barrier (each group passes as many bar.sync and as many bar.arrive per step)
+                cute.arch.barrier_arrive(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
             acc_kv = self.gemm(acc_kv, ops_kv, None, sdo)
             cute.arch.barrier(barrier_id=_BAR_DS, number_of_threads=2 * _GROUP)
             if const_expr(cfg.stages_do == 1):  # group 1 is past dP (it arrived after dS), group 0 past dV
@@ -413,6 +416,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                     for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
                         ds_rc[r, c] = p_rc[r, c] * (ds_rc[r, c] - dsum[r])
             cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), thr_r2s.partition_D(sdS))
+            if const_expr(self.signed_p()):  # group 0's P keep arrival (it has long passed it: no wait expected)
+                cute.arch.barrier(barrier_id=_BAR_PZ, number_of_threads=2 * _GROUP)
             if const_expr(turn is not None):
                 wait_turn(turn[0], turn[1], seen, tidx - _GROUP)  # barrier dS1 holds group 1 until ours
             cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)

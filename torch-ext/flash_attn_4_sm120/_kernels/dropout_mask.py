@@ -110,14 +110,23 @@ def warp_cell_columns(tile_n: int, warps_n: int) -> int:
     return 32 if tile_n % (CELL_K * warps_n) == 0 else CELL
 
 
-def check_cells(tiled_mma, tile_m: int, tile_n: int) -> None:
-    """Trace time: every warp's first accumulator element sits on a 16 x 16 cell corner (with ``keep_flags``'
-    check of thread 0's fragment: a thread's 8 elements per Philox call are one call's of the definition)."""
+def check_cells(tiled_mma, tile_m: int, tile_n: int, col_unit: int = CELL) -> None:
+    """Trace time: every warp's first accumulator element sits on a 16-row, ``col_unit``-column cell corner (with
+    ``keep_flags``' check of thread 0's fragment: a thread's 8 elements per Philox call are one call's of the
+    definition; ``col_unit`` 8: runs of n8 atoms, ``RunKeepFlags``)."""
     c = cute.make_identity_tensor((tile_m, tile_n))
     for w in range(cute.size(tiled_mma) // 32):
         row, col = tiled_mma.get_slice(w * 32).partition_C(c)[0]
-        if row % CELL or col % CELL:
-            raise ValueError(f"dropout needs warp fragments on 16 x 16 cells; warp {w} starts at ({row}, {col})")
+        if row % CELL or col % col_unit:
+            raise ValueError(f"dropout needs warp fragments on 16 x {col_unit} cells; warp {w} starts at "
+                             f"({row}, {col})")
+
+
+def atom_run(col_pos: list) -> bool:
+    """Whether thread 0's columns (its (rows, cols) view, compile-time) are one run of neighbouring n8 atoms, at most
+    32 columns: the layout ``RunKeepFlags`` draws (a warp share of the keys that is not whole 16-column atom pairs,
+    d128's 24 keys per warp)."""
+    return len(col_pos) <= CELL_K // 4 and col_pos == [8 * (c // 2) + c % 2 for c in range(len(col_pos))]
 
 
 @dataclass(frozen=True)
@@ -158,19 +167,22 @@ class DropoutMask:
         """The keep flags of this thread's elements of query head ``head`` of ``num_heads`` in sequence ``batch``, in
         the tile whose row 0 is query position ``q_base`` and column 0 key position ``k_base`` (multiples of 16)."""
         rows, cols = cute.size(self.tScS_rc, mode=[0]), cute.size(self.tScS_rc, mode=[1])
-        if rows % 2 or cols % 4:
-            raise ValueError(f"dropout needs whole m16 atoms and 16-column atom pairs per thread ({rows}x{cols})")
+        if rows % 2 or cols % 2:
+            raise ValueError(f"dropout needs whole m16 atoms and n8 atoms per thread ({rows}x{cols})")
         for r in range(0, rows, 2):
             t_row = self.t0ScS_rc[r, 0][0]
             if t_row % CELL or self.t0ScS_rc[r + 1, 0][0] != t_row + 8:
                 raise ValueError("dropout: accumulator rows are not m16 atom halves")
+        col_pos = [self.t0ScS_rc[0, c][1] for c in range(cols)]
+        args = (self, Uint32(batch * num_heads + head), Uint32(q_base + self.tScS_rc[0, 0][0]),
+                Uint32(k_base + self.tScS_rc[0, 0][1]), rows, cols, col_pos)
+        if cols % 4 and atom_run(col_pos):
+            return RunKeepFlags(*args)
         for c in range(0, cols, 4):
             t_col = self.t0ScS_rc[0, c][1]
             if t_col % CELL or [self.t0ScS_rc[0, c + j][1] - t_col for j in range(4)] != [0, 1, 8, 9]:
                 raise ValueError("dropout: accumulator columns are not 16-column atom pairs")
-        col_pos = [self.t0ScS_rc[0, c][1] for c in range(cols)]
-        return KeepFlags(self, Uint32(batch * num_heads + head), Uint32(q_base + self.tScS_rc[0, 0][0]),
-                         Uint32(k_base + self.tScS_rc[0, 0][1]), rows, cols, col_pos)
+        return KeepFlags(*args)
 
 
 def call_groups(cols: int, col_pos: list) -> list:
@@ -273,6 +285,53 @@ class KeepFlags:
         else bf16) with its dropped lanes zeroed."""
         word, byte = self._word(r, c)
         return keep_pair_f32(word, lo, hi, self.mask.threshold_pair, byte == 0, half)
+
+
+class RunKeepFlags(KeepFlags):
+    """``KeepFlags`` of a warp whose fragment is one run of neighbouring n8 atoms (at most 32 columns) that starts
+    at any multiple of 8 (``atom_run``; d128's ``kv_in_regs`` split: warp w's 24 keys start at 24 w). Its atoms
+    fall in one or two 32-column cells, which only the run time knows, so each m16 atom draws both cells' calls
+    (the second unused where the run stays in one cell) and each column takes its word and byte half from its own
+    key position (``pick``): about 2.7x the draws of whole calls for 24 columns, for a split whose registers the
+    other layouts do not fit."""
+
+    def __init__(self, mask: DropoutMask, head_word, q0, k0, rows: int, cols: int, col_pos: list):
+        self.mask, self.head_word, self.q0, self.k0 = mask, head_word, q0, k0
+        self.col_pos = col_pos
+        self.half_call = {}
+        #: call-major: an m16 atom's two calls serve all of its elements
+        self.order = [(r + half, c) for r in range(0, rows, 2) for c in range(cols) for half in range(2)]
+        self.pairs = [(r, c) for r, c in self.order if c % 2 == 0]
+        self._words, self._flags = {}, {}
+
+    @staticmethod
+    def pick(k, k_first):
+        """For key column ``k`` of a run whose first column is ``k_first`` (Python ints or Uint32): (1 where its
+        cell is the run's second, the 16-column half of the cell (its word within the row half), 16 where its byte
+        pair is the word's upper one)."""
+        return (k >> 5) - (k_first >> 5), (k >> 4) & 1, ((k >> 3) & 1) << 4
+
+    def slot(self, r: int, c: int) -> tuple:
+        raise NotImplementedError("RunKeepFlags picks words at run time (pick)")
+
+    def _word(self, r: int, c: int):
+        """The word holding element (r, c) shifted so that its byte pair is the low one, and the element's byte."""
+        r0 = r - r % 2
+        if r0 not in self._words:
+            m = self.mask
+            q = self.q0 + Uint32(m.t0ScS_rc[r0, 0][0])
+            ctr0 = (q >> 4) * Uint32(32) + (q & Uint32(7)) * Uint32(4) + ((self.k0 & Uint32(7)) >> 1)
+            cell = self.k0 >> 5
+            self._words[r0] = tuple(philox(ctr0, cell + Uint32(i), self.head_word, m.offset, m.key0, m.key1)
+                                    for i in range(2))
+        first, second = self._words[r0]
+        second_cell, upper, shift = self.pick(self.k0 + Uint32(self.col_pos[c]), self.k0)
+        words = []
+        for call in (first, second):
+            lo, hi = call[2 * (r % 2)], call[2 * (r % 2) + 1]
+            words.append(lo ^ ((lo ^ hi) & (Uint32(0) - upper)))
+        word = words[0] ^ ((words[0] ^ words[1]) & (Uint32(0) - second_cell))
+        return word >> shift, c % 2
 
 
 def _pair_slots(flags: KeepFlags, p16: cute.Tensor) -> list:
