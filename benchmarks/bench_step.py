@@ -3,8 +3,9 @@ test): the training check's models (``tools/train_check.py``) built once per att
 ``--block`` steps that take the attentions in turn, so that a slow phase of the host (frequency, another tenant;
 the transformers Llama step is host-bound) lands on every attention rather than on the one timed during it.
 
-Models: ``llama`` (transformers, eager, GQA 8/2, head_dim 128, this bundle through ``kernels``) and ``plain`` (the
-plain GPT under ``torch.compile(fullgraph=True)``); attentions ``ours``, ``sdpa_fa2`` (SDPA held to its flash
+Models: ``llama`` (transformers, eager, GQA 8/2, head_dim 128, this bundle through ``kernels``), ``llama_compiled``
+(the same model's forward and loss under ``torch.compile``, graph breaks allowed: transformers' own code decides
+where they fall) and ``plain`` (the plain GPT under ``torch.compile(fullgraph=True)``); attentions ``ours``, ``sdpa_fa2`` (SDPA held to its flash
 backend: FA2, SDPA's default on an SM120) and ``sdpa`` (SDPA's default: cuDNN's wgmma kernels on the H100, a ceiling
 no mma.sync kernel is a peer of). Per step: CUDA-event time (as ``train_check.py``), and the host's time to issue
 the step; a step whose issue time is near its event time is host-bound (the GPU waits on Python).
@@ -30,9 +31,10 @@ sys.path.insert(0, str(ROOT / "tools"))
 ATTENTIONS = ("ours", "sdpa_fa2", "sdpa")
 
 
-def hf_step(impl: str, ckpt: Path):
+def hf_step(impl: str, ckpt: Path, compiled: bool = False):
     """A step function of the transformers model at ``ckpt`` with attention ``impl`` (its ``model`` attribute:
-    the model)."""
+    the model); ``compiled``: its forward and loss under ``torch.compile`` (the backward follows the compiled
+    graphs), as a trainer's ``torch_compile`` option runs it."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -42,9 +44,13 @@ def hf_step(impl: str, ckpt: Path):
     model = AutoModelForCausalLM.from_pretrained(str(ckpt), **kwargs).cuda().train()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
 
+    def loss_of(ids, labels):
+        return model(input_ids=ids, labels=labels).loss
+
+    loss_fn = torch.compile(loss_of) if compiled else loss_of
+
     def step(ids, labels):
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
+        loss_fn(ids, labels).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -134,11 +140,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as work:
         for model in args.models:
             steps = {}
-            if model == "llama":
+            if model in ("llama", "llama_compiled"):
                 ckpt = train_check.hf_checkpoint("llama", Path(work))
+                torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
                 for name in args.impls:
                     with contexts[name]():
-                        steps[name] = hf_step(REPO_ID if name == "ours" else "sdpa", ckpt)
+                        steps[name] = hf_step(REPO_ID if name == "ours" else "sdpa", ckpt,
+                                              compiled=model == "llama_compiled")
             else:
                 for name in args.impls:
                     with contexts[name]():

@@ -22,6 +22,18 @@
 # 5 ran: fwd+bwd ms ours / with dropout (cost): d64 6.32 / 7.50 (1.188x), causal 3.38 / 3.95 (1.169x); d96 8.04 /
 #    9.94 (1.236x), causal 4.29 / 5.32 (1.239x); d128 11.19 / 13.55 (1.211x), causal 5.97 / 7.11 (1.191x); d256 50.26 /
 #    50.63 (1.007x), causal 23.53 / 24.60 (1.045x) (results/dropout_h100_2026-11-27.json)
+# 6: issue 19's step target on the transformers Llama under torch.compile (bench_step.py --models llama_compiled:
+#    its forward and loss compiled, graph breaks allowed), 4 x 2048 and 1 x 8192, ~9 min
+# 6 ran (second try; the first had sdpa_fa2, whose flash backend refuses the explicit mask transformers builds under
+#    compile): step / host issue ms, ours / SDPA's default: 4x2048 8.88 / 8.96, 8.18 / 8.04 (0.92x); 1x8192 18.27 /
+#    18.39, 15.26 / 12.41 (0.84x): ours host-bound in both, SDPA at 4x2048
+# 7: explore/hf_compile_breaks.py: torch._dynamo.explain of the compiled Llama's forward + loss per attention (graph
+#    breaks, reasons, frames), 4 x 2048 and 1 x 8192, ~3 min
+# 7 ran: 4x2048 both attentions one graph, no breaks (ours 176 ops, SDPA 189); 1x8192 ours 17 graphs / 16 breaks, all
+#    transformers' data-dependent branch in _flash_attention_forward (modeling_flash_attention_utils.py:846, the
+#    packed-sequence check at batch 1), SDPA none (results/step_llama_compiled_h100_2026-11-27.json)
+# 8: the final tree: the backward, dropout, flex and block-sparse GPU suites (issue 20's features), ~8 min
+# 8 ran: 392/392 (12 shards, 316 s)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -62,6 +74,15 @@ case "$part" in
        (cd benchmarks && timeout 280 python3 bench_dropout.py --occupancy sm120 --head-dims $hd \
           --out "$OUT/dropout_${hd// /_}.json" 2>&1 | grep -v -i warn | grep "\[")
      done ;;
+  6) timeout 290 python3 benchmarks/bench_step.py --models llama_compiled --impls ours sdpa --out "$OUT/step_llama_compiled.json" 2>&1 \
+        | grep -v -i warn | grep "step \|Error\|error" | head -20
+     timeout 290 python3 benchmarks/bench_step.py --models llama_compiled --impls ours sdpa --seq 8192 --batch 1 --rounds 6 \
+        --out "$OUT/step_llama_compiled_s8192.json" 2>&1 | grep -v -i warn | grep "step \|Error\|error" | head -20 ;;
+  7) timeout 200 python3 benchmarks/explore/hf_compile_breaks.py --out "$OUT/breaks.json" 2>&1 | grep -v -i warn \
+        | grep -v "^ *$" | head -60
+     timeout 150 python3 benchmarks/explore/hf_compile_breaks.py --seq 8192 --batch 1 --out "$OUT/breaks_s8192.json" \
+        2>&1 | grep -v -i warn | grep -v "^ *$" | head -40 ;;
+  8) shards 560 tests/test_bwd_gpu.py tests/test_dropout_gpu.py tests/test_flex_gpu.py tests/test_block_sparse_gpu.py ;;
   3) branch base
      ab d96 100 --head-dims 96
      ab d128_2x8192 100 --head-dims 128 --shape 2x8192x32x8 ;;
