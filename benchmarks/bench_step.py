@@ -83,6 +83,17 @@ def compiled_plain_step(fa):
     return step
 
 
+def client_setup(seq: int, batch: int) -> None:
+    """The training check's batch shape, transformers and the hub offline, and this checkout's build (and the FA3
+    alias) as the local kernels ``kernels.get_kernel`` loads."""
+    import train_check
+    from client_transformers import REPO_ID, VLLM_FA3_ID, set_local_kernels, set_offline
+
+    train_check.SEQ, train_check.BATCH = seq, batch
+    set_offline(True)
+    set_local_kernels(str(ROOT), [REPO_ID, VLLM_FA3_ID])
+
+
 def time_alternated(steps: dict, contexts: dict, data: list, warmup: int, rounds: int, block: int) -> dict:
     """Per attention: median CUDA-event ms per step and median host issue ms per step, over ``rounds`` blocks of
     ``block`` steps each, the attentions in turn (their order rotated each round)."""
@@ -127,11 +138,9 @@ def main() -> int:
     import torch
 
     import train_check
-    from client_transformers import REPO_ID, VLLM_FA3_ID, set_local_kernels, set_offline, versions
+    from client_transformers import REPO_ID, versions
 
-    train_check.SEQ, train_check.BATCH = args.seq, args.batch
-    set_offline(True)
-    set_local_kernels(str(ROOT), [REPO_ID, VLLM_FA3_ID])
+    client_setup(args.seq, args.batch)
     data = list(train_check.batches(20, "cuda"))
     contexts = {name: (lambda name=name: train_check.sdpa_backend(name)) for name in args.impls}
     report = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),

@@ -30,12 +30,10 @@ def main() -> int:
     import torch
 
     import train_check
-    from bench_step import hf_step
-    from client_transformers import REPO_ID, VLLM_FA3_ID, set_local_kernels, set_offline
+    from bench_step import client_setup, hf_step
+    from client_transformers import REPO_ID
 
-    train_check.SEQ, train_check.BATCH = args.seq, args.batch
-    set_offline(True)
-    set_local_kernels(str(ROOT), [REPO_ID, VLLM_FA3_ID])
+    client_setup(args.seq, args.batch)
     ids, labels = next(iter(train_check.batches(1, "cuda")))
     report = {}
     with tempfile.TemporaryDirectory() as work:

@@ -256,7 +256,7 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
             out.append("kv_in_regs is the role split's (each group's one B operand in registers)")
         if spec.dropout and _sdp_key_share(cfg) % 8:
             # the keep flags come in 16-column atom pairs or one run of n8 atoms per warp (``dropout_mask.keep_flags``;
-            # d128's 64x96 split: 24 keys per warp, ``RunKeepFlags``, since session 43). (d96's 64x128 split holds
+            # d128's 64x96 split: 24 keys per warp, ``RunKeepFlags``, since session 44). (d96's 64x128 split holds
             # them since group 1 reads P and the flags as one signed tile and the dropout words are read where used:
             # sm_120a, session 43; before, it spilled 120-176 B)
             out.append(f"kv_in_regs: dropout's keep flags need a warp share of the keys in n8 atoms "
@@ -420,7 +420,7 @@ def _prefers_smem_operands(spec: BwdSpec, cfg: BwdConfig) -> bool:
     run of n8 atoms (``bwd_sdp_n_step`` 8: d128's 64x96, two Philox calls per m16 atom): the smem-operand split goes
     first. The run draws about 2.7x the calls of whole 32-column cells on every tile, masked or not; a full walk
     gains more from the split than it pays, a masked one, whose 64x64 smem-operand split already carries dropout
-    at 1.17-1.18x its time without, does not. Measured (H100, SM120 occupancy, fwd+bwd with dropout 0.1, 32/8 heads,
+    at 1.17-1.19x its time without, does not. Measured (H100, SM120 occupancy, fwd+bwd with dropout 0.1, 32/8 heads,
     same call, two rounds; session 44): run split against the 64x64 split, full 4x4096 13.61 / 15.00 ms, 2x8192
     26.86 / 29.24 (-8 to -9%); causal 4x4096 7.37 / 7.10-7.25, 2x8192 14.04 / 13.73 (+2 to +4%)."""
     return spec.dropout and (spec.causal or spec.local) and bwd_sdp_n_step(cfg) == 8
