@@ -104,6 +104,17 @@ def signed_to_keep(pair, *, loc=None, ip=None) -> Uint32:
     ))
 
 
+def call_counter(q, k):
+    """The first counter word of the Philox call holding query row ``q`` and key column ``k`` (Uint32s): its
+    16-row block, its row within the block's 8-row half and its column pair within the 8-column atom."""
+    return (q >> 4) * Uint32(32) + (q & Uint32(7)) * Uint32(4) + ((k & Uint32(7)) >> 1)
+
+
+def select_word(a, b, mask):
+    """``b`` where ``mask`` is all ones, ``a`` where it is zero (Uint32s; branch-free)."""
+    return a ^ ((a ^ b) & mask)
+
+
 def warp_cell_columns(tile_n: int, warps_n: int) -> int:
     """The neighbouring key columns a warp of the S MMA should cover per step under dropout: 32 (whole Philox calls)
     where ``warps_n`` runs of 32 divide the tile, else 16 (half calls)."""
@@ -252,11 +263,10 @@ class KeepFlags:
             m = self.mask
             q = self.q0 + Uint32(m.t0ScS_rc[call[0], 0][0])
             k = self.k0 + Uint32(m.t0ScS_rc[0, first][1])
-            ctr0 = (q >> 4) * Uint32(32) + (q & Uint32(7)) * Uint32(4) + ((k & Uint32(7)) >> 1)
-            words = philox(ctr0, k >> 5, self.head_word, m.offset, m.key0, m.key1)
+            words = philox(call_counter(q, k), k >> 5, self.head_word, m.offset, m.key0, m.key1)
             if self.half_call[first]:  # the word pair of the row half, picked by the column's 16-column half
                 upper = Uint32(0) - ((k >> 4) & Uint32(1))
-                lo, hi = (words[2 * h] ^ ((words[2 * h] ^ words[2 * h + 1]) & upper) for h in (0, 1))
+                lo, hi = (select_word(words[2 * h], words[2 * h + 1], upper) for h in (0, 1))
                 words = (lo, lo, hi, hi)
             self._words[call] = words
         return self._words[call][word], byte
@@ -298,7 +308,6 @@ class RunKeepFlags(KeepFlags):
     def __init__(self, mask: DropoutMask, head_word, q0, k0, rows: int, cols: int, col_pos: list):
         self.mask, self.head_word, self.q0, self.k0 = mask, head_word, q0, k0
         self.col_pos = col_pos
-        self.half_call = {}
         #: call-major: an m16 atom's two calls serve all of its elements
         self.order = [(r + half, c) for r in range(0, rows, 2) for c in range(cols) for half in range(2)]
         self.pairs = [(r, c) for r, c in self.order if c % 2 == 0]
@@ -320,17 +329,14 @@ class RunKeepFlags(KeepFlags):
         if r0 not in self._words:
             m = self.mask
             q = self.q0 + Uint32(m.t0ScS_rc[r0, 0][0])
-            ctr0 = (q >> 4) * Uint32(32) + (q & Uint32(7)) * Uint32(4) + ((self.k0 & Uint32(7)) >> 1)
+            ctr0 = call_counter(q, self.k0)
             cell = self.k0 >> 5
             self._words[r0] = tuple(philox(ctr0, cell + Uint32(i), self.head_word, m.offset, m.key0, m.key1)
                                     for i in range(2))
-        first, second = self._words[r0]
         second_cell, upper, shift = self.pick(self.k0 + Uint32(self.col_pos[c]), self.k0)
-        words = []
-        for call in (first, second):
-            lo, hi = call[2 * (r % 2)], call[2 * (r % 2) + 1]
-            words.append(lo ^ ((lo ^ hi) & (Uint32(0) - upper)))
-        word = words[0] ^ ((words[0] ^ words[1]) & (Uint32(0) - second_cell))
+        words = [select_word(call[2 * (r % 2)], call[2 * (r % 2) + 1], Uint32(0) - upper)
+                 for call in self._words[r0]]
+        word = select_word(words[0], words[1], Uint32(0) - second_cell)
         return word >> shift, c % 2
 
 
