@@ -5,10 +5,14 @@ the transformers Llama step is host-bound) lands on every attention rather than 
 
 Models: ``llama`` (transformers, eager, GQA 8/2, head_dim 128, this bundle through ``kernels``), ``llama_compiled``
 (the same model's forward and loss under ``torch.compile``, graph breaks allowed: transformers' own code decides
-where they fall) and ``plain`` (the plain GPT under ``torch.compile(fullgraph=True)``); attentions ``ours``, ``sdpa_fa2`` (SDPA held to its flash
-backend: FA2, SDPA's default on an SM120) and ``sdpa`` (SDPA's default: cuDNN's wgmma kernels on the H100, a ceiling
-no mma.sync kernel is a peer of). Per step: CUDA-event time (as ``train_check.py``), and the host's time to issue
-the step; a step whose issue time is near its event time is host-bound (the GPU waits on Python).
+where they fall) and ``plain`` (the plain GPT under ``torch.compile(fullgraph=True)``); attentions ``ours``,
+``sdpa_sm120`` (SDPA with the backend order it takes on an SM120: FA2 where FA2 runs, else the memory-efficient
+kernel, as for the explicit mask transformers builds while torch.compile traces; ``train_check.sdpa_backend``),
+``sdpa_fa2`` (SDPA held to its flash backend: FA2; it refuses the compiled transformers model's mask, so that model
+runs without it) and ``sdpa`` (the H100's default: cuDNN's wgmma kernels, a ceiling no mma.sync kernel is a peer
+of). Per step: CUDA-event time (as ``train_check.py``), and the host's time to issue the step; a step whose issue
+time is near its event time is host-bound (the GPU waits on Python). Per attention also the step's kernels by GPU
+time (one profiled step: which attention kernels ran, and their share of the GPU's work).
 
     source .kit_client/device-setup.sh &&
     python3 benchmarks/bench_step.py --out $OUT/step.json [--models llama plain] [--seq 2048 --batch 4]
@@ -28,7 +32,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
 
-ATTENTIONS = ("ours", "sdpa_fa2", "sdpa")
+ATTENTIONS = ("ours", "sdpa_sm120", "sdpa_fa2", "sdpa")
+#: (model, attention) pairs that cannot run: SDPA's flash backend refuses the boolean mask transformers builds
+#: while torch.compile traces its model
+REFUSED = {("llama_compiled", "sdpa_fa2")}
 
 
 def hf_step(impl: str, ckpt: Path, compiled: bool = False):
@@ -124,6 +131,22 @@ def time_alternated(steps: dict, contexts: dict, data: list, warmup: int, rounds
                    "issue_ms": statistics.median(issue[name]), "steps": len(events[name])} for name in names}
 
 
+def step_kernels(step, data: list, context, top: int = 8) -> dict:
+    """One step of ``step`` under torch.profiler (after the warm-up): the GPU time of its kernels in all and the
+    ``top`` kernels by GPU time (name, ms, calls)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with context(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step(*data[0])
+        torch.cuda.synchronize()
+    rows = [(e.key, e.device_time_total / 1e3, e.count) for e in prof.key_averages()
+            if e.device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA]
+    rows.sort(key=lambda r: -r[1])
+    return {"gpu_ms": sum(r[1] for r in rows), "top": [{"kernel": n[:160], "ms": round(ms, 4), "calls": c}
+                                                        for n, ms, c in rows[:top]]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out")
@@ -149,26 +172,31 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as work:
         for model in args.models:
             steps = {}
+            impls = [name for name in args.impls if (model, name) not in REFUSED]
             if model in ("llama", "llama_compiled"):
                 ckpt = train_check.hf_checkpoint("llama", Path(work))
                 torch._dynamo.config.cache_size_limit = max(64, torch._dynamo.config.cache_size_limit)
-                for name in args.impls:
+                for name in impls:
                     with contexts[name]():
                         steps[name] = hf_step(REPO_ID if name == "ours" else "sdpa", ckpt,
                                               compiled=model == "llama_compiled")
             else:
-                for name in args.impls:
+                for name in impls:
                     with contexts[name]():
                         steps[name] = plain_step(name)
             runs = time_alternated(steps, {n: contexts[n] for n in steps}, data, args.warmup, args.rounds,
                                    args.block)
+            for name in steps:
+                runs[name]["kernels"] = step_kernels(steps[name], data, contexts[name])
             if "ours" in runs:
                 for name, r in runs.items():
                     r["ours_speedup"] = r["step_ms"] / runs["ours"]["step_ms"]
             report["models"][model] = runs
             for name, r in runs.items():
-                print(f"{model:6s} {name:9s} step {r['step_ms']:7.2f} ms  issue {r['issue_ms']:7.2f} ms  "
-                      f"ours x{r.get('ours_speedup', 0):.3f}", flush=True)
+                print(f"{model:6s} {name:10s} step {r['step_ms']:7.2f} ms  issue {r['issue_ms']:7.2f} ms  "
+                      f"ours x{r.get('ours_speedup', 0):.3f}  GPU {r['kernels']['gpu_ms']:7.2f} ms", flush=True)
+                for row in r["kernels"]["top"][:4]:
+                    print(f"    {row['ms']:8.3f} ms {row['calls']:4d}x {row['kernel'][:110]}", flush=True)
             del steps
             torch.cuda.empty_cache()
     if args.out:

@@ -25,8 +25,9 @@ at most ``max(2 * |baseline - second baseline|, 2% of the baseline)`` (two bf16 
 model bound what bf16 noise does to a curve: the copy task's fall from its plateau starts a few steps earlier or later
 under different rounding, which moves the area by more than 2%).
 Step time: median of CUDA-event timings after 10 warm-up steps, ratios to every other run; ``sdpa_fa2`` is SDPA
-held to its flash backend (FA2: SDPA's default on an SM120; on the H100 the default ``sdpa`` is cuDNN's wgmma
-kernels, a ceiling rather than a peer); ``--seq`` / ``--batch`` move the shape toward where attention dominates a
+held to its flash backend (FA2), ``sdpa_sm120`` SDPA with the backend order it takes on an SM120 (FA2 where it
+runs, else the memory-efficient kernel: ``sdpa_backend``); on the H100 the default ``sdpa`` is cuDNN's wgmma
+kernels, a ceiling rather than a peer; ``--seq`` / ``--batch`` move the shape toward where attention dominates a
 step.
 
     # here: bash tools/stage_client_kit.sh; then on the device, carry=[".kit_client"]:
@@ -68,16 +69,24 @@ def batches(steps: int, device: str, seed: int = 0):
 
 
 def sdpa_backend(run_name: str):
-    """The context a run trains in: ``sdpa_fa2`` restricts SDPA to its flash backend (FA2, what SDPA runs on an
-    SM120, where cuDNN is opt-in; on the H100 SDPA's default is cuDNN's wgmma kernels, a ceiling no mma.sync
-    kernel is a peer of, see shared docs sm120.md); every other run uses the defaults."""
+    """The context a run trains in: ``sdpa_fa2`` restricts SDPA to its flash backend (FA2); ``sdpa_sm120`` gives
+    SDPA the backend order it takes on an SM120 (flash, then memory-efficient, math, cuDNN: torch prefers cuDNN
+    only on compute capability 9.x / 10.x, ``check_prefer_cudnn_attention`` in ATen's ``sdp_utils.cpp``), so a
+    call FA2 refuses (an explicit mask, as transformers builds while torch.compile traces) runs the
+    memory-efficient kernel an SM120 would run; every other run uses the H100's defaults (cuDNN's wgmma kernels
+    first, a ceiling no mma.sync kernel is a peer of, see shared docs sm120.md)."""
     import contextlib
 
-    if run_name != "sdpa_fa2":
+    if run_name not in SDPA_ORDERS:
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+    return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_ORDERS[run_name]], set_priority=True)
+
+
+#: SDPA's backend order per run name (``sdpa_backend``)
+SDPA_ORDERS = {"sdpa_fa2": ("FLASH_ATTENTION",),
+               "sdpa_sm120": ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION")}
 
 
 def train(step_fn, params, steps: int, device: str) -> dict:
