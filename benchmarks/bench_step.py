@@ -132,19 +132,25 @@ def time_alternated(steps: dict, contexts: dict, data: list, warmup: int, rounds
 
 
 def step_kernels(step, data: list, context, top: int = 8) -> dict:
-    """One step of ``step`` under torch.profiler (after the warm-up): the GPU time of its kernels in all and the
-    ``top`` kernels by GPU time (name, ms, calls)."""
+    """One step of ``step`` under torch.profiler (after the warm-up): the GPU time of its kernels in all, their
+    launches, the ``top`` kernels by GPU time (name, ms, calls) and the ``top`` host operations by host time
+    (their children's included: name, ms, calls), where a host-bound step's time goes."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    with context(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with context(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         step(*data[0])
         torch.cuda.synchronize()
-    rows = [(e.key, e.device_time_total / 1e3, e.count) for e in prof.key_averages()
-            if e.device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA]
-    rows.sort(key=lambda r: -r[1])
-    return {"gpu_ms": sum(r[1] for r in rows), "top": [{"kernel": n[:160], "ms": round(ms, 4), "calls": c}
-                                                        for n, ms, c in rows[:top]]}
+    events = prof.key_averages()
+    gpu = sorted(((e.key, e.device_time_total / 1e3, e.count) for e in events
+                  if e.device_time_total > 0 and e.device_type == torch.autograd.DeviceType.CUDA), key=lambda r: -r[1])
+    host = sorted(((e.key, e.cpu_time_total / 1e3, e.count) for e in events
+                   if e.device_type == torch.autograd.DeviceType.CPU), key=lambda r: -r[1])
+
+    def rows(entries):
+        return [{"name": n[:160], "ms": round(ms, 4), "calls": c} for n, ms, c in entries[:top]]
+    return {"gpu_ms": sum(r[1] for r in gpu), "launches": sum(r[2] for r in gpu), "top": rows(gpu),
+            "host_top": rows(host)}
 
 
 def main() -> int:
@@ -195,8 +201,9 @@ def main() -> int:
             for name, r in runs.items():
                 print(f"{model:6s} {name:10s} step {r['step_ms']:7.2f} ms  issue {r['issue_ms']:7.2f} ms  "
                       f"ours x{r.get('ours_speedup', 0):.3f}  GPU {r['kernels']['gpu_ms']:7.2f} ms", flush=True)
-                for row in r["kernels"]["top"][:4]:
-                    print(f"    {row['ms']:8.3f} ms {row['calls']:4d}x {row['kernel'][:110]}", flush=True)
+                print(f"    {r['kernels']['launches']} kernel launches", flush=True)
+                for row in r["kernels"]["top"][:3] + r["kernels"]["host_top"]:
+                    print(f"    {row['ms']:8.3f} ms {row['calls']:4d}x {row['name'][:110]}", flush=True)
             del steps
             torch.cuda.empty_cache()
     if args.out:

@@ -79,8 +79,13 @@ def sdpa_backend(run_name: str):
 
     if run_name not in SDPA_ORDERS:
         return contextlib.nullcontext()
+    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    # ATen sets its default order at the first SDPA call of the process, over one set before it: make that call
+    # first, so the order below holds (without it a process's first SDPA run kept cuDNN first on the H200, 2026-11-28)
+    x = torch.zeros((1, 1, 8, 64), dtype=torch.bfloat16, device="cuda")
+    torch.nn.functional.scaled_dot_product_attention(x, x, x)
     return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_ORDERS[run_name]], set_priority=True)
 
 

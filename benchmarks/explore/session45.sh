@@ -4,7 +4,11 @@
 #   run(command="source .kit_client/device-setup.sh; bash benchmarks/explore/session45.sh N", carry=[".kit_client"])
 # 1: bench_step's compiled transformers Llama at 4 x 2048 against sdpa_sm120 (SDPA's SM120 backend order: the
 #    memory-efficient kernel for the mask transformers traces) and the H100's default; op_host_probe --profile, ~8 min
-# 2: the same at 1 x 8192, ~7 min
+# 1 ran: SDPA's order did not hold (sdpa_sm120 ran cuDNN: ATen sets its default order at a process's first SDPA
+#    call, after the context had set it; fixed in train_check.sdpa_backend). Step / issue / GPU ms: ours 11.18 /
+#    11.20 / 4.02, SDPA default (cuDNN with the mask) 9.69 / 9.72 / 5.59 (0.87x): host-bound (this host slower than
+#    session 44's); cuDNN's masked backward 0.59 ms a call against ours 0.29. op_host_probe: fwd op 37 us, bwd op 83
+# 2: the same at 4 x 2048 (6 rounds) and 1 x 8192, with the host operations of a profiled step, ~8 min
 # 3: bench_step's eager Llama and compiled plain GPT at 4 x 2048 with every attention, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
@@ -20,6 +24,7 @@ case "$part" in
   1) step llama_compiled 420 --models llama_compiled --impls ours sdpa_sm120 sdpa
      timeout 120 python3 benchmarks/explore/op_host_probe.py --tree-only --profile --out "$OUT/op_host.json" 2>&1 \
        | grep -v -i warn | head -120 ;;
-  2) step llama_compiled_s8192 500 --models llama_compiled --impls ours sdpa_sm120 sdpa --seq 8192 --batch 1 --rounds 6 ;;
+  2) step llama_compiled 200 --models llama_compiled --impls ours sdpa_sm120 sdpa --rounds 6
+     step llama_compiled_s8192 300 --models llama_compiled --impls ours sdpa_sm120 sdpa --seq 8192 --batch 1 --rounds 6 ;;
   3) step eager_plain 540 --models llama plain ;;
 esac
