@@ -38,10 +38,20 @@ ATTENTIONS = ("ours", "sdpa_sm120", "sdpa_fa2", "sdpa")
 REFUSED = {("llama_compiled", "sdpa_fa2")}
 
 
-def hf_step(impl: str, ckpt: Path, compiled: bool = False):
+def own_code(fn, tag: str):
+    """``fn`` with a code object of its own (named after ``tag``): torch.compile keeps its graphs per code object
+    and does not tell two models of one structure apart by their weights, so two attentions whose models differ
+    only in SDPA's backend order (fixed while tracing) would otherwise share the first one's graph."""
+    import types
+
+    code = fn.__code__.replace(co_name=f"{fn.__name__}_{tag}")
+    return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
+
+
+def hf_step(impl: str, ckpt: Path, compiled: bool = False, tag: str = ""):
     """A step function of the transformers model at ``ckpt`` with attention ``impl`` (its ``model`` attribute:
     the model); ``compiled``: its forward and loss under ``torch.compile`` (the backward follows the compiled
-    graphs), as a trainer's ``torch_compile`` option runs it."""
+    graphs), as a trainer's ``torch_compile`` option runs it, its graphs its own under ``tag`` (``own_code``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -54,7 +64,7 @@ def hf_step(impl: str, ckpt: Path, compiled: bool = False):
     def loss_of(ids, labels):
         return model(input_ids=ids, labels=labels).loss
 
-    loss_fn = torch.compile(loss_of) if compiled else loss_of
+    loss_fn = torch.compile(own_code(loss_of, tag)) if compiled else loss_of
 
     def step(ids, labels):
         loss_fn(ids, labels).backward()
@@ -68,18 +78,24 @@ def hf_step(impl: str, ckpt: Path, compiled: bool = False):
 def plain_step(attention: str):
     from client_transformers import REPO_ID
 
-    return compiled_plain_step(__import__("kernels").get_kernel(REPO_ID, version=1) if attention == "ours" else None)
+    return compiled_plain_step(__import__("kernels").get_kernel(REPO_ID, version=1) if attention == "ours" else None,
+                               attention)
 
 
-def compiled_plain_step(fa):
+def compiled_plain_step(fa, tag: str = ""):
     """A step function of the plain GPT under ``torch.compile(fullgraph=True)`` with attention through the module
-    ``fa`` (``flash_attn_func``), or SDPA with ``fa=None``; AdamW."""
+    ``fa`` (``flash_attn_func``), or SDPA with ``fa=None``; AdamW; its graphs its own under ``tag``
+    (``own_code``)."""
     import torch
 
     import train_check
 
     model = train_check.plain_model(fa)
-    compiled = torch.compile(model, fullgraph=True)
+
+    def forward(ids, labels):
+        return model(ids, labels)
+
+    compiled = torch.compile(own_code(forward, tag), fullgraph=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
 
     def step(ids, labels):
@@ -185,7 +201,7 @@ def main() -> int:
                 for name in impls:
                     with contexts[name]():
                         steps[name] = hf_step(REPO_ID if name == "ours" else "sdpa", ckpt,
-                                              compiled=model == "llama_compiled")
+                                              compiled=model == "llama_compiled", tag=name)
             else:
                 for name in impls:
                     with contexts[name]():

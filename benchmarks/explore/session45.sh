@@ -9,7 +9,14 @@
 #    11.20 / 4.02, SDPA default (cuDNN with the mask) 9.69 / 9.72 / 5.59 (0.87x): host-bound (this host slower than
 #    session 44's); cuDNN's masked backward 0.59 ms a call against ours 0.29. op_host_probe: fwd op 37 us, bwd op 83
 # 2: the same at 4 x 2048 (6 rounds) and 1 x 8192, with the host operations of a profiled step, ~8 min
-# 3: bench_step's eager Llama and compiled plain GPT at 4 x 2048 with every attention, ~8 min
+# 2 ran: sdpa_sm120 ran the memory-efficient kernels (fmha_cutlassF / B); so did `sdpa`: torch.compile kept the
+#    first sdpa model's graph for the second (one code object, models alike but for their weights; bench_step.own_code
+#    since). Step / issue / GPU ms, 4x2048: ours 8.32 / 8.74 / 4.72, sdpa_sm120 10.35 / 8.22 / 10.28 (ours 1.24x);
+#    1x8192: ours 14.29 / 14.55 / 8.78 (22 graph pieces: transformers' flash path breaks per layer at batch 1),
+#    sdpa_sm120 33.49 / 10.56 / 33.42 (ours 2.34x); masked memory-efficient backward 1.41 ms a call at 4x2048
+#    against ours 0.29, 5.57 against 1.01 at 1x8192
+# 3: each attention its own graphs (own_code): the compiled Llama at 4 x 2048 and 1 x 8192; the eager Llama and
+#    the compiled plain GPT at 4 x 2048 with every attention, ~9 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -26,5 +33,7 @@ case "$part" in
        | grep -v -i warn | head -120 ;;
   2) step llama_compiled 200 --models llama_compiled --impls ours sdpa_sm120 sdpa --rounds 6
      step llama_compiled_s8192 300 --models llama_compiled --impls ours sdpa_sm120 sdpa --seq 8192 --batch 1 --rounds 6 ;;
-  3) step eager_plain 540 --models llama plain ;;
+  3) step llama_compiled 200 --models llama_compiled --rounds 6
+     step llama_compiled_s8192 200 --models llama_compiled --impls ours sdpa_sm120 sdpa --seq 8192 --batch 1 --rounds 4
+     step eager_plain 300 --models llama plain --rounds 6 ;;
 esac

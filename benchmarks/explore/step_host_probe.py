@@ -49,11 +49,11 @@ def main() -> int:
         set_local_kernels(args.base, [base_id])
 
     def base_step():
-        return bench_step.compiled_plain_step(__import__("kernels").get_kernel(base_id, version=1))
+        return bench_step.compiled_plain_step(__import__("kernels").get_kernel(base_id, version=1), "ours_base")
 
     def tree_step():
         sys.path.insert(0, str(ROOT / "torch-ext"))
-        return bench_step.compiled_plain_step(__import__("flash_attn_4_sm120"))
+        return bench_step.compiled_plain_step(__import__("flash_attn_4_sm120"), "ours_tree")
 
     data = list(train_check.batches(20, "cuda"))
     names = ("ours", "ours_base" if args.base else "ours_tree", "sdpa_fa2")
