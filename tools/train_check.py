@@ -73,8 +73,8 @@ def sdpa_backend(run_name: str):
     SDPA the backend order it takes on an SM120 (flash, then memory-efficient, math, cuDNN: torch prefers cuDNN
     only on compute capability 9.x / 10.x, ``check_prefer_cudnn_attention`` in ATen's ``sdp_utils.cpp``), so a
     call FA2 refuses (an explicit mask, as transformers builds while torch.compile traces) runs the
-    memory-efficient kernel an SM120 would run; every other run uses the H100's defaults (cuDNN's wgmma kernels
-    first, a ceiling no mma.sync kernel is a peer of, see shared docs sm120.md)."""
+    memory-efficient kernel an SM120 would run; ``sdpa`` the H100's default order (cuDNN's wgmma kernels first, a
+    ceiling no mma.sync kernel is a peer of, see shared docs sm120.md); other runs leave SDPA as it is."""
     import contextlib
 
     if run_name not in SDPA_ORDERS:
@@ -89,9 +89,11 @@ def sdpa_backend(run_name: str):
     return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_ORDERS[run_name]], set_priority=True)
 
 
-#: SDPA's backend order per run name (``sdpa_backend``)
+#: SDPA's backend order per run name (``sdpa_backend``); ``sdpa``: the H100's (compute capability 9.0) default,
+#: set explicitly, since a compiled graph keeps the order it was traced under
 SDPA_ORDERS = {"sdpa_fa2": ("FLASH_ATTENTION",),
-               "sdpa_sm120": ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION")}
+               "sdpa_sm120": ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH", "CUDNN_ATTENTION"),
+               "sdpa": ("CUDNN_ATTENTION", "FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")}
 
 
 def train(step_fn, params, steps: int, device: str) -> dict:

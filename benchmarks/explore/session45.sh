@@ -17,6 +17,13 @@
 #    against ours 0.29, 5.57 against 1.01 at 1x8192
 # 3: each attention its own graphs (own_code): the compiled Llama at 4 x 2048 and 1 x 8192; the eager Llama and
 #    the compiled plain GPT at 4 x 2048 with every attention, ~9 min
+# 3 ran: compiled `sdpa` still ran the memory-efficient kernels (the order after sdpa_sm120's context, not cuDNN's;
+#    `sdpa` has its order set since); 4x2048 ours 8.78 / 9.63 / 5.00, sdpa_sm120 10.34 / 8.12 / 10.58 (1.18x);
+#    1x8192 ours 23.84 / 24.17 / 9.45 (a slow host phase: 14.29 in part 2), sdpa_sm120 33.51 / 9.37 / 33.24 (1.41x);
+#    eager Llama ours 20.59 / 20.63 / 8.26, sdpa_sm120 (FA2: no mask in eager) 18.25 (0.89x), sdpa_fa2 18.77
+#    (0.91x), cuDNN 18.02 (0.88x); plain ours 10.72 / 10.75 / 7.43, FA2 8.96-8.98 / 8.92 / 7.70 (0.84x), host-bound:
+#    our backward op 2.13 ms of 4 calls under the profiler, the backward graph's host time 7.33 against 5.57 ms
+# 4: the compiled Llama with `sdpa` in cuDNN's order; step_host_probe's cProfile of the plain step, ~5 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -33,6 +40,9 @@ case "$part" in
        | grep -v -i warn | head -120 ;;
   2) step llama_compiled 200 --models llama_compiled --impls ours sdpa_sm120 sdpa --rounds 6
      step llama_compiled_s8192 300 --models llama_compiled --impls ours sdpa_sm120 sdpa --seq 8192 --batch 1 --rounds 6 ;;
+  4) step llama_compiled 200 --models llama_compiled --impls ours sdpa --rounds 4
+     timeout 200 python3 benchmarks/explore/step_host_probe.py --rounds 4 --profile-steps 10 --out "$OUT/probe.json" \
+       2>&1 | grep -v -i warn | head -150 ;;
   3) step llama_compiled 200 --models llama_compiled --rounds 6
      step llama_compiled_s8192 200 --models llama_compiled --impls ours sdpa_sm120 sdpa --seq 8192 --batch 1 --rounds 4
      step eager_plain 300 --models llama plain --rounds 6 ;;
