@@ -24,6 +24,11 @@
 #    (0.91x), cuDNN 18.02 (0.88x); plain ours 10.72 / 10.75 / 7.43, FA2 8.96-8.98 / 8.92 / 7.70 (0.84x), host-bound:
 #    our backward op 2.13 ms of 4 calls under the profiler, the backward graph's host time 7.33 against 5.57 ms
 # 4: the compiled Llama with `sdpa` in cuDNN's order; step_host_probe's cProfile of the plain step, ~5 min
+# 4 ran: `sdpa` ran cuDNN (fort_native_sdpa_sm90 kernels): ours 9.88 / 9.91 / 5.07, cuDNN 8.79 / 8.81 / 6.72 (0.89x,
+#    host-bound); step_host_probe (8 x 512): plain ours 7.64 ms, ours_tree 7.07, FA2 5.82, all host-bound; cProfile:
+#    80 op calls per 10 steps 21 ms, run_bwd 225 us a call (under cProfile)
+# 5: the results: every attention, the compiled Llama at 4 x 2048 and 1 x 8192, the eager Llama and the plain GPT
+#    at 4 x 2048, ~8 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -40,6 +45,9 @@ case "$part" in
        | grep -v -i warn | head -120 ;;
   2) step llama_compiled 200 --models llama_compiled --impls ours sdpa_sm120 sdpa --rounds 6
      step llama_compiled_s8192 300 --models llama_compiled --impls ours sdpa_sm120 sdpa --seq 8192 --batch 1 --rounds 6 ;;
+  5) step llama_compiled 180 --models llama_compiled --rounds 6
+     step llama_compiled_s8192 170 --models llama_compiled --seq 8192 --batch 1 --rounds 4
+     step eager_plain 240 --models llama plain --rounds 6 ;;
   4) step llama_compiled 200 --models llama_compiled --impls ours sdpa --rounds 4
      timeout 200 python3 benchmarks/explore/step_host_probe.py --rounds 4 --profile-steps 10 --out "$OUT/probe.json" \
        2>&1 | grep -v -i warn | head -150 ;;
