@@ -186,6 +186,11 @@ def main() -> int:
     from client_transformers import REPO_ID, versions
 
     client_setup(args.seq, args.batch)
+    # SDPA picks its kernel while a graph is traced, under the run's backend order, but torch.compile's caches key
+    # a graph before that pick: a graph one attention compiled was served to another (session 45: the H100's
+    # default ran the memory-efficient kernels, SM120's order cuDNN's). Every step compiles its own graphs.
+    torch._functorch.config.enable_autograd_cache = False
+    torch._inductor.config.fx_graph_cache = False
     data = list(train_check.batches(20, "cuda"))
     contexts = {name: (lambda name=name: train_check.sdpa_backend(name)) for name in args.impls}
     report = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),

@@ -29,6 +29,11 @@
 #    80 op calls per 10 steps 21 ms, run_bwd 225 us a call (under cProfile)
 # 5: the results: every attention, the compiled Llama at 4 x 2048 and 1 x 8192, the eager Llama and the plain GPT
 #    at 4 x 2048, ~8 min
+# 5 ran, not kept: the kernels show the graph caches serving one order's graph to another (4x2048 sdpa_sm120 ran
+#    cuDNN, a graph part 4 compiled; 1x8192 and plain `sdpa` ran sdpa_sm120's kernels); bench_step turns torch.compile's
+#    autograd and FX graph caches off since. Kept from it: 1x8192 ours 16.76 / 17.27 / 9.08, sdpa_sm120
+#    (memory-efficient) 33.44 (2.00x); eager Llama ours 19.32, FA2 16.98-17.28 (0.88-0.89x), cuDNN 17.85 (0.92x)
+# 6: part 5 with the caches off (the results), ~9 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -45,7 +50,7 @@ case "$part" in
        | grep -v -i warn | head -120 ;;
   2) step llama_compiled 200 --models llama_compiled --impls ours sdpa_sm120 sdpa --rounds 6
      step llama_compiled_s8192 300 --models llama_compiled --impls ours sdpa_sm120 sdpa --seq 8192 --batch 1 --rounds 6 ;;
-  5) step llama_compiled 180 --models llama_compiled --rounds 6
+  5|6) step llama_compiled 180 --models llama_compiled --rounds 6
      step llama_compiled_s8192 170 --models llama_compiled --seq 8192 --batch 1 --rounds 4
      step eager_plain 240 --models llama plain --rounds 6 ;;
   4) step llama_compiled 200 --models llama_compiled --impls ours sdpa --rounds 4
