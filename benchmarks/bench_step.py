@@ -189,6 +189,9 @@ def main() -> int:
     # SDPA picks its kernel while a graph is traced, under the run's backend order, but torch.compile's caches key
     # a graph before that pick: a graph one attention compiled was served to another (session 45: the H100's
     # default ran the memory-efficient kernels, SM120's order cuDNN's). Every step compiles its own graphs.
+    import torch._functorch.config
+    import torch._inductor.config
+
     torch._functorch.config.enable_autograd_cache = False
     torch._inductor.config.fx_graph_cache = False
     data = list(train_check.batches(20, "cuda"))
