@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
@@ -48,10 +49,11 @@ def own_code(fn, tag: str):
     return types.FunctionType(code, fn.__globals__, code.co_name, fn.__defaults__, fn.__closure__)
 
 
-def hf_step(impl: str, ckpt: Path, compiled: bool = False, tag: str = ""):
+def hf_step(impl: str, ckpt: Path, compiled: bool = False, tag: str = "", mode: Optional[str] = None):
     """A step function of the transformers model at ``ckpt`` with attention ``impl`` (its ``model`` attribute:
     the model); ``compiled``: its forward and loss under ``torch.compile`` (the backward follows the compiled
-    graphs), as a trainer's ``torch_compile`` option runs it, its graphs its own under ``tag`` (``own_code``)."""
+    graphs), as a trainer's ``torch_compile`` option runs it, its graphs its own under ``tag`` (``own_code``),
+    ``mode`` torch.compile's (``reduce-overhead``: the graphs replayed as CUDA graphs)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -64,7 +66,7 @@ def hf_step(impl: str, ckpt: Path, compiled: bool = False, tag: str = ""):
     def loss_of(ids, labels):
         return model(input_ids=ids, labels=labels).loss
 
-    loss_fn = torch.compile(own_code(loss_of, tag)) if compiled else loss_of
+    loss_fn = torch.compile(own_code(loss_of, tag), mode=mode) if compiled else loss_of
 
     def step(ids, labels):
         loss_fn(ids, labels).backward()
@@ -75,17 +77,17 @@ def hf_step(impl: str, ckpt: Path, compiled: bool = False, tag: str = ""):
     return step
 
 
-def plain_step(attention: str):
+def plain_step(attention: str, mode: Optional[str] = None):
     from client_transformers import REPO_ID
 
     return compiled_plain_step(__import__("kernels").get_kernel(REPO_ID, version=1) if attention == "ours" else None,
-                               attention)
+                               attention, mode)
 
 
-def compiled_plain_step(fa, tag: str = ""):
+def compiled_plain_step(fa, tag: str = "", mode: Optional[str] = None):
     """A step function of the plain GPT under ``torch.compile(fullgraph=True)`` with attention through the module
     ``fa`` (``flash_attn_func``), or SDPA with ``fa=None``; AdamW; its graphs its own under ``tag``
-    (``own_code``)."""
+    (``own_code``); ``mode``: torch.compile's."""
     import torch
 
     import train_check
@@ -95,7 +97,7 @@ def compiled_plain_step(fa, tag: str = ""):
     def forward(ids, labels):
         return model(ids, labels)
 
-    compiled = torch.compile(own_code(forward, tag), fullgraph=True)
+    compiled = torch.compile(own_code(forward, tag), fullgraph=True, mode=mode)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
 
     def step(ids, labels):
@@ -166,7 +168,7 @@ def step_kernels(step, data: list, context, top: int = 8) -> dict:
     def rows(entries):
         return [{"name": n[:160], "ms": round(ms, 4), "calls": c} for n, ms, c in entries[:top]]
     return {"gpu_ms": sum(r[1] for r in gpu), "launches": sum(r[2] for r in gpu), "top": rows(gpu),
-            "host_top": rows(host)}
+            "host_top": rows(host), "graph_launches": sum(e.count for e in events if e.key == "cudaGraphLaunch")}
 
 
 def main() -> int:
@@ -179,6 +181,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--block", type=int, default=5)
+    ap.add_argument("--compile-mode", help="torch.compile's mode for the compiled models (reduce-overhead: CUDA graphs)")
     args = ap.parse_args()
     import torch
 
@@ -197,7 +200,7 @@ def main() -> int:
     data = list(train_check.batches(20, "cuda"))
     contexts = {name: (lambda name=name: train_check.sdpa_backend(name)) for name in args.impls}
     report = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-              "versions": versions(), "seq": args.seq, "batch": args.batch, "rounds": args.rounds,
+              "versions": versions(), "compile_mode": args.compile_mode, "seq": args.seq, "batch": args.batch, "rounds": args.rounds,
               "block": args.block, "models": {}}
     with tempfile.TemporaryDirectory() as work:
         for model in args.models:
@@ -209,11 +212,12 @@ def main() -> int:
                 for name in impls:
                     with contexts[name]():
                         steps[name] = hf_step(REPO_ID if name == "ours" else "sdpa", ckpt,
-                                              compiled=model == "llama_compiled", tag=name)
+                                              compiled=model == "llama_compiled", tag=name,
+                                              mode=args.compile_mode)
             else:
                 for name in impls:
                     with contexts[name]():
-                        steps[name] = plain_step(name)
+                        steps[name] = plain_step(name, args.compile_mode)
             runs = time_alternated(steps, {n: contexts[n] for n in steps}, data, args.warmup, args.rounds,
                                    args.block)
             for name in steps:
@@ -225,7 +229,8 @@ def main() -> int:
             for name, r in runs.items():
                 print(f"{model:6s} {name:10s} step {r['step_ms']:7.2f} ms  issue {r['issue_ms']:7.2f} ms  "
                       f"ours x{r.get('ours_speedup', 0):.3f}  GPU {r['kernels']['gpu_ms']:7.2f} ms", flush=True)
-                print(f"    {r['kernels']['launches']} kernel launches", flush=True)
+                print(f"    {r['kernels']['launches']} kernel launches, {r['kernels']['graph_launches']} graph launches",
+                      flush=True)
                 for row in r["kernels"]["top"][:3] + r["kernels"]["host_top"]:
                     print(f"    {row['ms']:8.3f} ms {row['calls']:4d}x {row['name'][:110]}", flush=True)
             del steps

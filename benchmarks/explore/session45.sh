@@ -34,6 +34,13 @@
 #    autograd and FX graph caches off since. Kept from it: 1x8192 ours 16.76 / 17.27 / 9.08, sdpa_sm120
 #    (memory-efficient) 33.44 (2.00x); eager Llama ours 19.32, FA2 16.98-17.28 (0.88-0.89x), cuDNN 17.85 (0.92x)
 # 6: part 5 with the caches off (the results), ~9 min
+# 6 ran (every attention's kernels as named): step / issue / GPU ms, compiled Llama 4x2048: ours 9.63 / 9.66 / 5.15,
+#    sdpa_sm120 (memory-efficient) 10.38 / 8.28 / 10.31 (1.08x), cuDNN 6.23 / 8.63 / 6.52 (0.65x); 1x8192: ours 24.79 /
+#    25.15 / 9.54 (a slow host phase), sdpa_sm120 33.41 / 9.13 / 33.30 (1.35x), cuDNN 14.75 / 17.63 / 14.67 (0.60x);
+#    eager Llama ours 19.42 / 8.23 GPU, sdpa_sm120 = FA2 17.68 (0.91x), sdpa_fa2 16.84 (0.87x), cuDNN 18.12 (0.93x);
+#    plain ours 7.74 / 7.64 / 7.26, sdpa_sm120 (FA2) 7.56 (0.98x), FA2 7.28 (0.94x), `sdpa` 7.71 (0.996x)
+# 7: the compiled Llama under torch.compile(mode="reduce-overhead") (its graphs replayed as CUDA graphs: the host's
+#    issue time out of the step), 4 x 2048 and 1 x 8192, ~6 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -42,7 +49,7 @@ source benchmarks/explore/shards.sh
 step() {  # $1: label, $2: timeout, rest: bench_step args
   local label="$1" limit="$2"; shift 2
   timeout "$limit" python3 benchmarks/bench_step.py "$@" --out "$OUT/step_$label.json" 2>&1 | grep -v -i warn \
-    | grep "step \|ms .*x \|Error\|error" | head -40
+    | grep "step \|ms .*x \|launches\|Error\|error\|skipping" | head -40
 }
 case "$part" in
   1) step llama_compiled 420 --models llama_compiled --impls ours sdpa_sm120 sdpa
@@ -50,6 +57,9 @@ case "$part" in
        | grep -v -i warn | head -120 ;;
   2) step llama_compiled 200 --models llama_compiled --impls ours sdpa_sm120 sdpa --rounds 6
      step llama_compiled_s8192 300 --models llama_compiled --impls ours sdpa_sm120 sdpa --seq 8192 --batch 1 --rounds 6 ;;
+  7) step llama_compiled_cg 200 --models llama_compiled --rounds 6 --compile-mode reduce-overhead
+     step llama_compiled_cg_s8192 160 --models llama_compiled --seq 8192 --batch 1 --rounds 4 \
+       --compile-mode reduce-overhead ;;
   5|6) step llama_compiled 180 --models llama_compiled --rounds 6
      step llama_compiled_s8192 170 --models llama_compiled --seq 8192 --batch 1 --rounds 4
      step eager_plain 240 --models llama plain --rounds 6 ;;
