@@ -41,6 +41,8 @@
 #    plain ours 7.74 / 7.64 / 7.26, sdpa_sm120 (FA2) 7.56 (0.98x), FA2 7.28 (0.94x), `sdpa` 7.71 (0.996x)
 # 7: the compiled Llama under torch.compile(mode="reduce-overhead") (its graphs replayed as CUDA graphs: the host's
 #    issue time out of the step), 4 x 2048 and 1 x 8192, ~6 min
+# 7 ran: 2 graph launches a step (ours 49 at 8192: 22 graph pieces); 4x2048 ours 3.96 ms, sdpa_sm120 10.17 (2.57x),
+#    cuDNN 5.59 (1.41x); 1x8192 ours 13.36 (issue 13.31, GPU 8.88), sdpa_sm120 33.14 (2.48x), cuDNN 14.53 (1.09x)
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
