@@ -43,6 +43,8 @@
 #    issue time out of the step), 4 x 2048 and 1 x 8192, ~6 min
 # 7 ran: 2 graph launches a step (ours 49 at 8192: 22 graph pieces); 4x2048 ours 3.96 ms, sdpa_sm120 10.17 (2.57x),
 #    cuDNN 5.59 (1.41x); 1x8192 ours 13.36 (issue 13.31, GPU 8.88), sdpa_sm120 33.14 (2.48x), cuDNN 14.53 (1.09x)
+# 8: explore/step_op_timing.py: the op bodies' parts timed inside the compiled plain GPT's and transformers Llama's
+#    steps against the same backward call in a loop, what the backward op receives, ~3 min
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -59,6 +61,8 @@ case "$part" in
        | grep -v -i warn | head -120 ;;
   2) step llama_compiled 200 --models llama_compiled --impls ours sdpa_sm120 sdpa --rounds 6
      step llama_compiled_s8192 300 --models llama_compiled --impls ours sdpa_sm120 sdpa --seq 8192 --batch 1 --rounds 6 ;;
+  8) timeout 200 python3 benchmarks/explore/step_op_timing.py --out "$OUT/op_timing.json" 2>&1 | grep -v -i warn \
+       | grep "step\|issue\|Error\|error" | head -40 ;;
   7) step llama_compiled_cg 200 --models llama_compiled --rounds 6 --compile-mode reduce-overhead
      step llama_compiled_cg_s8192 160 --models llama_compiled --seq 8192 --batch 1 --rounds 4 \
        --compile-mode reduce-overhead ;;
