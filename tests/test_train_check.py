@@ -68,3 +68,31 @@ def test_plain_model_baselines_are_the_same_attention():
     finally:
         train_check.SEQ, train_check.BATCH = seq, batch
     assert 5.0 < loss < 8.0  # about ln(512) at initialization
+
+
+def test_sdpa_orders_name_every_backend_once():
+    """Each SDPA run's order (``sdpa_backend``) names real backends; ``sdpa_sm120`` is torch's order where cuDNN is
+    not preferred (flash, memory-efficient, math, cuDNN) and ``sdpa`` puts cuDNN first, as torch does on the H100."""
+    from torch.nn.attention import SDPBackend
+
+    for name, order in train_check.SDPA_ORDERS.items():
+        backends = [getattr(SDPBackend, b) for b in order]
+        assert len(set(backends)) == len(backends), name
+    assert train_check.SDPA_ORDERS["sdpa_sm120"][:2] == ("FLASH_ATTENTION", "EFFICIENT_ATTENTION")
+    assert train_check.SDPA_ORDERS["sdpa"][0] == "CUDNN_ATTENTION"
+    assert train_check.sdpa_backend("eager") is not None  # other runs: a null context, no device touched
+
+
+def test_own_code_gives_each_step_its_own_code_object():
+    """torch.compile keeps graphs per code object: two tags give two code objects that compute the same thing."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_step
+
+    scale = 3
+
+    def f(x, y=2):
+        return x * scale + y
+
+    a, b = bench_step.own_code(f, "a"), bench_step.own_code(f, "b")
+    assert a.__code__ is not b.__code__ and a.__code__ is not f.__code__
+    assert a(1) == b(1) == f(1) == 5 and a(1, y=0) == 3
