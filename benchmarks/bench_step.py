@@ -181,7 +181,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--block", type=int, default=5)
-    ap.add_argument("--compile-mode", help="torch.compile's mode for the compiled models (reduce-overhead: CUDA graphs)")
+    ap.add_argument("--compile-mode",
+                    help="torch.compile's mode for the compiled models (reduce-overhead: CUDA graphs)")
     args = ap.parse_args()
     import torch
 
@@ -200,8 +201,8 @@ def main() -> int:
     data = list(train_check.batches(20, "cuda"))
     contexts = {name: (lambda name=name: train_check.sdpa_backend(name)) for name in args.impls}
     report = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
-              "versions": versions(), "compile_mode": args.compile_mode, "seq": args.seq, "batch": args.batch, "rounds": args.rounds,
-              "block": args.block, "models": {}}
+              "versions": versions(), "compile_mode": args.compile_mode, "seq": args.seq, "batch": args.batch,
+              "rounds": args.rounds, "block": args.block, "models": {}}
     with tempfile.TemporaryDirectory() as work:
         for model in args.models:
             steps = {}
@@ -227,11 +228,12 @@ def main() -> int:
                     r["ours_speedup"] = r["step_ms"] / runs["ours"]["step_ms"]
             report["models"][model] = runs
             for name, r in runs.items():
+                kernels = r["kernels"]
                 print(f"{model:6s} {name:10s} step {r['step_ms']:7.2f} ms  issue {r['issue_ms']:7.2f} ms  "
-                      f"ours x{r.get('ours_speedup', 0):.3f}  GPU {r['kernels']['gpu_ms']:7.2f} ms", flush=True)
-                print(f"    {r['kernels']['launches']} kernel launches, {r['kernels']['graph_launches']} graph launches",
+                      f"ours x{r.get('ours_speedup', 0):.3f}  GPU {kernels['gpu_ms']:7.2f} ms", flush=True)
+                print(f"    {kernels['launches']} kernel launches, {kernels['graph_launches']} graph launches",
                       flush=True)
-                for row in r["kernels"]["top"][:3] + r["kernels"]["host_top"]:
+                for row in kernels["top"][:3] + kernels["host_top"]:
                     print(f"    {row['ms']:8.3f} ms {row['calls']:4d}x {row['name'][:110]}", flush=True)
             del steps
             torch.cuda.empty_cache()
