@@ -119,6 +119,18 @@ def client_setup(seq: int, batch: int) -> None:
     set_local_kernels(str(ROOT), [REPO_ID, VLLM_FA3_ID])
 
 
+def compile_without_caches() -> None:
+    """Turn torch.compile's on-disk autograd and FX graph caches off for this process. SDPA picks its kernel while
+    a graph is traced, under the run's backend order, but those caches key a graph before that pick: a graph one
+    attention compiled was served to another (session 45: the H100's default ran the memory-efficient kernels,
+    SM120's order cuDNN's). So every step compiles its own graphs."""
+    import torch._functorch.config
+    import torch._inductor.config
+
+    torch._functorch.config.enable_autograd_cache = False
+    torch._inductor.config.fx_graph_cache = False
+
+
 def time_alternated(steps: dict, contexts: dict, data: list, warmup: int, rounds: int, block: int) -> dict:
     """Per attention: median CUDA-event ms per step and median host issue ms per step, over ``rounds`` blocks of
     ``block`` steps each, the attentions in turn (their order rotated each round)."""
@@ -190,14 +202,7 @@ def main() -> int:
     from client_transformers import REPO_ID, versions
 
     client_setup(args.seq, args.batch)
-    # SDPA picks its kernel while a graph is traced, under the run's backend order, but torch.compile's caches key
-    # a graph before that pick: a graph one attention compiled was served to another (session 45: the H100's
-    # default ran the memory-efficient kernels, SM120's order cuDNN's). Every step compiles its own graphs.
-    import torch._functorch.config
-    import torch._inductor.config
-
-    torch._functorch.config.enable_autograd_cache = False
-    torch._inductor.config.fx_graph_cache = False
+    compile_without_caches()
     data = list(train_check.batches(20, "cuda"))
     contexts = {name: (lambda name=name: train_check.sdpa_backend(name)) for name in args.impls}
     report = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import statistics
 import sys
@@ -79,14 +80,21 @@ def sdpa_backend(run_name: str):
 
     if run_name not in SDPA_ORDERS:
         return contextlib.nullcontext()
-    import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    # ATen sets its default order at the first SDPA call of the process, over one set before it: make that call
-    # first, so the order below holds (without it a process's first SDPA run kept cuDNN first on the H200, 2026-11-28)
+    _settle_sdpa_default_order()
+    return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_ORDERS[run_name]], set_priority=True)
+
+
+@functools.lru_cache(maxsize=None)
+def _settle_sdpa_default_order() -> None:
+    """Make the process's first SDPA call (once): ATen sets its default backend order then, over an order set before
+    it, so ``sdpa_backend``'s order holds only after it (without it a process's first SDPA run kept cuDNN first on
+    the H200, 2026-11-28)."""
+    import torch
+
     x = torch.zeros((1, 1, 8, 64), dtype=torch.bfloat16, device="cuda")
     torch.nn.functional.scaled_dot_product_attention(x, x, x)
-    return sdpa_kernel([getattr(SDPBackend, name) for name in SDPA_ORDERS[run_name]], set_priority=True)
 
 
 #: SDPA's backend order per run name (``sdpa_backend``); ``sdpa``: the H100's (compute capability 9.0) default,

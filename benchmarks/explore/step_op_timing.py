@@ -3,11 +3,12 @@ tight loop (a script, not a test).
 
 Session 45: the compiled transformers Llama's step issues ~1.4 ms more host work with ours than with SDPA (8 op
 calls), several times what ``explore/op_host_probe.py`` measures for the ops in a loop (37 / 83 us). This times the
-parts of each op body with ``perf_counter`` wrappers (``_call_key``, ``_replay``, ``_grads``, ``run_bwd``, each
-backward launch) over ``--steps`` steps of the compiled plain GPT and the compiled transformers Llama (ours, the
-tree's package), records what the backward op receives (dLSE a tensor or None, dO's contiguity: AOTAutograd may
-hand a zero-filled tangent for the unused LSE), then replays the last recorded backward / forward calls in a
-loop with the same wrappers: the in-step / loop ratio per part.
+parts of each op body with ``perf_counter`` wrappers (``_call_key``, the forward's ``_run_plan``, ``_grads``,
+``run_bwd``, the ``bwd_launch`` lookup, each backward launch) over ``--steps`` steps of the compiled plain GPT and
+the compiled transformers Llama (ours: the tree's package for the plain GPT, the build kernels loads for the Llama),
+records what the backward op receives (dLSE a tensor or None, dO's and q / k / v's layouts: AOTAutograd may hand a
+zero-filled tangent for the unused LSE), then replays the last recorded backward call (``_grads``) in a loop with
+the same wrappers: the in-step / loop ratio per backward part.
 
     source .kit_client/device-setup.sh && python3 benchmarks/explore/step_op_timing.py --out $OUT/op_timing.json
 """
@@ -139,11 +140,7 @@ def main() -> int:
     import train_check
 
     bench_step.client_setup(args.seq, args.batch)
-    import torch._functorch.config
-    import torch._inductor.config
-
-    torch._functorch.config.enable_autograd_cache = False
-    torch._inductor.config.fx_graph_cache = False
+    bench_step.compile_without_caches()
     fa = __import__("flash_attn_4_sm120")
     iface, backward = fa.interface, fa.backward
     data = list(train_check.batches(8, "cuda"))
