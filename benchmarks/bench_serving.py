@@ -71,7 +71,7 @@ def flashinfer_paged():
     caches (its NHD layout is this bundle's (num_pages, page_size, heads_kv, d)): ``make(q, k_cache, v_cache,
     table, seqlen_k, page_size, causal)`` plans a decode wrapper (seqlen_q 1) or a prefill wrapper (causal
     bottom-right) on FlashInfer's fa2 backend, the one it runs on SM120 (its fa3 backend is SM90 wgmma), and
-    returns the call; None when FlashInfer is not installed (``explore/stage_flashinfer.sh`` stages it)."""
+    returns the call; None when FlashInfer is not installed (``probes/stage_flashinfer.sh`` stages it)."""
     try:
         import flashinfer
     except Exception as e:  # not installed here: reported, not fatal

@@ -41,7 +41,7 @@ def _use(cfg, cls):
 
 def warm_grad(out_fn, leaves, dout) -> str:
     """Run ``out_fn()`` and its backward once (compiling the kernels of the patched table): "ok", or the error
-    named in a line (a config that cannot run is reported, not raised, by the tuner and the explore scripts)."""
+    named in a line (a config that cannot run is reported, not raised, by the tuner and the probes)."""
     import torch
 
     try:

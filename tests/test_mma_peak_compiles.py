@@ -1,4 +1,4 @@
-"""benchmarks/explore/mma_peak.py compiles on the CPU, and its SASS is the loop it claims to time.
+"""benchmarks/probes/mma_peak.py compiles on the CPU, and its SASS is the loop it claims to time.
 
 The benchmark's TFLOPS formula counts ``unroll * chains`` HMMA.16816 per warp per loop trip; these tests
 compile it (no GPU) and count them in the SASS: inside the loop (from a label to the branch back to it)
@@ -30,7 +30,7 @@ def _load(name: str, path: Path):
 
 
 gate = _load("conformance_gate", REPO / "tools" / "conformance.py")
-mma_peak = _load("mma_peak", REPO / "benchmarks" / "explore" / "mma_peak.py")
+mma_peak = _load("mma_peak", REPO / "benchmarks" / "probes" / "mma_peak.py")
 
 _LABEL_RE = re.compile(r"^\s*(\.L_x_\d+):")
 _BRANCH_RE = re.compile(r"\bBRA\b.*`\((\.L_x_\d+)\)")

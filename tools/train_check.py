@@ -212,7 +212,7 @@ def causal_attention(q, k, v, fa=None, eager: bool = False):
 def plain_model(fa=None, eager: bool = False, device: str = "cuda"):
     """The plain GPT (bf16, seeded) with attention through ``fa.flash_attn_func`` (the bundle's module) or,
     with ``fa=None``, SDPA, or with ``eager``, written out (matmuls, mask, fp32 softmax: the second baseline);
-    also used by ``benchmarks/explore/profile_train_step.py``."""
+    ``benchmarks/bench_step.py`` times it end to end."""
     import torch
     import torch.nn as nn
     import torch.nn.functional as F

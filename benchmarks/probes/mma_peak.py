@@ -16,7 +16,7 @@ Every warp of every CTA does the same work; the grid is ``ctas_per_sm`` CTAs per
 TFLOPS = 2*16*8*16 * mma_count / time, mma_count = CTAs * warps * iters * unroll * atoms per gemm;
 time from benchmarks/timing.py (median of CUDA-event timings after warm-up).
 
-    python benchmarks/explore/mma_peak.py [--warps 8] [--warp-tile 32 32] [--unroll 16] [--ctas-per-sm 4]
+    python benchmarks/probes/mma_peak.py [--warps 8] [--warp-tile 32 32] [--unroll 16] [--ctas-per-sm 4]
                                           [--iters 4096] [--sweep] [--out results.json]
 
 ``--sweep`` times a small grid of warps x warp tiles x CTAs per SM and reports the best. ``compile_mma_peak``

@@ -3,7 +3,7 @@
 Under Nsight Compute, per config (same knobs as ``benchmarks/tune_fwd.py --config``):
     ncu --kernel-name regex:Flash --launch-skip 2 --launch-count 1 --section ComputeWorkloadAnalysis \
         --section WarpStateStats --page raw --csv \
-        python benchmarks/explore/profile_fwd.py --head-dim 64 --config 128,64,4,3,0,cp_async [--causal]
+        python benchmarks/probes/profile_fwd.py --head-dim 64 --config 128,64,4,3,0,cp_async [--causal]
 
 It launches the kernel ``--runs`` times on one shape (no other kernel runs between them; inputs are
 drawn first), so ``--launch-skip`` leaves out the first launches and their cold caches.

@@ -8,7 +8,7 @@ own impl (``interface._fwd_impl`` / ``_bwd_impl`` called directly), for the tree
 through ``kernels`` (``--profile``: cProfiles of the tree's op calls), and forward + backward through autograd
 beside SDPA's (session 43; ``--breakdown``: that call's parts); a small causal GQA shape, so the GPU never holds the host back. Median of 7 rounds of 200 calls.
 
-    source .kit_client/device-setup.sh && python3 benchmarks/explore/op_host_probe.py --out $OUT/op_host.json
+    source .kit_client/device-setup.sh && python3 benchmarks/probes/op_host_probe.py --out $OUT/op_host.json
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Under Nsight Compute:
     ncu --kernel-name regex:BwdMultistage --launch-skip 1 --launch-count 1 --set full \
-        python benchmarks/explore/profile_bwd.py --head-dim 128 [--causal]
+        python benchmarks/probes/profile_bwd.py --head-dim 128 [--causal]
 
 The forward runs once; the backward (preprocess, main kernel, postprocess) ``--runs`` times on the same
 graph, so ``--launch-skip`` leaves out the first main-kernel launch and its cold caches.
