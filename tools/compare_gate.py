@@ -4,10 +4,11 @@
 
 Each side is one or more report files written by ``tools/conformance.py --json`` (plain or gzipped); shards of
 one run are merged, and configs are matched by name. For every config present on both sides the script
-compares whether the gate passed (``ok``) and what the compiled kernels cost: registers (``regs``, ``regs_cubin``), spills (``spill_stores``,
-``spill_loads``), stack, shared memory (``smem_bytes``, ``smem_dynamic``, ``smem_static``), the count of every
-SASS instruction family, and each kernel entry's registers, spills, stack and static shared memory (as a
-multiset: entry names carry module paths, which a file move changes without changing the code).
+compares whether the gate passed (``ok``) and what the compiled kernels cost: registers (``regs``,
+``regs_cubin``), spills (``spill_stores``, ``spill_loads``), stack, shared memory (``smem_bytes``,
+``smem_dynamic``, ``smem_static``), the count of every SASS instruction family, and each kernel entry's
+registers, spills, stack and static shared memory (as a multiset: entry names carry module paths, which a file
+move changes without changing the code).
 
 It prints how many configs were compared, how many are identical, each differing config with what differs,
 and the configs found on one side only. ``--json OUT`` saves the comparison. Exit status: 0 when every
