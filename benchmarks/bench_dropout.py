@@ -1,4 +1,4 @@
-"""Dropout benchmark (issue 20): ours with ``dropout_p=0.1`` against ours without dropout (the issue's target:
+"""Dropout benchmark: ours with ``dropout_p=0.1`` against ours without dropout (the target:
 forward + backward <= 1.25x) and against FA2 (PyTorch SDPA's flash backend) with and without the same dropout, forward
 and forward + backward, in one run (a script, not a test).
 

@@ -1,13 +1,13 @@
-"""Score / mask mods benchmark (issue 20): ours with score_mod / mask_mod against the same attention without
+"""Score / mask mods benchmark: ours with score_mod / mask_mod against the same attention without
 mods (the flags' kernels) and against torch FlexAttention (compiled), forward and forward + backward, in one
 run (a script, not a test).
 
-Cases (bf16, GQA): causal as a mask_mod against ``causal=True`` (the issue's "within 10%"), alone (every key
+Cases (bf16, GQA): causal as a mask_mod against ``causal=True`` (the target: "within 10%"), alone (every key
 block visited) and with block-sparse lists built from the same mask (``block_sparse.block_sparse_from_example``,
 (128, 128) blocks, outside the timing); ALiBi as a score_mod with the causal flag; documents of fixed length,
 causal inside (``flex_examples.chunked_local``), as a mask_mod with and without lists, against the same batch as
 varlen (``cu_seqlens``, the dense equivalent); a prefix-LM mask with and without lists; a random block map at 25%
-density as lists (every listed block full) against the dense attention of the same shape (the issue's ">= 3x",
+density as lists (every listed block full) against the dense attention of the same shape (the target: ">= 3x",
 forward and backward).
 FlexAttention builds its block mask once per case (``create_block_mask``, outside the timing); it runs twice:
 with its own tiles for the device (the H100's need more than an SM120's 99 KB of shared memory, so they run at

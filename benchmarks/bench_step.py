@@ -122,8 +122,8 @@ def client_setup(seq: int, batch: int) -> None:
 def compile_without_caches() -> None:
     """Turn torch.compile's on-disk autograd and FX graph caches off for this process. SDPA picks its kernel while
     a graph is traced, under the run's backend order, but those caches key a graph before that pick: a graph one
-    attention compiled was served to another (session 45: the H100's default ran the memory-efficient kernels,
-    SM120's order cuDNN's). So every step compiles its own graphs."""
+    attention compiled was served to another (seen on the H100: its default order ran the memory-efficient
+    kernels, SM120's order cuDNN's). So every step compiles its own graphs."""
     import torch._functorch.config
     import torch._inductor.config
 

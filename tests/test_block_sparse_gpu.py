@@ -1,4 +1,4 @@
-"""Block sparsity (issue 20) on a GPU against an fp32 reference with the mask the lists and the mods describe,
+"""Block sparsity on a GPU against an fp32 reference with the mask the lists and the mods describe,
 forward and backward: the example masks built into lists (causal, prefix-LM, documents) against the same
 mask_mod dense, random block maps with and without full lists, the causal flag and windows on top of lists, a
 score_mod and a sink beside them, odd lengths (a full list holding the sequence's partial last block), rows with

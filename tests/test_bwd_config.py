@@ -89,11 +89,11 @@ def test_selection_falls_back_when_the_table_entry_cannot_run(monkeypatch):
 
 
 def test_d96_role_split_and_its_alternatives():
-    """d96's entry is the role split with its S / dP operands in registers, dropout included (session 42); dropout
+    """d96's entry is the role split with its S / dP operands in registers, dropout included; dropout
     beside varlen and varlen in the highest-first deterministic order (no registers for them there) take the same
     split with both operands in shared memory; a
     plain spec neither can run (head dims unequal once padded to 32) takes the 4-warp tile, heavy specs (softcap) the
-    8-warp one, varlen stays on the role split (session 37: faster, no spills), and with unequal head dims dropout
+    8-warp one, varlen stays on the role split (faster, no spills), and with unequal head dims dropout
     goes past the 4-warp tile (too many registers beside the keep flags) to the 8-warp one."""
     rs, smem, unsplit, heavy = BWD_TABLE[96], BWD_TABLE_SMEM_OPERANDS[96], BWD_TABLE_UNSPLIT[96], BWD_TABLE_HEAVY[96]
     assert rs.role_split and rs.kv_in_regs and smem.role_split and not smem.kv_in_regs
@@ -310,7 +310,7 @@ def test_group_split_still_splits_grids_no_band_fills(b, s, hq, hkv, d, best):
 
 def test_rotated_start_only_where_every_key_block_sees_every_query_block():
     rot = BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True)
-    assert BWD_TABLE[64].rotated_start and not BWD_TABLE[128].rotated_start  # measured per class (session 33)
+    assert BWD_TABLE[64].rotated_start and not BWD_TABLE[128].rotated_start  # measured per class
     assert bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False), rot)
     assert bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False, varlen_q=True, varlen_k=True), rot)
     assert not bwd_rotated_start(BwdSpec("bf16", 64, 64, causal=False), BWD_TABLE[128])
@@ -334,7 +334,7 @@ def test_step_divisor_for_dense_steps_of_the_entries_that_carry_it():
                                                (4, 4096, 32, 8, 64, (True, 1, None)),
                                                (8, 2048, 16, 16, 128, (False, 1, 1))])
 def test_det_order_picks_the_measured_winner(b, s, hq, hkv, d, best):
-    """The causal deterministic order (H100, SM120 occupancy, session 34, deterministic_order_h100_2026-11-26.json.gz):
+    """The causal deterministic order (H100, SM120 occupancy, deterministic_order_h100_2026-11-26.json.gz):
     lowest first ran 0.90-0.93x the highest-first time at the GQA shapes (probe: bands of 8 fastest at 4 x 2048 8/2
     and 16 x 1024 32/8, 4 and 8 equal at 2 x 4096 16/4; whole groups faster than split 2), 1.42x at 8 x 2048 16/16
     (MHA: 128 pairs of short CTAs, whose chains the banded order starts together). None: any band."""
@@ -380,8 +380,8 @@ def test_turn_ranks_order_every_query_blocks_adders(sq, sk, tm, tn, mask):
 
 def test_lowest_first_order_admission():
     """The predicate admits the lowest-first order for causal deterministic specs on every class's tile, dense and
-    varlen (session 34 had refused it on double-buffered dO tiles, d96's role split and d64's varlen tile, for dQ
-    that differed between runs; session 35 traced that to the forward, ``_kernels/softmax``), and refuses it
+    varlen, double-buffered dO tiles, d96's role split and d64's varlen tile included (dQ is repeatable there
+    under this order as long as the forward is: ``_kernels/softmax``), and refuses it
     elsewhere; ``bwd_det_order`` never weighs it where it is closed."""
     from flash_attn_4_sm120.bwd_config import bwd_det_order, bwd_lowest_first_open
 

@@ -126,7 +126,7 @@ def test_tile_efficiency_rule_moves_short_sequences_to_smaller_tiles():
     assert pick(96, True, 4096) == 128 and pick(96, False, 4096) == 128
     # 12x777 24/8: the one-stage 128x64 tile (two CTAs per SM) 185-191 TFLOPS vs 170-178 for 64x32
     assert pick(96, True, 777) == 128 and pick(80, False, 537) == 128
-    assert pick(96, True, 300) == 64  # 93 -> 120 at 16x300 32/8 (64x32 against the 256x64 entry of session 14)
+    assert pick(96, True, 300) == 64  # 93 -> 120 at 16x300 32/8 (64x32 against the 256x64 ping-pong entry)
     assert pick(128, False, 777) == 128 and pick(128, True, 555) == 64
     # d64 (one-stage tiles, 2026-11-25): 16x537 MHA full keeps 128 rows (193 vs 190), causal moves to 64 (163 vs 139)
     assert pick(64, False, 537) == 128 and pick(64, True, 537) == 64 and pick(64, True, 1024) == 128

@@ -1,4 +1,4 @@
-"""Dropout's host side on the CPU (issue 20): every head-dim class finds a forward and a backward config the
+"""Dropout's host side on the CPU: every head-dim class finds a forward and a backward config the
 predicate accepts (never persistent or packed; the d128 backward's role split), the call's seed slot, and the kernels' element
 order (every element of a thread's fragment once, a Philox call's 8 elements together)."""
 
@@ -23,7 +23,7 @@ def test_every_class_has_dropout_configs(d, dv, causal):
     cfg = bwd_config.select_bwd_config(bspec, SM120)
     assert not bwd_config.bwd_config_problems(bspec, cfg, SM120)
     # the role split at d64, d96 and d128 (group 0 draws the tile's keep flags; d64's 64x128 table entry, causal
-    # included, passes P and P keep as two tiles; the kv_in_regs entries of d96 and d128 (session 43-44) pass P with
+    # included, passes P and P keep as two tiles; the kv_in_regs entries of d96 and d128 pass P with
     # the dropped elements negated, d128's warps drawing their 24 keys as one run of n8 atoms): each class's entry
     # without dropout, except d128's causal walks (its 64x64 smem-operand split: ``_prefers_smem_operands``)
     cls = bwd_config.bwd_head_dim_class(bspec)
@@ -41,7 +41,7 @@ def test_every_class_has_dropout_configs(d, dv, causal):
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_d96_dropout_keeps_its_entry_but_with_varlen(deterministic):
     """d96 dropout runs the class's ``kv_in_regs`` entry, as d96 without dropout (the signed P tile and the slot's
-    words read where used: no local memory on sm_120a, session 42), except beside varlen's per-sequence addressing
+    words read where used: no local memory on sm_120a), except beside varlen's per-sequence addressing
     (one local word): the smem-operand split."""
     plain = BwdSpec("bf16", 96, 96, True, deterministic=deterministic, lowest_first=deterministic, dropout=True)
     packed = BwdSpec("bf16", 96, 96, True, varlen_q=True, varlen_k=True, dropout=True)

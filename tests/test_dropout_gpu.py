@@ -1,4 +1,4 @@
-"""Dropout (issue 20) on a GPU: the kernels' mask is exactly ``dropout.dropout_keep_mask`` (read off the output with
+"""Dropout on a GPU: the kernels' mask is exactly ``dropout.dropout_keep_mask`` (read off the output with
 V = identity, forward and through the backward's dV), outputs and gradients against the fp32 reference with that
 mask (the 2x rule), every head-dim class, causal / windows / softcap / sinks / GQA, odd lengths, varlen (rows and
 columns from each sequence's start), split-KV and paged K/V forwards, mods and block sparsity beside it, the
@@ -181,7 +181,7 @@ def test_seed_reproduces_and_changes_the_mask():
 def test_varlen(d):
     """Rows and columns count from each sequence's start, batch = sequence index: each sequence matches the dense
     reference with its slice of the (sequences, heads, max_q, max_k) mask; gradients too (d64 / d96: their role
-    splits, which take varlen since session 37)."""
+    splits, which take varlen)."""
     # (no one-key sequence: see test_odd_lengths)
     lens_q, lens_k, hq, hkv, p = [100, 0, 257, 33], [120, 5, 257, 40], 4, 2, 0.25
     torch.manual_seed(0)

@@ -1,4 +1,4 @@
-"""The forward's mods path on the CPU (issue 20): the spec and parameters a call with score_mod / mask_mod
+"""The forward's mods path on the CPU: the spec and parameters a call with score_mod / mask_mod
 gets, the combinations refused, the tile selection, and the gate's cases."""
 
 import dataclasses

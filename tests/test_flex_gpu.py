@@ -1,4 +1,4 @@
-"""score_mod / mask_mod in the forward (issue 20) on a GPU, against an fp32 FlexAttention-style reference
+"""score_mod / mask_mod in the forward on a GPU, against an fp32 FlexAttention-style reference
 (scores materialised, the example's torch twin applied elementwise): every gate example, d64 / d128, GQA,
 decode-length queries (packed GQA), varlen sequence by sequence. Runs the mods path (``interface._flex_call``,
 what flash_attn_func calls once the manifest lists score_mod as implemented)."""

@@ -211,7 +211,7 @@ def _dirty_shared_memory():
 def test_forward_is_bitwise_repeatable(fields, d, causal):
     """The same call gives the same out and LSE bit for bit however shared memory was left, on every mainloop, at a
     length whose last M tile is partial (its rows past the end are scored from whatever Q's buffer held: a row's
-    rescale must not depend on them; until session 35 O of the valid rows differed by ~1e-6 relative between runs,
+    rescale must not depend on them, else O of the valid rows differs by ~1e-6 relative between runs,
     ``_kernels/softmax``); split-KV calls (the table's d64 / d96 choice here) included."""
     from flash_attn_4_sm120.config import FwdConfig
     from flash_attn_4_sm120.interface import _launch_fwd

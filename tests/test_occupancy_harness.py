@@ -17,7 +17,7 @@ from flash_attn_4_sm120.execution_model import SM120  # noqa: E402
     (65536, 255, 128, 102400, 1536, 1),    # FA2 d=128 on an SM120
     (65536, 255, 128, 233472, 2048, 2),    # ... on an H100, no preference
     (49152, 255, 128, 102400, 1536, 2),    # FA2 d=64: two on both parts
-    (41984, 168, 128, 233472, 2048, 3),    # ours d=64 causal (session 9) on an H100: 3, registers and smem
+    (41984, 168, 128, 233472, 2048, 3),    # ours d=64 causal on an H100: 3, registers and smem
     (131072, 255, 128, 102400, 1536, 0),   # upstream d=256 cannot launch on an SM120
     (0, 32, 1024, 102400, 1536, 1),        # threads bind: one 1024-thread CTA per SM120 SM
 ])

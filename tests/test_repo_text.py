@@ -5,8 +5,8 @@ Two checks over every git-tracked text file (binary files are skipped):
 1. No process words outside ``benchmarks/results/`` (result files keep their own notes): how the code got
    here belongs in git log, not in code, comments, docs or the manifest. The patterns are ``PROCESS_WORDS``:
    numbered work sessions, this repository's issues and numbered parts of a run, and dated history ("since"
-   followed by a date, "regenerated after"). Upstream references by link or ``#number`` are fine, and so is
-   a measured fact naming its device and date.
+   followed by a date; a table "regenerated" after some event). Upstream references by link or ``#number`` are
+   fine, and so is a measured fact naming its device and date.
 2. Every result file a text cites exists in ``benchmarks/results/``: a ``benchmarks/results/<file>`` path, or a
    bare result name (``<what>_<device>_<YYYY-MM-DD>...``, the names the benchmarks write). A citation may name
    a file without its extension (``..._2026-11-27`` for ``..._2026-11-27.json.gz``); names followed by ``<``,
@@ -24,11 +24,11 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results"
 
 PROCESS_WORDS = re.compile(
-    r"\bsessions? ?\d+"  # a numbered work session (also "session38.sh")
+    r"\bsessions? ?\d+"  # a numbered work session, also in a script name
     r"|\bissues? \d+"  # this repository's issues; upstream ones are written "#1234" or linked
     r"|\bparts? \d+"  # a numbered part of a run script
     r"|\bsince \d{4}-\d\d"  # dated history
-    r"|\bregenerated after\b",
+    r"|\bregenerated\s+after\b",
     re.IGNORECASE,
 )
 

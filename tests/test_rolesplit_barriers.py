@@ -1,7 +1,7 @@
 """The role-split backward's two warp groups pass the same number of bar.sync and the same number of bar.arrive per
 step for every feature combination: compute-sanitizer's racecheck pairs barriers by count and reported thousands of
-hazards across the CTA barrier while the groups' counts differed (session 28, dropout: 6 against 5; session 43, the
-signed dropout protocol: 6 each, but 5 / 1 bar.sync / bar.arrive against 4 / 2). A static check of the source of
+hazards across the CTA barrier when the groups' counts differ (with dropout: 6 against 5; with the signed dropout
+protocol: 6 each, but 5 / 1 bar.sync / bar.arrive against 4 / 2). A static check of the source of
 ``FlashBwdRoleSplit.step`` (no compile): its ``if wg == 0`` branches, each trace-time ``const_expr`` branch taken
 as the spec and config say, and run-time branches required to pass equal counts on both sides."""
 
@@ -105,7 +105,7 @@ def test_the_check_sees_a_mismatch():
     (True, False, False, False, True, 128, True),     # d96's entry, default mode
     (True, False, False, False, True, 96, True),      # d128's entry
     (True, True, False, False, True, 128, True),      # dropout: P passes group-wide (no pairs), dK still lags
-    (False, False, False, False, True, 128, True),    # the smem-operand splits (session 41)
+    (False, False, False, False, True, 128, True),    # the smem-operand splits
     (False, True, False, False, True, 64, True),      # d64 / d128's dropout splits
     (True, False, True, False, True, 128, False),     # highest-first turn beside the mask at 64 S registers: spilled
     (True, False, True, False, False, 128, True),     # ... without a mask it fits

@@ -300,7 +300,7 @@ def _combine_run():
 
 
 def _flex_runs():
-    """score_mod / mask_mod (issue 20), forward and backward: every gate example on dense GQA inputs (d128;
+    """score_mod / mask_mod, forward and backward: every gate example on dense GQA inputs (d128;
     two at d64), decode-length queries (packed GQA), and a varlen batch through the mods path with the good and
     corrupt metadata of ``_varlen_runs`` (the mods read ``seqlen_info``, so corrupt lengths reach them); mods
     that read aux tensors, dense and varlen."""
@@ -365,7 +365,7 @@ def _flex_runs():
 
 
 def _sparse_runs():
-    """Block sparsity (issue 20): lists from a mask_mod at odd lengths (the partial last key block in a full
+    """Block sparsity: lists from a mask_mod at odd lengths (the partial last key block in a full
     list), with the causal flag, at d64 / d128 / d256 one-stage and two-stage tiles; then corrupt lists (counts
     past the lists' width or negative, indices past the key blocks or negative), which the kernel must clamp:
     out-of-bounds reads of K / V would show here; and the backward of good and corrupt lists."""
@@ -410,7 +410,7 @@ def _sparse_runs():
 
 
 def _dropout_runs():
-    """Dropout (issue 20): forward and backward at odd lengths on the d64 / d96 / d128 / d256 tiles (one-stage,
+    """Dropout: forward and backward at odd lengths on the d64 / d96 / d128 / d256 tiles (one-stage,
     ping-pong, two-stage, the role splits), causal and not, varlen with an empty sequence, and the deterministic
     backward."""
     import torch
@@ -446,8 +446,7 @@ FAMILIES = {
     "bwd_rolesplit": lambda: _bwd_runs(deterministic=True, role_split=True),
     "bwd_det_orders": _bwd_det_order_runs,
     "bwd_split": _bwd_split_runs,
-    # varlen backward on the role splits: d64 / d96 since session 37, d128 since 39 (d96 / d128 on their kv_in_regs
-    # entries since session 38)
+    # varlen backward on the role splits of d64, d96 and d128 (d96 / d128: their kv_in_regs entries)
     "bwd_varlen_classes": lambda: [_varlen_runs(1, False, grad=True, d=d) for d in (64, 96, 128)],
     "flex": _flex_runs,
     "sparse": _sparse_runs,

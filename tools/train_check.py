@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Training check (issue 19): small causal LMs trained a few hundred steps with attention on this bundle and on
+"""Training check: small causal LMs trained a few hundred steps with attention on this bundle and on
 the usual baselines, from the same initial weights on the same batches; loss curves, per-step time, checks.
 
 Models (random init, bf16 weights, AdamW):
@@ -162,7 +162,7 @@ def hf_checkpoint(kind: str, workdir: Path) -> Path:
         # Narrower and shallower than the Llama (one sliding-window and one full layer, sinks, GQA 4/2, top-2 of 4
         # experts): at 512 wide, 8 heads and 4 layers the eager baseline stayed on the copy task's plateau for 300
         # steps on the device (2026-11-25) and for 200-300 on the CPU; this one leaves it near step 100 on the CPU
-        # (fp32 eager, the check's 8x512 batches, loss 0.13 at step 200; 2026-11-26, notes/perf.md session 26)
+        # (fp32 eager, the check's 8x512 batches, loss 0.13 at step 200; 2026-11-26)
         config = GptOssConfig(hidden_size=256, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                               num_key_value_heads=2, head_dim=64, num_local_experts=4, num_experts_per_tok=2,
                               sliding_window=128, layer_types=["sliding_attention", "full_attention"], **common)

@@ -1,12 +1,13 @@
 """Host microseconds per call of the custom ops a compiled training graph calls, layer by layer (a script, not a
 test).
 
-Session 39: the compiled plain GPT's step is host-bound with the bundle (``explore/step_host_probe.py``); this
-splits an op call's host time into the dispatcher and ``torch.library.custom_op`` layers (``torch.ops`` call, as an
-inductor graph makes it, under ``no_grad`` as AOTAutograd's runtime runs the forward graph's ops) and the bundle's
-own impl (``interface._fwd_impl`` / ``_bwd_impl`` called directly), for the tree's package and the build loaded
-through ``kernels`` (``--profile``: cProfiles of the tree's op calls), and forward + backward through autograd
-beside SDPA's (session 43; ``--breakdown``: that call's parts); a small causal GQA shape, so the GPU never holds the host back. Median of 7 rounds of 200 calls.
+The compiled plain GPT's step is host-bound with the bundle (``benchmarks/bench_step.py``); this splits an op
+call's host time into the dispatcher and ``torch.library.custom_op`` layers (``torch.ops`` call, as an inductor
+graph makes it, under ``no_grad`` as AOTAutograd's runtime runs the forward graph's ops) and the bundle's own impl
+(``interface._fwd_impl`` / ``_bwd_impl`` called directly), for the tree's package and the build loaded through
+``kernels`` (``--profile``: cProfiles of the tree's op calls), and forward + backward through autograd beside
+SDPA's (``--breakdown``: that call's parts); a small causal GQA shape, so the GPU never holds the host back.
+Median of 7 rounds of 200 calls.
 
     source .kit_client/device-setup.sh && python3 benchmarks/probes/op_host_probe.py --out $OUT/op_host.json
 """
@@ -147,7 +148,7 @@ def breakdown(iface, ours_step, qkv, qkv_t, ours_dout) -> dict:
 def timed_inside(iface, backward, ours_step, direct) -> dict:
     """Mean microseconds spent inside ``_grads``, ``run_bwd`` and each of the three backward launches when the
     autograd engine calls the backward (``ours_step``) and when ``run_bwd`` is called on this thread (``direct``),
-    from wrappers that time each call with ``perf_counter`` (session 43: the backward body cost ~180 us through
+    from wrappers that time each call with ``perf_counter`` (H100, 2026-11-27: the backward body cost ~180 us through
     autograd against ~50 us called directly)."""
     import collections
     import dataclasses
