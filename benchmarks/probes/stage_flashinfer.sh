@@ -6,7 +6,7 @@
 # the package is packed without its CUDA sources. Output: .kit_fi/ (git-ignored), ~11 MB.
 #
 # On the device, two calls back to back (the machine stays warm 30 s between calls and keeps /tmp/site):
-#   run(command="source .kit_bench/device-setup.sh && python3 -c 'import cutlass'", carry=[".kit_bench"])
+#   run(command="source .devkit/device-setup.sh && python3 -c 'import cutlass'", carry=[".devkit"])
 #   run(command="source .kit_fi/fi-setup.sh && cd benchmarks && python3 bench_serving.py --out $OUT/s.json",
 #       carry=[".kit_fi"])
 #
@@ -52,14 +52,14 @@ tar -C "$WORK/out" -cJf "$OUT/flashinfer-0.7.2-trim-aot-sm90a.tar.xz" flashinfer
 cp "$WORK"/deps/nvidia_ml_py-*.whl "$WORK"/deps/tabulate-*.whl "$WORK"/deps/click-*.whl "$WORK"/deps/tqdm-*.whl \
    "$WORK"/deps/einops-*.whl "$OUT/"
 cat > "$OUT/fi-setup.sh" <<'EOF'
-# Source on a warm device machine whose /tmp/site holds the CuTe kit (.kit_bench/device-setup.sh ran there).
+# Source on a warm device machine whose /tmp/site holds the CuTe kit (.devkit/device-setup.sh ran there).
 _fi=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 if [ ! -f /tmp/fisite/.ok ]; then
   mkdir -p /tmp/fisite && tar -xJf "$_fi"/flashinfer-*.tar.xz -C /tmp/fisite || return 1
   python3 -m pip install -q --no-index --no-deps --target /tmp/fisite "$_fi"/*.whl || return 1
   touch /tmp/fisite/.ok
 fi
-[ -f /tmp/site/.devkit-ok ] || { echo "the CuTe kit is not installed here: run .kit_bench/device-setup.sh first"; return 1; }
+[ -f /tmp/site/.devkit-ok ] || { echo "the CuTe kit is not installed here: run .devkit/device-setup.sh first"; return 1; }
 export PYTHONPATH=/tmp/fisite:/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages${PYTHONPATH:+:$PYTHONPATH}
 _rt=$(python3 -c "import glob, os, nvidia; print(':'.join(sorted({os.path.dirname(p) for d in nvidia.__path__ for p in glob.glob(d + '/**/libcudart.so.13', recursive=True)})))")
 export LD_LIBRARY_PATH=${_rt}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
