@@ -1,12 +1,22 @@
-"""Regenerate the README performance tables from committed benchmark results (benchmarks/results): the
-forward table (bench_fwd.py), the serving table (bench_serving.py), the backward table (bench_bwd.py) and the
-score / mask mods table (bench_flex.py).
+"""Generate the performance tables of README.md and docs/performance.md from kept benchmark results.
 
-    python tools/gen_perf.py [--result benchmarks/results/fwd_h100_2026-11-25.json]
-                             [--serving-result benchmarks/results/serving_h100_2026-11-25.json]
-                             [--bwd-result benchmarks/results/bwd_h100_2026-11-27.json]
-                             [--flex-result benchmarks/results/flex_h100_2026-11-26.json] [--check]
+    python tools/gen_perf.py [--check] [--fwd PATH] [--bwd PATH] [--serving PATH] [--flex PATH] [--dropout PATH]
+                             [--step PATH] [--step-graphs PATH]
+
+Each table sits between a pair of markers, ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``; everything outside the
+markers is hand-written and left alone. README.md gets one short table per area (``perf-fwd``, ``perf-bwd``,
+``perf-serving``, ``perf-flex``); docs/performance.md gets every table in full (``perf-fwd-full``,
+``perf-bwd-full``, ``perf-serving-full``, ``perf-flex-full``, ``perf-dropout-full``, ``perf-step-full``). Every
+table names its device, date and result file. ``--check`` writes nothing and exits 1 when a region is stale
+(or a file lacks its markers).
+
+The result files are those of ``benchmarks/bench_fwd.py``, ``bench_bwd.py``, ``bench_serving.py``,
+``bench_flex.py``, ``bench_dropout.py`` and ``bench_step.py`` (see benchmarks/README.md). A result may carry
+measurements at two occupancies: ``results`` (an SM120's CTAs per SM, what the target parts run) and
+``results_h100`` (the H100's own).
 """
+
+from __future__ import annotations
 
 import argparse
 import json
@@ -15,80 +25,183 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-DEFAULT = ROOT / "benchmarks" / "results" / "fwd_h100_2026-11-25.json"
-SERVING_DEFAULT = ROOT / "benchmarks" / "results" / "serving_h100_2026-11-25.json"
-BEGIN, END = "<!-- perf-table:begin -->", "<!-- perf-table:end -->"
-SERVING_BEGIN, SERVING_END = "<!-- serving-table:begin -->", "<!-- serving-table:end -->"
-BWD_DEFAULT = ROOT / "benchmarks" / "results" / "bwd_h100_2026-11-27.json"
-BWD_BEGIN, BWD_END = "<!-- bwd-table:begin -->", "<!-- bwd-table:end -->"
-FLEX_DEFAULT = ROOT / "benchmarks" / "results" / "flex_h100_2026-11-26.json"
-FLEX_BEGIN, FLEX_END = "<!-- flex-table:begin -->", "<!-- flex-table:end -->"
-DROPOUT_DEFAULT = ROOT / "benchmarks" / "results" / "dropout_h100_2026-11-27.json"
-DROPOUT_BEGIN, DROPOUT_END = "<!-- dropout-table:begin -->", "<!-- dropout-table:end -->"
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+PERFORMANCE = ROOT / "docs" / "performance.md"
+
+DEFAULTS = {
+    "fwd": RESULTS / "fwd_h100_2026-11-25.json",
+    "bwd": RESULTS / "bwd_h100_2026-11-27.json",
+    "serving": RESULTS / "serving_h100_2026-11-25.json",
+    "flex": RESULTS / "flex_h100_2026-11-26.json",
+    "dropout": RESULTS / "dropout_h100_2026-11-27.json",
+    "step": RESULTS / "step_h200_2026-11-28.json",
+    "step_graphs": RESULTS / "step_cudagraphs_h200_2026-11-28.json",
+}
+
+#: Forward peers in table order (``tools/plot_bench.py`` draws its bars in the same order).
+PEERS = [("ours", "this bundle"), ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
+         ("sdpa_cudnn", "SDPA cuDNN (wgmma, H100 ceiling)")]
+#: Peers of the same instruction class as ours (mma.sync), with their ratio columns; cuDNN's wgmma is not one.
+RATIO_PEERS = {"sdpa_flash_fa2": "ours / FA2", "fa4_sm120_path": "ours / FA4 SM120 path"}
 BWD_IMPLS = [("ours", "this bundle"), ("ours_deterministic", "this bundle, deterministic"),
              ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
              ("sdpa_cudnn", "SDPA cuDNN (wgmma)")]
-PEERS = [("ours", "this bundle"), ("sdpa_flash_fa2", "SDPA flash (FA2)"), ("fa4_sm120_path", "FA4 b36, SM120 path"),
-         ("sdpa_cudnn", "SDPA cuDNN (wgmma, H100 ceiling)")]
-#: Peers of the issue's targets (same instruction class as ours) and their ratio columns; cuDNN's wgmma is not one.
-RATIO_PEERS = {"sdpa_flash_fa2": "ours / FA2", "fa4_sm120_path": "ours / FA4 SM120 path"}
 
-
-#: Result keys of bench_fwd.py's two occupancies, with the heading each table gets (older results have only
-#: ``results``, measured at the H100's own occupancy).
+#: Result keys of the two occupancies and the heading each full table gets.
 OCCUPANCIES = {
-    "results": "At an SM120's CTAs per SM (100 KB of shared memory per SM): ours padded by the package, "
-               "FA2 and upstream through the CUDA context's cache preference (benchmarks/occupancy.py). "
-               "What an RTX 5090 / RTX PRO 6000 runs; cuDNN (wgmma) is not an SM120 peer and is not timed here.",
+    "results": "At an SM120's CTAs per SM (100 KB of shared memory per SM): ours padded by the package, FA2 and "
+               "upstream through the CUDA context's cache preference (benchmarks/occupancy.py). What an RTX 5090 / "
+               "RTX PRO 6000 runs; cuDNN (wgmma) is not an SM120 peer and is not timed here.",
     "results_h100": "At the H100's own occupancy (228 KB per SM: two 64-99 KB CTAs of any of these kernels share "
                     "an SM and hide each other's softmax, which no SM120 part can do).",
 }
 
+#: Rows of the short README tables of the flex results (all rows when none of these is present).
+FLEX_SUMMARY_CASES = ("causal flag", "causal mask_mod + block sparse", "documents of 512 (mask_mod + block sparse)",
+                      "documents of 512 (varlen)", "prefix-LM 1024 + block sparse", "random 25% blocks (block sparse)")
 
-def _ratio(results: dict, key: str, peer: str):
-    ours, other = results.get("ours", {}), results.get(peer, {})
-    return ours[key] / other[key] if key in ours and key in other else None
 
+# ----------------------------------------------------------------------------------------------------------- helpers
 
 def _geomean(values: list) -> float:
     return math.exp(sum(map(math.log, values)) / len(values))
 
 
-def _one_table(result: dict, field: str) -> list:
-    lines = ["| case | " + " | ".join([name for _, name in PEERS] + list(RATIO_PEERS.values())) + " |",
-             "|---" * (len(PEERS) + len(RATIO_PEERS) + 1) + "|"]
-    small = {peer: [] for peer in RATIO_PEERS}  # ratios of the head_dim <= 128 cases
+def _fmt(x, digits: int = 0) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def _ratio(a, b) -> str:
+    return f"{a / b:.2f}×" if a and b else "n/a"
+
+
+def _header(columns: list) -> list:
+    return ["| " + " | ".join(columns) + " |", "|---" * len(columns) + "|"]
+
+
+def _source(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def _occupancy_fields(result: dict) -> list:
+    return [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]
+
+
+# ----------------------------------------------------------------------------------------------------------- forward
+
+def _fwd_key(row: dict) -> str:
+    """Decode rows (one query) are judged by K/V bandwidth, the rest by TFLOPS."""
+    return "kv_gbps" if row["seqlen_q"] == 1 else "tflops"
+
+
+def _fwd_value(row: dict, field: str, impl: str):
+    return row.get(field, {}).get(impl, {}).get(_fwd_key(row))
+
+
+def _fwd_geomeans(result: dict, field: str) -> str:
+    small = {peer: [] for peer in RATIO_PEERS}
     for row in result["rows"]:
-        results = row.get(field, {})
-        decode = row["seqlen_q"] == 1
-        key = "kv_gbps" if decode else "tflops"
-
-        def cell(impl):
-            r = results.get(impl, {})
-            return f"{r[key]:.0f}" if key in r else "n/a"
-
-        ratios = []
+        if max(row["head_dim"], row["head_dim_v"]) > 128 or row.get("window_left") is not None:
+            continue
         for peer in RATIO_PEERS:
-            r = _ratio(results, key, peer)
-            ratios.append(f"{r:.2f}×" if r else "n/a")
-            if r and max(row["head_dim"], row["head_dim_v"]) <= 128 and row["window_left"] is None:
-                small[peer].append(r)
-        lines.append(f"| {row['case']}{' (GB/s)' if decode else ''} | " + " | ".join(cell(i) for i, _ in PEERS)
-                     + " | " + " | ".join(ratios) + " |")
-    lines += ["", "Geometric mean of the ratios over the head_dim <= 128 cases (window excluded): "
-              + ", ".join(f"{_geomean(v):.2f}× vs {dict(PEERS)[p]} ({len(v)} cases)" for p, v in small.items() if v) + "."]
+            ours, other = _fwd_value(row, field, "ours"), _fwd_value(row, field, peer)
+            if ours and other:
+                small[peer].append(ours / other)
+    parts = [f"{_geomean(v):.2f}× {RATIO_PEERS[p].split(' / ')[1]} ({len(v)} cases)" for p, v in small.items() if v]
+    return "Geometric mean of ours / peer over the head_dim <= 128 cases (windows excluded): " + ", ".join(parts) + "."
+
+
+def _fwd_rows(result: dict, field: str, rows: list, peers: list) -> list:
+    lines = _header(["case"] + [name for _, name in peers] + list(RATIO_PEERS.values()))
+    for row in rows:
+        unit = " (GB/s)" if _fwd_key(row) == "kv_gbps" else ""
+        cells = [_fmt(_fwd_value(row, field, impl)) for impl, _ in peers]
+        ratios = [_ratio(_fwd_value(row, field, "ours"), _fwd_value(row, field, p)) for p in RATIO_PEERS]
+        lines.append(f"| {row['case']}{unit} | " + " | ".join(cells + ratios) + " |")
     return lines
 
 
-def table(result: dict, source: str) -> str:
-    lines = [f"Forward, bf16, {result['device']}, {result['date']} (`{source}`). TFLOPS = 2·B·Hq·Sq·Sk·(D+Dv) (×0.5 causal; window rows use the nominal causal FLOPs); "
-             "decode rows show K/V GB/s. Ratios = ours / peer, same run."]
-    fields = [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]
+def fwd_full(result: dict, source: str) -> str:
+    lines = [f"Forward, bf16, {result['device']}, {result['date']} (`{source}`). TFLOPS = 2·B·Hq·Sq·Sk·(D+Dv), "
+             "×0.5 causal (window rows use the causal FLOPs, so a window shows as a higher rate); decode rows show "
+             "K/V GB/s. Rows starting with \"m\" are the generalization matrix (`bench_fwd.py --matrix`). Ratios = "
+             "ours / peer, same run."]
+    fields = _occupancy_fields(result)
     for field in fields:
-        if len(fields) > 1:
-            lines += ["", f"**{OCCUPANCIES[field]}**"]
-        lines += [""] + _one_table(result, field)
+        peers = [p for p in PEERS if any(p[0] in row.get(field, {}) and _fwd_value(row, field, p[0])
+                                         for row in result["rows"])]
+        lines += ["", f"**{OCCUPANCIES[field]}**", ""] + _fwd_rows(result, field, result["rows"], peers)
+        lines += ["", _fwd_geomeans(result, field)]
     return "\n".join(lines)
+
+
+def fwd_summary(result: dict, source: str) -> str:
+    field = "results" if "results" in _occupancy_fields(result) else _occupancy_fields(result)[0]
+    rows = [row for row in result["rows"] if not row["case"].startswith("m ")] or result["rows"]
+    peers = [p for p in PEERS if p[0] != "sdpa_cudnn"]
+    lines = [f"Forward, bf16, TFLOPS (decode: K/V GB/s), {result['device']} at an SM120's CTAs per SM, "
+             f"{result['date']} (`{source}`):", ""]
+    lines += _fwd_rows(result, field, rows, peers)
+    lines += ["", _fwd_geomeans(result, field).replace("head_dim <= 128 cases", "head_dim <= 128 cases of the full "
+                                                       "matrix")]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------- backward
+
+def _bwd_tflops(row: dict, field: str, impl: str, part: str = "bwd"):
+    return row.get(field, {}).get(impl, {}).get(part, {}).get("tflops")
+
+
+def bwd_full(result: dict, source: str) -> str:
+    lines = [f"Backward, bf16, {result['device']}, {result['date']} (`{source}`). TFLOPS = 2.5 × the forward's FLOPs "
+             "(backward) and 3.5 × (forward + backward, in parentheses); ratios = ours / peer, same run; det. cost = "
+             "deterministic time / default time. A peer that cannot run at an SM120's occupancy (FA2's 144 KB d128 "
+             "tile, upstream at d256) shows n/a there."]
+    for field in _occupancy_fields(result):
+        lines += ["", f"**{OCCUPANCIES[field]}**", ""]
+        lines += _header(["case"] + [name for _, name in BWD_IMPLS] + ["ours / FA2", "ours / FA4 SM120 path",
+                                                                        "det. cost"])
+        for row in result["rows"]:
+            cells = []
+            for impl, _ in BWD_IMPLS:
+                b, fb = _bwd_tflops(row, field, impl), _bwd_tflops(row, field, impl, "fwd_bwd")
+                cells.append(f"{b:.0f} ({fb:.0f})" if b and fb else "n/a")
+            ours = _bwd_tflops(row, field, "ours")
+            cells += [_ratio(ours, _bwd_tflops(row, field, p)) for p in ("sdpa_flash_fa2", "fa4_sm120_path")]
+            cells.append(_ratio(ours, _bwd_tflops(row, field, "ours_deterministic")))
+            lines.append(f"| {row['case']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def bwd_summary(result: dict, source: str) -> str:
+    fields = _occupancy_fields(result)
+    sm120 = "results" if "results" in fields else fields[0]
+    h100 = "results_h100" if "results_h100" in fields else None
+    lines = [f"Backward, bf16, TFLOPS (2.5 × the forward's FLOPs), {result['device']}, {result['date']} "
+             f"(`{source}`). Ours and upstream's SM120 path at an SM120's CTAs per SM; FA2's d128 tile needs 144 KB "
+             "and runs only at the H100's own occupancy, so its ratio is taken there, ours at the same occupancy.",
+             ""]
+    columns = ["case", "this bundle", "deterministic", "FA4 b36, SM120 path", "ours / FA4 SM120 path"]
+    if h100:
+        columns.append("ours / FA2 (H100 occupancy)")
+    lines += _header(columns)
+    for row in result["rows"]:
+        ours = _bwd_tflops(row, sm120, "ours")
+        cells = [_fmt(ours), _fmt(_bwd_tflops(row, sm120, "ours_deterministic")),
+                 _fmt(_bwd_tflops(row, sm120, "fa4_sm120_path")),
+                 _ratio(ours, _bwd_tflops(row, sm120, "fa4_sm120_path"))]
+        if h100:
+            cells.append(_ratio(_bwd_tflops(row, h100, "ours"), _bwd_tflops(row, h100, "sdpa_flash_fa2")))
+        lines.append(f"| {row['case']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------------------- serving
+
+def _serving_field(row: dict) -> str:
+    return "tflops" if row["seqlen_q"] > 64 else "kv_gbps"
 
 
 def _eager_graph(results: dict, label: str, field: str) -> str:
@@ -100,162 +213,242 @@ def _eager_graph(results: dict, label: str, field: str) -> str:
     return " / ".join(cells)
 
 
-def serving_table(result: dict, source: str) -> str:
-    """The serving table: per case, eager / graph-replayed K/V GB/s (TFLOPS for prefill) of ours dense, paged
-    (every page size measured), the KV-cache API with its append, and the peers on dense K/V."""
-    lines = [f"`python benchmarks/bench_serving.py` ({result['device']}, {result['date']}, SM120 occupancy for every "
-             f"kernel, `{source}`): effective K/V GB/s (K and V bytes read once / time; chunked prefill in TFLOPS), "
-             f"eager / replayed from a CUDA graph. The device copies at {result['copy_gbps']:.0f} GB/s (read + write). "
-             "Paged rows read the same keys through shuffled pages; `kvcache16` is `flash_attn_with_kvcache` over "
-             "the page-16 cache, appending the step's keys before attending; the peers read dense K/V (none of them "
-             "takes this bundle's page table; SDPA runs seqlen_q < seqlen_k without its top-left causal mask); FlashInfer "
-             "reads the page-16 caches (fa2 backend, the one it runs on SM120; eager times its `run` with the step's `plan` made once, as an engine plans once per step for every layer).",
-             "", "| case | ours dense | ours paged (page size) | ours kvcache16 + append | SDPA FA2 | "
-                 "upstream SM120 path | FlashInfer paged16 | paged16 / dense (graph) |", "|---|---|---|---|---|---|---|---|"]
+def _graph(results: dict, label: str, field: str):
+    return results.get(f"{label} graph", {}).get(field)
+
+
+def _serving_caption(result: dict, source: str) -> str:
+    return (f"`benchmarks/bench_serving.py`, bf16, {result['device']}, {result['date']}, every kernel at an SM120's "
+            f"CTAs per SM (`{source}`). Effective K/V GB/s (K and V bytes read once / time; chunked prefill in "
+            f"TFLOPS). The device copies at {result['copy_gbps']:.0f} GB/s (read + write). Paged rows read the same "
+            "keys through shuffled pages; `kvcache16` is `flash_attn_with_kvcache` over the page-16 cache, appending "
+            "the step's keys before attending. SDPA and upstream read dense K/V (neither takes a page table; SDPA runs "
+            "seqlen_q < seqlen_k without its top-left causal mask); FlashInfer (fa2 backend, the one it runs on SM120) "
+            "reads the page-16 caches.")
+
+
+def serving_full(result: dict, source: str) -> str:
+    lines = [_serving_caption(result, source) + " Cells: eager / replayed from a CUDA graph (FlashInfer's eager time "
+             "is its `run` with the step's `plan` made once, as an engine plans once per step for every layer).", ""]
+    lines += _header(["case", "ours dense", "ours paged (page size)", "ours kvcache16 + append", "SDPA FA2",
+                      "upstream SM120 path", "FlashInfer paged16", "paged16 / dense (graph)"])
     for row in result["rows"]:
-        res = row["results"]
-        field = "tflops" if row["seqlen_q"] > 64 else "kv_gbps"
+        res, field = row["results"], _serving_field(row)
         paged = sorted({k.split()[1] for k in res if k.startswith("ours paged")}, key=lambda p: (p != "paged16", p))
         paged_cells = "; ".join(f"p{p.removeprefix('paged')} {_eager_graph(res, 'ours ' + p, field)}" for p in paged)
-        ratio = "-"
-        if field in res.get("ours paged16 graph", {}) and field in res.get("ours dense graph", {}):
-            ratio = f"{res['ours paged16 graph'][field] / res['ours dense graph'][field]:.2f}"
+        ratio = _graph(res, "ours paged16", field), _graph(res, "ours dense", field)
         lines.append(f"| {row['case']} | {_eager_graph(res, 'ours dense', field)} | {paged_cells or '-'} | "
-                     f"{_eager_graph(res, 'ours kvcache16 append', field)} | {_eager_graph(res, 'sdpa_flash_fa2', field)} | "
-                     f"{_eager_graph(res, 'fa4_sm120_path', field)} | {_eager_graph(res, 'flashinfer paged16', field)} | "
-                     f"{ratio} |")
+                     f"{_eager_graph(res, 'ours kvcache16 append', field)} | "
+                     f"{_eager_graph(res, 'sdpa_flash_fa2', field)} | {_eager_graph(res, 'fa4_sm120_path', field)} | "
+                     f"{_eager_graph(res, 'flashinfer paged16', field)} | "
+                     f"{f'{ratio[0] / ratio[1]:.2f}' if all(ratio) else '-'} |")
     return "\n".join(lines)
 
 
-def bwd_table(result: dict, source: str) -> str:
-    """Backward TFLOPS (and forward + backward in parentheses) per case and occupancy, with the ratios to FA2 and
-    to upstream's SM120 path and the deterministic mode's time over the default's."""
-    lines = [f"Backward, bf16, {result['device']}, {result['date']} (`{source}`). TFLOPS = 2.5 × the forward's "
-             "FLOPs (backward) and 3.5 × (forward + backward, in parentheses); ratios = ours / peer, same run; "
-             "det. cost = deterministic time / default time. A peer that cannot run at an SM120's occupancy (FA2's "
-             "144 KB d128 tile, upstream at d256) shows n/a there."]
-    for field in [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]:
-        lines += ["", f"**{OCCUPANCIES[field]}**", "",
-                  "| case | " + " | ".join(name for _, name in BWD_IMPLS)
-                  + " | ours / FA2 | ours / FA4 SM120 path | det. cost |", "|---" * (len(BWD_IMPLS) + 4) + "|"]
-        for row in result["rows"]:
-            res = row.get(field, {})
-
-            def tf(impl, part):
-                return res.get(impl, {}).get(part, {}).get("tflops")
-
-            cells = [f"{tf(i, 'bwd'):.0f} ({tf(i, 'fwd_bwd'):.0f})" if tf(i, "bwd") and tf(i, "fwd_bwd") else "n/a"
-                     for i, _ in BWD_IMPLS]
-            ratios = [f"{tf('ours', 'bwd') / tf(p, 'bwd'):.2f}×" if tf("ours", "bwd") and tf(p, "bwd") else "n/a"
-                      for p in ("sdpa_flash_fa2", "fa4_sm120_path")]
-            det = (f"{tf('ours', 'bwd') / tf('ours_deterministic', 'bwd'):.2f}×"
-                   if tf("ours", "bwd") and tf("ours_deterministic", "bwd") else "n/a")
-            lines.append(f"| {row['case']} | " + " | ".join(cells + ratios + [det]) + " |")
+def serving_summary(result: dict, source: str) -> str:
+    lines = [f"Serving, bf16, replayed from CUDA graphs, K/V GB/s (chunked prefill: TFLOPS), {result['device']} at an "
+             f"SM120's CTAs per SM, {result['date']} (`{source}`):", ""]
+    lines += _header(["case", "ours dense", "ours paged16", "ours kvcache16 + append", "SDPA FA2",
+                      "FlashInfer paged16", "ours paged16 / FlashInfer"])
+    for row in result["rows"]:
+        res, field = row["results"], _serving_field(row)
+        paged, fi = _graph(res, "ours paged16", field), _graph(res, "flashinfer paged16", field)
+        cells = [_fmt(_graph(res, label, field)).replace("n/a", "-") for label in
+                 ("ours dense", "ours paged16", "ours kvcache16 append", "sdpa_flash_fa2", "flashinfer paged16")]
+        lines.append(f"| {row['case']} | " + " | ".join(cells + [_ratio(paged, fi)]) + " |")
     return "\n".join(lines)
 
 
-def _rows_at(result: dict, field: str) -> list:
-    """The result's rows timed at the occupancy ``field`` names (a row may carry one occupancy only)."""
-    return [row for row in result["rows"] if field in row]
+# -------------------------------------------------------------------------------------------------- flex and dropout
+
+def _ms(res: dict, impl: str, part: str):
+    return res.get(impl, {}).get(part, {}).get("ms")
 
 
-def flex_table(result: dict, source: str) -> str:
-    """Milliseconds of the mods cases (forward; forward + backward in parentheses) per occupancy, ours against
-    torch FlexAttention (compiled) where it runs there."""
-    flexes = [i for i in ("flex_attention", "flex_attention_sm120")
-              if any(i in row.get(f, {}) for row in result["rows"] for f in OCCUPANCIES)]
+def _pair(res: dict, impl: str) -> str:
+    """"fwd (fwd_bwd)" milliseconds, "-" for a part that did not run, "n/a" when neither did."""
+    if not _ms(res, impl, "fwd") and not _ms(res, impl, "fwd_bwd"):
+        return "n/a"
+    fwd, both = (f"{_ms(res, impl, p):.2f}" if _ms(res, impl, p) else "-" for p in ("fwd", "fwd_bwd"))
+    return f"{fwd} ({both})"
+
+
+def _flex_impls(result: dict) -> list:
     names = {"flex_attention": "FlexAttention, its tiles", "flex_attention_sm120": "FlexAttention, SM120 tiles"}
+    present = [i for i in names if any(i in row.get(f, {}) for row in result["rows"] for f in OCCUPANCIES)]
+    return [(i, names[i]) for i in present]
+
+
+def flex_full(result: dict, source: str) -> str:
+    flexes = _flex_impls(result)
     lines = [f"Score / mask mods and block sparsity, bf16, {result['device']}, {result['date']} (`{source}`). "
-             "Milliseconds, forward (forward + backward; - where a part did not run); ratios = "
-             "FlexAttention's time / ours, same run. FlexAttention (compiled) runs with its own tiles for the "
-             "device (128-161 KB of shared memory: n/a at an SM120's occupancy) and with torch's sm_120 tiles "
+             "Milliseconds, forward (forward + backward; - where a part did not run); ratios = FlexAttention's "
+             "time / ours, same run. FlexAttention (compiled) runs with its own tiles for the device (128-161 KB of "
+             "shared memory: n/a at an SM120's occupancy) and with torch's sm_120 tiles "
              "(`bench_flex.SM120_FLEX_OPTIONS`, within 99 KB)."]
-    for field in [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]:
-        lines += ["", f"**{OCCUPANCIES[field]}**", "", "| case | shape (b, s, hq, hkv, d) | this bundle | "
-                  + " | ".join(names[i] for i in flexes) + " | " + " | ".join(f"{names[i]} / ours" for i in flexes)
-                  + " |", "|---" * (3 + 2 * len(flexes)) + "|"]
-        for row in _rows_at(result, field):
+    for field in _occupancy_fields(result):
+        lines += ["", f"**{OCCUPANCIES[field]}**", ""]
+        lines += _header(["case", "shape (b, s, hq, hkv, d)", "this bundle"] + [n for _, n in flexes]
+                         + [f"{n} / ours" for _, n in flexes])
+        for row in (r for r in result["rows"] if field in r):
             res = row[field]
-
-            def ms(impl, part):
-                return res.get(impl, {}).get(part, {}).get("ms")
-
-            def pair(impl):  # "fwd (fwd_bwd)", "-" for a part that did not run
-                if not ms(impl, "fwd") and not ms(impl, "fwd_bwd"):
-                    return "n/a"
-                return " ".join(f"{ms(impl, p):.2f}" if ms(impl, p) else "-" for p in ("fwd", "fwd_bwd")).replace(
-                    " ", " (", 1) + ")"
-
-            def ratio(impl, part):
-                mine, theirs = ms("ours", part), ms(impl, part)
-                return f"{theirs / mine:.2f}×" if mine and theirs else "-"
-
-            cells = [pair(i) for i in ("ours", *flexes)]
-            cells += [f"{ratio(i, 'fwd')} ({ratio(i, 'fwd_bwd')})" if ms(i, "fwd") or ms(i, "fwd_bwd") else "n/a"
-                      for i in flexes]
-            shape = ", ".join(str(x) for x in row["shape"])
-            lines.append(f"| {row['case']} | {shape} | " + " | ".join(cells) + " |")
+            cells = [_pair(res, i) for i in ("ours", *(i for i, _ in flexes))]
+            for impl, _ in flexes:
+                if not _ms(res, impl, "fwd") and not _ms(res, impl, "fwd_bwd"):
+                    cells.append("n/a")
+                    continue
+                r = [(f"{_ms(res, impl, p) / _ms(res, 'ours', p):.2f}×" if _ms(res, impl, p) and _ms(res, "ours", p)
+                      else "-") for p in ("fwd", "fwd_bwd")]
+                cells.append(f"{r[0]} ({r[1]})")
+            lines.append(f"| {row['case']} | {', '.join(map(str, row['shape']))} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-def dropout_table(result: dict, source: str) -> str:
-    """Milliseconds with and without dropout (forward; forward + backward in parentheses) per occupancy, ours and FA2
-    (SDPA flash), and the cost of dropout: the time with it over the time without, same run."""
-    impls = (("ours", "ours"), ("ours_dropout", f"ours, p={result['rows'][0]['dropout_p']}"),
-             ("sdpa_flash_fa2", "FA2"), ("sdpa_flash_fa2_dropout", f"FA2, p={result['rows'][0]['dropout_p']}"))
+def _dropout_label(result: dict) -> str:
+    return f"p={result['rows'][0]['dropout_p']}"
+
+
+def dropout_full(result: dict, source: str) -> str:
+    p = _dropout_label(result)
+    impls = (("ours", "ours"), ("ours_dropout", f"ours, {p}"), ("sdpa_flash_fa2", "FA2"),
+             ("sdpa_flash_fa2_dropout", f"FA2, {p}"))
     lines = [f"Dropout, bf16, {result['device']}, {result['date']} (`{source}`). Milliseconds, forward (forward + "
-             "backward; - where a part did not run: FA2's backward has no SM120-occupancy emulation); cost = time "
-             "with dropout / without, same implementation, same run (the issue's target: forward + backward <= 1.25x)."]
-    for field in [f for f in OCCUPANCIES if any(f in row for row in result["rows"])]:
-        lines += ["", f"**{OCCUPANCIES[field]}**", "", "| case | shape (b, s, hq, hkv, d) | "
-                  + " | ".join(name for _, name in impls) + " | cost, ours | cost, FA2 |", "|---" * 8 + "|"]
-        for row in _rows_at(result, field):
+             "backward; - where a part did not run: FA2's backward cannot be held to an SM120's occupancy); cost = "
+             "time with dropout / without, same implementation, same run."]
+    for field in _occupancy_fields(result):
+        lines += ["", f"**{OCCUPANCIES[field]}**", ""]
+        lines += _header(["case", "shape (b, s, hq, hkv, d)"] + [n for _, n in impls] + ["cost, ours", "cost, FA2"])
+        for row in (r for r in result["rows"] if field in r):
             res = row[field]
-
-            def ms(impl, part):
-                return res.get(impl, {}).get(part, {}).get("ms")
-
-            def pair(impl):
-                return " ".join(f"{ms(impl, p):.2f}" if ms(impl, p) else "-" for p in ("fwd", "fwd_bwd")).replace(
-                    " ", " (", 1) + ")"
 
             def cost(a, b):
-                parts = [f"{ms(b, p) / ms(a, p):.2f}×" if ms(a, p) and ms(b, p) else "-" for p in ("fwd", "fwd_bwd")]
+                parts = [f"{_ms(res, b, q) / _ms(res, a, q):.2f}×" if _ms(res, a, q) and _ms(res, b, q) else "-"
+                         for q in ("fwd", "fwd_bwd")]
                 return f"{parts[0]} ({parts[1]})"
 
-            shape = ", ".join(str(x) for x in row["shape"])
-            lines.append(f"| {row['case']} | {shape} | " + " | ".join(pair(i) for i, _ in impls)
+            lines.append(f"| {row['case']} | {', '.join(map(str, row['shape']))} | "
+                         + " | ".join(_pair(res, i) for i, _ in impls)
                          + f" | {cost('ours', 'ours_dropout')} | {cost('sdpa_flash_fa2', 'sdpa_flash_fa2_dropout')} |")
     return "\n".join(lines)
 
 
-def _replace(body: str, begin: str, end: str, text: str) -> str:
+def flex_summary(flex: dict, flex_source: str, dropout: dict, dropout_source: str) -> str:
+    """Two short tables at an SM120's occupancy: forward + backward of the mods cases against FlexAttention on
+    torch's sm_120 tiles, and the cost of dropout on the benchmark's grid (4 x 4096) rows."""
+    field = "results"
+    rows = [r for r in flex["rows"] if field in r and r["case"] in FLEX_SUMMARY_CASES] or \
+        [r for r in flex["rows"] if field in r]
+    lines = [f"Mods and block sparsity, bf16, forward + backward milliseconds, {flex['device']} at an SM120's CTAs "
+             f"per SM, {flex['date']} (`{flex_source}`; shape 4 x 4096, 32/8 heads, d128):", ""]
+    lines += _header(["case", "this bundle", "FlexAttention (compiled, sm_120 tiles)", "FlexAttention / ours"])
+    for row in rows:
+        res = row[field]
+        ours, flx = _ms(res, "ours", "fwd_bwd"), _ms(res, "flex_attention_sm120", "fwd_bwd")
+        lines.append(f"| {row['case']} | {_fmt(ours, 2)} | {_fmt(flx, 2)} | {_ratio(flx, ours)} |")
+    grid = [r for r in dropout["rows"] if field in r and r["shape"][:2] == [4, 4096]] or \
+        [r for r in dropout["rows"] if field in r]
+    lines += ["", f"Dropout ({_dropout_label(dropout)}), forward + backward milliseconds, {dropout['device']} at an "
+              f"SM120's CTAs per SM, {dropout['date']} (`{dropout_source}`; 4 x 4096, 32/8 heads):", ""]
+    lines += _header(["case", "without dropout", "with dropout", "cost"])
+    for row in grid:
+        res = row[field]
+        a, b = _ms(res, "ours", "fwd_bwd"), _ms(res, "ours_dropout", "fwd_bwd")
+        lines.append(f"| {row['case']} | {_fmt(a, 2)} | {_fmt(b, 2)} | {_ratio(b, a)} |")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------ training step
+
+STEP_MODELS = {
+    "llama_compiled": "transformers Llama, forward + loss under `torch.compile`",
+    "llama": "transformers Llama, eager",
+    "plain": "plain GPT, `torch.compile(fullgraph=True)`",
+}
+
+
+def step_full(step: dict, step_source: str, graphs: dict, graphs_source: str) -> str:
+    """Training-step milliseconds of every model and shape in the two ``bench_step.py`` results, ours against SDPA
+    in the backend order an SM120 takes (``sdpa_sm120``) and the H100's default order (``sdpa``: cuDNN's wgmma
+    kernels), with GPU-busy milliseconds of a profiled step in parentheses."""
+    lines = [f"Training step, bf16, {step['device']}, {step['date']} (`{step_source}`, `{graphs_source}`). Step "
+             "milliseconds, GPU-busy milliseconds of one profiled step in parentheses. `sdpa_sm120`: SDPA in the "
+             "backend order torch takes on an SM120 (FA2 where it runs, else the memory-efficient kernel, which a "
+             "compiled transformers model's explicit mask selects); `sdpa`: the H100's default order (cuDNN's wgmma "
+             "kernels first: a ceiling, not a peer). Models: 4 layers, 512 wide, GQA 8/2, d128.", ""]
+    lines += _header(["model", "tokens", "ours", "`sdpa_sm120`", "`sdpa` (cuDNN)", "ours vs `sdpa_sm120`"])
+    for result, suffix in ((step, ""), (graphs, ", CUDA graphs (`mode=\"reduce-overhead\"`)")):
+        for run in result["runs"].values():
+            tokens = f"{run['batch']} x {run['seq']}"
+            for model, impls in run["models"].items():
+                def cell(impl):
+                    r = impls.get(impl)
+                    return f"{r['step_ms']:.2f} ({r['kernels']['gpu_ms']:.2f})" if r else "n/a"
+
+                ours, peer = impls.get("ours", {}).get("step_ms"), impls.get("sdpa_sm120", {}).get("step_ms")
+                lines.append(f"| {STEP_MODELS.get(model, model)}{suffix} | {tokens} | {cell('ours')} | "
+                             f"{cell('sdpa_sm120')} | {cell('sdpa')} | {_ratio(peer, ours)} |")
+    return "\n".join(lines)
+
+
+# -------------------------------------------------------------------------------------------------------------- main
+
+def regions(paths: dict) -> dict:
+    """{file: {marker name: table text}} from the result files in ``paths``."""
+    data = {name: json.loads(path.read_text()) for name, path in paths.items()}
+    src = {name: _source(path) for name, path in paths.items()}
+    return {
+        README: {
+            "perf-fwd": fwd_summary(data["fwd"], src["fwd"]),
+            "perf-bwd": bwd_summary(data["bwd"], src["bwd"]),
+            "perf-serving": serving_summary(data["serving"], src["serving"]),
+            "perf-flex": flex_summary(data["flex"], src["flex"], data["dropout"], src["dropout"]),
+        },
+        PERFORMANCE: {
+            "perf-fwd-full": fwd_full(data["fwd"], src["fwd"]),
+            "perf-bwd-full": bwd_full(data["bwd"], src["bwd"]),
+            "perf-serving-full": serving_full(data["serving"], src["serving"]),
+            "perf-flex-full": flex_full(data["flex"], src["flex"]),
+            "perf-dropout-full": dropout_full(data["dropout"], src["dropout"]),
+            "perf-step-full": step_full(data["step"], src["step"], data["step_graphs"], src["step_graphs"]),
+        },
+    }
+
+
+def replace_region(body: str, name: str, text: str) -> str:
+    """``body`` with the text between ``<!-- name:begin -->`` and ``<!-- name:end -->`` replaced by ``text``."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if begin not in body or end not in body:
+        raise KeyError(f"markers {begin} / {end} not found")
     start, stop = body.index(begin) + len(begin), body.index(end)
     return body[:start] + "\n" + text + "\n" + body[stop:]
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--result", default=str(DEFAULT))
-    ap.add_argument("--serving-result", default=str(SERVING_DEFAULT))
-    ap.add_argument("--bwd-result", default=str(BWD_DEFAULT))
-    ap.add_argument("--flex-result", default=str(FLEX_DEFAULT))
-    ap.add_argument("--dropout-result", default=str(DROPOUT_DEFAULT))
-    ap.add_argument("--check", action="store_true")
-    args = ap.parse_args()
-    readme = ROOT / "README.md"
-    body = readme.read_text()
-    new = body
-    for path, begin, end, make in ((Path(args.result), BEGIN, END, table),
-                                   (Path(args.serving_result), SERVING_BEGIN, SERVING_END, serving_table),
-                                   (Path(args.bwd_result), BWD_BEGIN, BWD_END, bwd_table),
-                                   (Path(args.flex_result), FLEX_BEGIN, FLEX_END, flex_table),
-                                   (Path(args.dropout_result), DROPOUT_BEGIN, DROPOUT_END, dropout_table)):
-        new = _replace(new, begin, end, make(json.loads(path.read_text()), path.relative_to(ROOT).as_posix()))
-    if args.check:
-        sys.exit(0 if new == body else 1)
-    readme.write_text(new)
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for name, path in DEFAULTS.items():
+        ap.add_argument(f"--{name.replace('_', '-')}", type=Path, default=path, help=f"default: {_source(path)}")
+    ap.add_argument("--check", action="store_true", help="write nothing; exit 1 when a table is stale")
+    args = ap.parse_args(argv)
+    paths = {name: getattr(args, name).resolve() for name in DEFAULTS}
+    stale = []
+    for path, tables in regions(paths).items():
+        body = path.read_text()
+        new = body
+        for name, text in tables.items():
+            try:
+                new = replace_region(new, name, text)
+            except KeyError as e:
+                print(f"gen_perf: {_source(path)}: {e.args[0]}", file=sys.stderr)
+                return 1
+        if new != body:
+            stale.append(_source(path))
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        print(f"gen_perf: stale tables in {', '.join(stale)}: run python tools/gen_perf.py", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
