@@ -26,7 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 import flash_attn_4_sm120 as fa  # noqa: E402
-from flash_attn_4_sm120 import interface  # noqa: E402
+from flash_attn_4_sm120 import launch  # noqa: E402
 from flash_attn_4_sm120.compiler import aux_args, sparse_args, get_combine_kernel, get_fwd_kernel  # noqa: E402
 from flash_attn_4_sm120.config import select_fwd_config  # noqa: E402
 from flash_attn_4_sm120.problem import CombineSpec, validate_fwd  # noqa: E402
@@ -64,7 +64,7 @@ def main():
     o = torch.empty_like(q)
     lse = torch.empty(b, hq, 1, dtype=torch.float32, device="cuda")
     spec, shape, prm = validate_fwd(q, k, k, None, False)
-    spec = interface._with_packing(spec, shape, None)
+    spec = launch.with_packing(spec, shape, None)
     model = fa.dispatch_model(q.device)
     cfg = select_fwd_config(spec, model)
     kern = get_fwd_kernel(spec, cfg, model, model.compile_target)
@@ -85,9 +85,9 @@ def main():
         "flash_attn_fwd(out=, lse=), split": lambda: fa.flash_attn_fwd(q, k, k, out=o, lse=lse, num_splits=splits),
         "flash_attn_func, unsplit": lambda: fa.flash_attn_func(q, k, k, num_splits=1),
         "flash_attn_func, split": lambda: fa.flash_attn_func(q, k, k, num_splits=splits),
-        # the same calls without their remembered launch plan (interface._PLANS): validation and dispatch again
-        "flash_attn_func, unsplit, no plan": lambda: (interface._PLANS.clear(), fa.flash_attn_func(q, k, k, num_splits=1)),
-        "flash_attn_func, split, no plan": lambda: (interface._PLANS.clear(), fa.flash_attn_func(q, k, k, num_splits=splits)),
+        # the same calls without their remembered launch plan (launch._PLANS): validation and dispatch again
+        "flash_attn_func, unsplit, no plan": lambda: (launch._PLANS.clear(), fa.flash_attn_func(q, k, k, num_splits=1)),
+        "flash_attn_func, split, no plan": lambda: (launch._PLANS.clear(), fa.flash_attn_func(q, k, k, num_splits=splits)),
     }
     # the KV-cache entry at the same decode shape over a paged cache (page size 16), and the paged varlen call
     page = 16

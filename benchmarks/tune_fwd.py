@@ -26,7 +26,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 from flash_attn_4_sm120.compiler import aux_args, sparse_args, get_fwd_kernel  # noqa: E402
 from flash_attn_4_sm120.config import TABLE_PATH, FwdConfig, candidate_fwd_configs, occupancy_launch_smem, tile_band  # noqa: E402
-from flash_attn_4_sm120.interface import device_smem, dispatch_model  # noqa: E402
+from flash_attn_4_sm120.launch import device_smem, dispatch_model  # noqa: E402
 from flash_attn_4_sm120.problem import FwdSpec  # noqa: E402
 from timing import median_ms  # noqa: E402
 

@@ -261,7 +261,7 @@ def test_num_splits_rejects_bad_values(num_splits):
 
 def test_out_with_rows_not_16_byte_aligned_is_refused():
     """A caller's out must allow 16-byte row stores, like the inputs (the kernels assume it)."""
-    from flash_attn_4_sm120.interface import _check_output
+    from flash_attn_4_sm120.validation import check_output as _check_output
 
     good = torch.empty(2, 8, 4, 64, dtype=torch.bfloat16)
     _check_output("out", good, (2, 8, 4, 64), torch.bfloat16, good.device)
@@ -277,11 +277,11 @@ def test_flash_attn_fwd_checks_pack_gqa_like_the_other_entry_points():
 
 
 def test_occupancy_env_is_checked():
-    from flash_attn_4_sm120 import interface
+    from flash_attn_4_sm120 import launch
 
-    assert interface.device_smem(None, "device") is None  # launch as compiled: no device query
+    assert launch.device_smem(None, "device") is None  # launch as compiled: no device query
     with pytest.raises(ValueError, match="FA4_SM120_OCCUPANCY='max'"):
-        interface.device_smem(None, "max")
+        launch.device_smem(None, "max")
 
 
 @pytest.mark.parametrize("entry", ["dense", "dense-split", "varlen"])

@@ -115,7 +115,7 @@ def test_named_tuple_matches_upstream_field_order():
     assert "block_size" in BlockSparseTensorsTorch._fields
 
 
-# -- the call's spec and the refusals (interface._with_block_sparse), on the CPU
+# -- the call's spec and the refusals (validation.with_block_sparse), on the CPU
 
 
 def _shape(batch=2, heads=8, seqlen_q=256, seqlen_k=256):
@@ -125,13 +125,13 @@ def _shape(batch=2, heads=8, seqlen_q=256, seqlen_k=256):
 
 
 def _sparse_call(spec=None, needs_grad=False, num_splits=None, pack_gqa=None, tensors=None, deterministic=False):
-    from flash_attn_4_sm120 import interface
+    from flash_attn_4_sm120 import validation
     from flash_attn_4_sm120.problem import FwdParams, FwdSpec
 
     spec = spec or FwdSpec("bf16", 128, 128, causal=False)
     params = FwdParams(softmax_scale=0.125, scale_log2=0.18, softcap_scale=0.0, window_left=0, window_right=0,
                        sink=None)
-    return interface._with_block_sparse(spec, _shape(), params, tensors or _ok(), needs_grad, num_splits, pack_gqa,
+    return validation.with_block_sparse(spec, _shape(), params, tensors or _ok(), needs_grad, num_splits, pack_gqa,
                                         None, deterministic)
 
 

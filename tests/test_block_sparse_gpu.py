@@ -321,13 +321,13 @@ def _refine(ex, b, hq, sq, sk, tile=(64, 64)):
     """The backward's ``TileRefine`` of a call with ``ex``'s mask_mod (and aux tensors) at ``tile``."""
     from types import SimpleNamespace
 
-    from flash_attn_4_sm120 import backward, flex, interface
+    from flash_attn_4_sm120 import backward, flex, launch
     from flash_attn_4_sm120.problem import BwdSpec, FwdShape
 
     mods = flex.register(flex.ModKey.of(mask_mod=ex.mask_mod, aux_tensors=ex.aux_tensors), mask_mod=ex.mask_mod)
     bspec = BwdSpec("bf16", 128, 128, causal=False, mods=mods, block_sparse=(128, 128))
     shape = FwdShape(batch=b, seqlen_q=sq, seqlen_k=sk, num_heads=hq, num_heads_kv=hq)
-    model, target = interface._model_and_target(torch.cuda.current_device(), None, None)
+    model, target = launch.model_and_target(torch.cuda.current_device(), None, None)
     cfg = SimpleNamespace(tile_m=tile[0], tile_n=tile[1])
     return backward._tile_refine(bspec, cfg, shape, tuple(ex.aux_tensors), model, target)
 

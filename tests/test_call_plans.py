@@ -1,4 +1,4 @@
-"""Remembered launch plans (``interface._PLANS``): a repeated call skips validation and dispatch. The key
+"""Remembered launch plans (``launch._PLANS``): a repeated call skips validation and dispatch. The key
 must cover everything validation and dispatch read, and calls it cannot describe are never remembered."""
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import flash_attn_4_sm120 as fa
-from flash_attn_4_sm120 import interface
+from flash_attn_4_sm120 import custom_ops, launch, validation
 from flash_attn_4_sm120.execution_model import OCCUPANCY_ENV
 from reference import attention_grads_ref, attention_ref, varlen_batch
 
@@ -17,7 +17,7 @@ def _qkv(device="cpu", b=2, sq=5, sk=9, hq=4, hkv=2, d=64, dtype=torch.bfloat16)
 
 
 def _key(q, k, v, sink=None, scale=None, softcap=0.0, window=(None, None), causal=False):
-    return interface._call_key((q, k, v, sink), (scale, softcap, *window), ("dense", causal, None, None))
+    return launch.call_key((q, k, v, sink), (scale, softcap, *window), ("dense", causal, None, None))
 
 
 def test_equal_calls_share_a_key_and_every_checked_fact_changes_it(monkeypatch):
@@ -32,8 +32,8 @@ def test_equal_calls_share_a_key_and_every_checked_fact_changes_it(monkeypatch):
         _key(q, k, v, window=(8, 0)),
         _key(q, k, v, causal=True),
         _key(q, k, v, sink=torch.zeros(4)),
-        interface._call_key((q, k, v, None), (None, 0.0, None, None), ("dense", False, 2, None)),  # num_splits
-        interface._call_key((q, k, v, None), (None, 0.0, None, None), ("varlen", False, None, None)),
+        launch.call_key((q, k, v, None), (None, 0.0, None, None), ("dense", False, 2, None)),  # num_splits
+        launch.call_key((q, k, v, None), (None, 0.0, None, None), ("varlen", False, None, None)),
     ]
     monkeypatch.setenv(OCCUPANCY_ENV, "device")  # the environment dispatch reads
     others.append(_key(q, k, v))
@@ -75,10 +75,10 @@ def test_window_entries_other_than_int_or_none_get_no_key(window):
 
 
 def test_a_refused_call_is_not_remembered():
-    interface._PLANS.clear()
+    launch._PLANS.clear()
     with pytest.raises(ValueError, match="CUDA tensors"):
         fa.flash_attn_func(*_qkv())
-    assert not interface._PLANS
+    assert not launch._PLANS
 
 
 # -- on the GPU ------------------------------------------------------------------------------------
@@ -86,9 +86,9 @@ def test_a_refused_call_is_not_remembered():
 
 def _count_validations(monkeypatch):
     calls = []
-    for name in ("validate_fwd", "_validate_varlen_call"):
-        real = getattr(interface, name)
-        monkeypatch.setattr(interface, name, lambda *a, _real=real, **kw: (calls.append(1), _real(*a, **kw))[1])
+    for name in ("validate_fwd", "validate_varlen"):
+        real = getattr(validation, name)
+        monkeypatch.setattr(validation, name, lambda *a, _real=real, **kw: (calls.append(1), _real(*a, **kw))[1])
     return calls
 
 
@@ -101,7 +101,7 @@ def _count_validations(monkeypatch):
     pytest.param({"num_splits": 3}, id="split3"),
 ])
 def test_a_repeated_call_runs_its_plan_with_the_same_result(monkeypatch, features):
-    monkeypatch.setattr(interface, "_PLANS", {})
+    monkeypatch.setattr(launch, "_PLANS", {})
     validations = _count_validations(monkeypatch)
     torch.manual_seed(0)
     q, k, v = _qkv("cuda", b=3, sq=70, sk=301, hq=6, hkv=2, d=96)
@@ -110,7 +110,7 @@ def test_a_repeated_call_runs_its_plan_with_the_same_result(monkeypatch, feature
         features["learnable_sink"] = torch.randn(6, device="cuda")
     first, lse1 = fa.flash_attn_func(q, k, v, return_lse=True, **features)
     second, lse2 = fa.flash_attn_func(q, k, v, return_lse=True, **features)
-    assert len(validations) == 1 and len(interface._PLANS) == 1
+    assert len(validations) == 1 and len(launch._PLANS) == 1
     assert torch.equal(first, second) and torch.equal(lse1, lse2)
     # new tensors of the same shapes (another layer): the plan runs on them
     q2, k2, v2 = (torch.randn_like(t) for t in (q, k, v))
@@ -132,7 +132,7 @@ def test_a_repeated_call_runs_its_plan_with_the_same_result(monkeypatch, feature
 
 @pytest.mark.gpu
 def test_what_dispatch_reads_makes_a_new_plan(monkeypatch):
-    monkeypatch.setattr(interface, "_PLANS", {})
+    monkeypatch.setattr(launch, "_PLANS", {})
     validations = _count_validations(monkeypatch)
     q, k, v = _qkv("cuda", sq=64, sk=200)
     fa.flash_attn_func(q, k, v)
@@ -140,26 +140,26 @@ def test_what_dispatch_reads_makes_a_new_plan(monkeypatch):
     fa.flash_attn_func(q, k[:, :199].contiguous(), v[:, :199].contiguous())
     monkeypatch.setenv(OCCUPANCY_ENV, "device")
     fa.flash_attn_func(q, k, v)
-    assert len(validations) == 4 and len(interface._PLANS) == 4
+    assert len(validations) == 4 and len(launch._PLANS) == 4
     fa.flash_attn_func(q.transpose(-1, -2).contiguous().transpose(-1, -2), k, v)  # copied first: never remembered
-    assert len(validations) == 5 and len(interface._PLANS) == 4
+    assert len(validations) == 5 and len(launch._PLANS) == 4
     strided = q.transpose(1, 2).contiguous().transpose(1, 2)  # read in place: remembered under its strides
     out = fa.flash_attn_func(strided, k, v)[0]
     assert torch.equal(out, fa.flash_attn_func(strided, k, v)[0]) and torch.equal(out, fa.flash_attn_func(q, k, v)[0])
-    assert len(validations) == 6 and len(interface._PLANS) == 5
+    assert len(validations) == 6 and len(launch._PLANS) == 5
 
 
 @pytest.mark.gpu
 def test_gradients_and_misses_of_metadata_take_the_checked_path(monkeypatch):
-    monkeypatch.setattr(interface, "_PLANS", {})
+    monkeypatch.setattr(launch, "_PLANS", {})
     validations = _count_validations(monkeypatch)
     q, k, v, cu_q, cu_k = varlen_batch([5, 0, 33], [40, 7, 64], 4, 2, 64)
     for _ in range(2):  # the maxima not given: read from the device, never remembered
         fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k)
-    assert len(validations) == 2 and not interface._PLANS
+    assert len(validations) == 2 and not launch._PLANS
     for _ in range(2):
         out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_seqlen_q=33, max_seqlen_k=64, return_lse=True)
-    assert len(validations) == 3 and len(interface._PLANS) == 1
+    assert len(validations) == 3 and len(launch._PLANS) == 1
     ref, _ = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, return_lse=True)
     assert torch.equal(out, ref)
     for _ in range(2):  # the host metadata check runs on every call that asks for it
@@ -182,7 +182,7 @@ def test_a_repeated_training_call_runs_its_plan_with_the_same_gradients(monkeypa
     """A training step's repeated calls (every layer) skip validation and dispatch: the forward through autograd
     from the remembered plan, the backward's launch decisions memoized (``backward.bwd_launch``); the gradients
     of the second call are the first's bit for bit (deterministic mode) and match the fp32 reference."""
-    monkeypatch.setattr(interface, "_PLANS", {})
+    monkeypatch.setattr(launch, "_PLANS", {})
     validations = _count_validations(monkeypatch)
     torch.manual_seed(0)
     features = dict(features)
@@ -206,11 +206,11 @@ def test_a_repeated_training_call_runs_its_plan_with_the_same_gradients(monkeypa
 
     first = grads(q, k, v)
     second = grads(q, k, v)
-    assert len(validations) == 1 and len(interface._PLANS) == 1
+    assert len(validations) == 1 and len(launch._PLANS) == 1
     for a, b in zip(first, second):
         assert torch.equal(a, b)
     if varlen:  # the same sequences through the checked path (the varlen backward's own tests hold it to fp32)
-        monkeypatch.setattr(interface, "_PLANS", {})
+        monkeypatch.setattr(launch, "_PLANS", {})
         for a, b in zip(first, grads(*(t.contiguous() for t in (q, k, v)))):
             assert torch.equal(a, b)
         return
@@ -227,14 +227,14 @@ def test_a_repeated_training_call_runs_its_plan_with_the_same_gradients(monkeypa
 def test_the_custom_ops_remember_their_calls(monkeypatch):
     """The forward and backward ops (what a ``torch.compile`` graph calls every step) validate a repeated call
     once, and give what the checked eager entries give, bit for bit (deterministic backward)."""
-    monkeypatch.setattr(interface, "_PLANS", {})
+    monkeypatch.setattr(launch, "_PLANS", {})
     validations = _count_validations(monkeypatch)
     torch.manual_seed(0)
     q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2)
                for t in _qkv("cuda", b=2, sq=70, sk=131, hq=6, hkv=2, d=64))
     sink = torch.randn(6, device="cuda")
     fwd_args = (None, True, 32, 0, 0.0, sink, 0, None, True, None)
-    outs = [interface._fwd_op(q, k, v, *fwd_args) for _ in range(2)]
+    outs = [custom_ops._fwd_op(q, k, v, *fwd_args) for _ in range(2)]
     assert len(validations) == 1
     out, lse = outs[0]
     assert torch.equal(out, outs[1][0]) and torch.equal(lse, outs[1][1])
@@ -242,7 +242,7 @@ def test_the_custom_ops_remember_their_calls(monkeypatch):
                                           return_lse=True)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     dout = torch.randn_like(out)
-    grads = [interface._bwd_op(dout, None, q, k, v, out, lse, None, True, 32, 0, 0.0, sink, True, None)
+    grads = [custom_ops._bwd_op(dout, None, q, k, v, out, lse, None, True, 32, 0, 0.0, sink, True, None)
              for _ in range(2)]
     assert len(validations) == 3  # flash_attn_func above, then the backward op once
     ref = fa.flash_attn_bwd(dout, q, k, v, out, lse, causal=True, window_size=(32, 0), learnable_sink=sink,
@@ -253,24 +253,24 @@ def test_the_custom_ops_remember_their_calls(monkeypatch):
 
 @pytest.mark.gpu
 def test_the_varlen_ops_remember_their_calls(monkeypatch):
-    monkeypatch.setattr(interface, "_PLANS", {})
+    monkeypatch.setattr(launch, "_PLANS", {})
     validations = _count_validations(monkeypatch)
     torch.manual_seed(0)
     q, k, v, cu_q, cu_k = varlen_batch([70, 0, 45], [131, 9, 64], 6, 2, 64)
     fwd_args = (cu_q, cu_k, None, None, 70, 131, None, True, None, None, 10.0, None, 0, None, None, None, True, None)
-    outs = [interface._varlen_op(q, k, v, *fwd_args) for _ in range(2)]
+    outs = [custom_ops._varlen_op(q, k, v, *fwd_args) for _ in range(2)]
     assert len(validations) == 1
     out, lse = outs[0]
     assert torch.equal(out, outs[1][0]) and torch.equal(lse, outs[1][1])
     dout = torch.randn_like(out)
     bwd_args = (cu_q, cu_k, None, None, 70, 131, None, True, None, None, 10.0, None, True, None)
-    grads = [interface._varlen_bwd_op(dout, None, q, k, v, out, lse, *bwd_args) for _ in range(2)]
+    grads = [custom_ops._varlen_bwd_op(dout, None, q, k, v, out, lse, *bwd_args) for _ in range(2)]
     assert len(validations) == 2
-    monkeypatch.setattr(interface, "_PLANS", {})  # the checked path, every call validated
-    ref_out, ref_lse = interface._varlen_op(q, k, v, cu_q, cu_k, None, None, None, None, None, True, None, None, 10.0,
-                                            None, 0, None, None, None, True, None)
-    ref = interface._varlen_bwd_op(dout, None, q, k, v, out, lse, cu_q, cu_k, None, None, None, None, None, True,
-                                   None, None, 10.0, None, True, None)
+    monkeypatch.setattr(launch, "_PLANS", {})  # the checked path, every call validated
+    ref_out, ref_lse = custom_ops._varlen_op(q, k, v, cu_q, cu_k, None, None, None, None, None, True, None, None, 10.0,
+                                             None, 0, None, None, None, True, None)
+    ref = custom_ops._varlen_bwd_op(dout, None, q, k, v, out, lse, cu_q, cu_k, None, None, None, None, None, True,
+                                    None, None, 10.0, None, True, None)
     assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
     for a, b, r in zip(*grads, ref):
         assert torch.equal(a, b) and torch.equal(a, r)

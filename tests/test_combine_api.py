@@ -148,7 +148,7 @@ class StandInKernel:
 def stand_in(monkeypatch):
     kernel = StandInKernel()
     monkeypatch.setattr(combine, "_check_devices", lambda *args, **kwargs: None)
-    monkeypatch.setattr(combine, "_model_and_target", lambda *args: ("model", "target"))
+    monkeypatch.setattr(combine, "model_and_target", lambda *args: ("model", "target"))
     monkeypatch.setattr(combine.compiler, "get_combine_kernel", kernel.get)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: None)  # CPU tensors: device.index is None
     return kernel

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flash_attn_4_sm120 as fa
-from flash_attn_4_sm120 import compiler, flex, flex_examples, interface
+from flash_attn_4_sm120 import compiler, flex, flex_examples, validation
 from flash_attn_4_sm120.bwd_config import bwd_config_problems
 from flash_attn_4_sm120.config import select_fwd_config
 from flash_attn_4_sm120.execution_model import SM120
@@ -21,7 +21,7 @@ def _call(spec=None, needs_grad=False, **mods):
     params = FwdParams(softmax_scale=0.125, scale_log2=0.125 * 1.4426950408889634, softcap_scale=0.0,
                        window_left=0, window_right=0, sink=None)
     full = dict(score_mod=None, mask_mod=None, score_mod_bwd=None, aux_tensors=None, aux_scalars=None) | mods
-    return interface._with_mods(spec, params, full, needs_grad)
+    return validation.with_mods(spec, params, full, needs_grad)
 
 
 def test_score_mod_moves_the_scale_before_the_mod():

@@ -29,7 +29,7 @@ def _run_and_check(q, k, v, causal, softmax_scale=None, config=None, num_splits=
     """``config`` (a FwdConfig) bypasses the table: every mainloop variant runs the same checks.
     ``num_splits`` as in flash_attn_func (None: automatic); ``max_ctas`` caps a persistent grid."""
     import flash_attn_4_sm120 as fa
-    from flash_attn_4_sm120.interface import _launch_fwd
+    from flash_attn_4_sm120.launch import launch_fwd as _launch_fwd
     from flash_attn_4_sm120.problem import validate_fwd
 
     b, sq, hq, _ = q.shape

@@ -214,7 +214,7 @@ def test_forward_is_bitwise_repeatable(fields, d, causal):
     rescale must not depend on them, else O of the valid rows differs by ~1e-6 relative between runs,
     ``_kernels/softmax``); split-KV calls (the table's d64 / d96 choice here) included."""
     from flash_attn_4_sm120.config import FwdConfig
-    from flash_attn_4_sm120.interface import _launch_fwd
+    from flash_attn_4_sm120.launch import launch_fwd as _launch_fwd
     from flash_attn_4_sm120.problem import validate_fwd
 
     torch.manual_seed(d)

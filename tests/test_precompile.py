@@ -264,14 +264,14 @@ def test_precompile_keys_ignore_a_gpu_that_is_not_the_models(monkeypatch):
     """A build box compiling for sm_120 uses the SM120's own launch (no padding), whatever GPU it has."""
     import torch
 
-    from flash_attn_4_sm120 import execution_model, interface, precompile as pc
+    from flash_attn_4_sm120 import execution_model, launch, precompile as pc
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
 
     def unsupported(device):
         raise execution_model.UnsupportedDeviceError("compute capability 10.0 cannot run the SM120 execution model")
 
-    monkeypatch.setattr(interface, "dispatch_model", unsupported)
+    monkeypatch.setattr(launch, "dispatch_model", unsupported)
     assert pc._device_smem_for(execution_model.SM120) is None
-    monkeypatch.setattr(interface, "dispatch_model", lambda device: execution_model.SM90)
+    monkeypatch.setattr(launch, "dispatch_model", lambda device: execution_model.SM90)
     assert pc._device_smem_for(execution_model.SM120) is None

@@ -1,7 +1,7 @@
 """The longest-first tile order of masked (causal / local) forwards: every band size the host can pick
 must visit every (M tile, head, batch, split) exactly once (run on the device; skipped without CUDA).
 
-``interface.tile_band`` sizes the band from the device's L2; here it is replaced by fixed values: one pair
+``launch.tile_band`` sizes the band from the device's L2; here it is replaced by fixed values: one pair
 per band (the M-tile-per-pair order), a band that does not divide the pairs (a short last band) and one
 band for everything. Outputs are NaN-poisoned and checked against the fp32 reference (``reference.check_fwd``)."""
 
@@ -27,10 +27,10 @@ CASES = [  # the table's configs: 128-row tiles run banded, 64-row ones (packed 
 @pytest.mark.parametrize("band", BANDS)
 @pytest.mark.parametrize("case", CASES)
 def test_every_band_size_visits_every_tile(monkeypatch, case, band):
-    from flash_attn_4_sm120 import interface
+    from flash_attn_4_sm120 import launch
 
-    monkeypatch.setattr(interface, "tile_band", lambda *args: band)
-    monkeypatch.setattr(interface, "_PLANS", {})  # plans remembered under another band would skip the patch
+    monkeypatch.setattr(launch, "tile_band", lambda *args: band)
+    monkeypatch.setattr(launch, "_PLANS", {})  # plans remembered under another band would skip the patch
     b, sq, sk, hq, hkv, d, options, features = case
     torch.manual_seed(0)
     q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")

@@ -69,7 +69,7 @@ def _dense_config_run(kind):
     """A forced mainloop on dense GQA inputs: full, causal and a window with a negative bound."""
     import torch
 
-    from flash_attn_4_sm120.interface import _launch_fwd
+    from flash_attn_4_sm120.launch import launch_fwd as _launch_fwd
     from flash_attn_4_sm120.problem import validate_fwd
 
     torch.manual_seed(0)

@@ -106,7 +106,7 @@ class BwdSpec:
     call being differentiated. Sizes, scales and window bounds are runtime
     values. Packed GQA and split-KV are forward schedules, not features: the backward of such a call is
     the plain backward of its spec. A learnable sink changes no backward code: it enters the kernels only
-    through the LSE, and its gradient is a reduction over the preprocess's D (``interface``)."""
+    through the LSE, and its gradient is a reduction over the preprocess's D (``backward``)."""
 
     dtype: str
     head_dim: int
