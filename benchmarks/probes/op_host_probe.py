@@ -4,7 +4,7 @@ test).
 The compiled plain GPT's step is host-bound with the bundle (``benchmarks/bench_step.py``); this splits an op
 call's host time into the dispatcher and ``torch.library.custom_op`` layers (``torch.ops`` call, as an inductor
 graph makes it, under ``no_grad`` as AOTAutograd's runtime runs the forward graph's ops) and the bundle's own impl
-(``interface._fwd_impl`` / ``_bwd_impl`` called directly), for the tree's package and the build loaded through
+(``custom_ops._fwd_impl`` / ``_bwd_impl`` called directly), for the tree's package and the build loaded through
 ``kernels`` (``--profile``: cProfiles of the tree's op calls), and forward + backward through autograd beside
 SDPA's (``--breakdown``: that call's parts); a small causal GQA shape, so the GPU never holds the host back.
 Median of 7 rounds of 200 calls.
@@ -45,6 +45,11 @@ PROFILE = False
 BREAKDOWN = False
 
 
+def _module(iface, name: str):
+    """The package's module ``name`` beside ``iface`` (the tree's package or the build ``kernels`` loaded)."""
+    return importlib.import_module(iface.__name__.rsplit(".", 1)[0] + "." + name)
+
+
 def breakdown(iface, ours_step, qkv, qkv_t, ours_dout) -> dict:
     """Where an eager fwd+bwd call's host time goes (``--breakdown``): the forward with a graph built, the backward
     body (``backward.run_bwd``) with and without its three launches, each launch alone, the dQ accumulator's
@@ -54,7 +59,7 @@ def breakdown(iface, ours_step, qkv, qkv_t, ours_dout) -> dict:
 
     import torch
 
-    backward = importlib.import_module(iface.__name__.rsplit(".", 1)[0] + ".backward")
+    backward, ag = _module(iface, "backward"), _module(iface, "autograd")
     captured = {}
     run_bwd, bwd_launch = backward.run_bwd, backward.bwd_launch
 
@@ -70,12 +75,12 @@ def breakdown(iface, ours_step, qkv, qkv_t, ours_dout) -> dict:
         return dataclasses.replace(launch, pre=wrap("pre", launch.pre), main=wrap("main", launch.main),
                                    post=wrap("post", launch.post))
 
-    grads_fn = iface._grads
+    grads_fn = ag.gradients
 
     def spy_grads(*x, **y):
         captured["grads_args"] = x
         return grads_fn(*x, **y)
-    iface._grads = spy_grads
+    ag.gradients = spy_grads
 
     def spy_run(*a, **kw):
         captured["run_bwd"] = (a, kw)
@@ -85,7 +90,7 @@ def breakdown(iface, ours_step, qkv, qkv_t, ours_dout) -> dict:
         ours_step()
     finally:
         backward.run_bwd, backward.bwd_launch = run_bwd, bwd_launch
-        iface._grads = grads_fn
+        ag.gradients = grads_fn
     torch.cuda.synchronize()
     a, kw = captured["run_bwd"]
     launch = captured["launch"]
@@ -114,14 +119,14 @@ def breakdown(iface, ours_step, qkv, qkv_t, ours_dout) -> dict:
     rows["torch.empty (dQ accumulator)"] = per_call_us(lambda: torch.empty(dq_acc.shape, dtype=dq_acc.dtype,
                                                                            device=dq_acc.device))
 
-    grads_fn = iface._grads
+    grads_fn = ag.gradients
     fixed = grads_fn(*captured["grads_args"]) if "grads_args" in captured else None
     if fixed is not None:
-        iface._grads = lambda *x, **y: fixed
+        ag.gradients = lambda *x, **y: fixed
         try:
             rows["fwd+bwd autograd, ours, backward body skipped"] = per_call_us(ours_step)
         finally:
-            iface._grads = grads_fn
+            ag.gradients = grads_fn
     rows["fwd + autograd.grad, ours"] = per_call_us(
         lambda: torch.autograd.grad(iface.flash_attn_func(q, k, v, causal=True)[0], (q, k, v), ours_dout))
     rows["fwd + autograd.grad, SDPA"] = per_call_us(lambda: torch.autograd.grad(
@@ -146,7 +151,7 @@ def breakdown(iface, ours_step, qkv, qkv_t, ours_dout) -> dict:
 
 
 def timed_inside(iface, backward, ours_step, direct) -> dict:
-    """Mean microseconds spent inside ``_grads``, ``run_bwd`` and each of the three backward launches when the
+    """Mean microseconds spent inside ``autograd.gradients``, ``run_bwd`` and each of the three backward launches when the
     autograd engine calls the backward (``ours_step``) and when ``run_bwd`` is called on this thread (``direct``),
     from wrappers that time each call with ``perf_counter`` (H100, 2026-11-27: the backward body cost ~180 us through
     autograd against ~50 us called directly)."""
@@ -168,7 +173,8 @@ def timed_inside(iface, backward, ours_step, direct) -> dict:
                 spent[name] += time.perf_counter() - t0
                 threads.add((name, threading.get_ident() == threading.main_thread().ident))
         return call
-    grads_fn, run_bwd, bwd_launch = iface._grads, backward.run_bwd, backward.bwd_launch
+    ag = _module(iface, "autograd")
+    grads_fn, run_bwd, bwd_launch = ag.gradients, backward.run_bwd, backward.bwd_launch
 
     def launch_timed(*x, **y):
         launch = bwd_launch(*x, **y)
@@ -176,7 +182,7 @@ def timed_inside(iface, backward, ours_step, direct) -> dict:
                                    post=timed("post", launch.post))
     rows = {}
     for label, fn in (("autograd", ours_step), ("direct", direct)):
-        iface._grads, backward.run_bwd = timed("_grads", grads_fn), timed("run_bwd", run_bwd)
+        ag.gradients, backward.run_bwd = timed("gradients", grads_fn), timed("run_bwd", run_bwd)
         backward.bwd_launch = timed("bwd_launch", launch_timed)
         try:
             fn()
@@ -188,7 +194,7 @@ def timed_inside(iface, backward, ours_step, direct) -> dict:
                 fn()
             torch.cuda.synchronize()
         finally:
-            iface._grads, backward.run_bwd, backward.bwd_launch = grads_fn, run_bwd, bwd_launch
+            ag.gradients, backward.run_bwd, backward.bwd_launch = grads_fn, run_bwd, bwd_launch
         for name, total in sorted(spent.items()):
             rows[f"inside {name}, {label}"] = total / n * 1e6
         print(f"{label}: (function, on the main thread): {sorted(threads)}", flush=True)
@@ -202,7 +208,8 @@ def probe(label: str, iface) -> dict:
     b, s, hq, hkv, d = 1, 256, 8, 2, 128
     q = torch.randn(b, s, hq, d, dtype=torch.bfloat16, device="cuda")
     k, v = (torch.randn(b, s, hkv, d, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-    fwd_op, bwd_op = (getattr(op, "_opoverload", op) for op in (iface._fwd_op, iface._bwd_op))
+    ops = _module(iface, "custom_ops")
+    fwd_op, bwd_op = (getattr(op, "_opoverload", op) for op in (ops._fwd_op, ops._bwd_op))
     fwd_args = (q, k, v, None, True, None, None, 0.0, None, 1, None, False, None)
     with torch.no_grad():
         out, lse = fwd_op(*fwd_args)
@@ -211,9 +218,9 @@ def probe(label: str, iface) -> dict:
     rows = {}
     with torch.no_grad():
         rows["fwd op (torch.ops, no_grad)"] = per_call_us(lambda: fwd_op(*fwd_args))
-        rows["fwd impl (direct)"] = per_call_us(lambda: iface._fwd_impl(*fwd_args))
+        rows["fwd impl (direct)"] = per_call_us(lambda: ops._fwd_impl(*fwd_args))
         rows["bwd op (torch.ops, no_grad)"] = per_call_us(lambda: bwd_op(*bwd_args))
-        rows["bwd impl (direct)"] = per_call_us(lambda: iface._bwd_impl(*bwd_args))
+        rows["bwd impl (direct)"] = per_call_us(lambda: ops._bwd_impl(*bwd_args))
         qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
         rows["SDPA forward (no_grad)"] = per_call_us(
             lambda: torch.nn.functional.scaled_dot_product_attention(qt, kt, vt, is_causal=True, enable_gqa=True))
