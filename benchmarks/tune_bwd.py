@@ -99,7 +99,7 @@ def main():
     import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120.bwd_config import BWD_TABLE, bwd_smem_bytes, candidate_bwd_configs
     from flash_attn_4_sm120.config import STATIC_SMEM_BYTES
-    from flash_attn_4_sm120.compiler import BwdCase
+    from flash_attn_4_sm120.conformance import BwdCase
     from flash_attn_4_sm120.problem import BwdSpec
     from timing import median_ms
 

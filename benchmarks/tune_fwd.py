@@ -106,7 +106,7 @@ def tuned_key(d: int, dv: int, causal: bool) -> str:
 
 def select(tune_path: str, conformance_path: str) -> dict:
     """Best conforming candidate per (head_dim, causal) -> fwd_table.json."""
-    from flash_attn_4_sm120.compiler import Case
+    from flash_attn_4_sm120.conformance import Case
 
     tune = json.loads(Path(tune_path).read_text())
     conf = json.loads(Path(conformance_path).read_text())

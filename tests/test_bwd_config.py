@@ -172,10 +172,11 @@ def test_dispatchable_covers_every_class_and_mask():
     pairs = dispatchable_bwd(SM120)
     # every entry is compiled by the gate: the dispatchable specs', or the flex cases' (mods reach FALLBACK[64]),
     # or the block-sparse cases' (mods with lists reach FALLBACK[256])
-    from flash_attn_4_sm120 import compiler
+    from flash_attn_4_sm120 import conformance
 
-    gated = {cfg for _, cfg in pairs} | {c.config for c in compiler.flex_cases(SM120) + compiler.sparse_cases(SM120)
-                                         if isinstance(c, compiler.BwdCase)}
+    gated = {cfg for _, cfg in pairs} | {c.config
+                                         for c in conformance.flex_cases(SM120) + conformance.sparse_cases(SM120)
+                                         if isinstance(c, conformance.BwdCase)}
     assert gated == (set(BWD_TABLE.values()) | set(BWD_TABLE_HEAVY.values()) | set(BWD_TABLE_FALLBACK.values())
                      | set(BWD_TABLE_UNSPLIT.values()) | set(BWD_TABLE_SMEM_OPERANDS.values()))
     assert {(s.causal, s.local) for s, _ in pairs} == {(False, False), (True, False), (False, True)}

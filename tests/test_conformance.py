@@ -6,7 +6,7 @@ Three layers:
   * the gate's CLI over the stub provider (tests/support/conformance_stub.py), real cutlass-dsl
     output: a conforming MMA kernel, a kernel with no HMMA, forced spills, a shared-memory overrun;
   * the gate over the package's own declared cases (the CI subset must conform) and a real
-    over-budget config it must reject. These skip while ``flash_attn_4_sm120.compiler`` lacks the
+    over-budget config it must reject. These skip while ``flash_attn_4_sm120.conformance`` lacks the
     provider functions.
 The CLI runs in a subprocess: it sets CUTE_DSL_ARCH / CUTE_DSL_DUMP_DIR for its own process only.
 """

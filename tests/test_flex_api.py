@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import flash_attn_4_sm120 as fa
-from flash_attn_4_sm120 import compiler, flex, flex_examples, validation
+from flash_attn_4_sm120 import compiler, conformance, flex, flex_examples, validation
 from flash_attn_4_sm120.bwd_config import bwd_config_problems
 from flash_attn_4_sm120.config import select_fwd_config
 from flash_attn_4_sm120.execution_model import SM120
@@ -106,7 +106,7 @@ def test_mods_take_a_64_row_tile_where_the_class_entry_has_no_registers_to_spare
 
 
 def test_gate_cases_cover_every_example_and_mainloop_kind():
-    cases = compiler.flex_cases(SM120)
+    cases = conformance.flex_cases(SM120)
     names = [c.name for c in cases]
     # per example 5 forward, 3 backward; the two heaviest at 5 more classes (forward, backward but the sink's)
     # and 3 split / paged forwards
@@ -117,7 +117,7 @@ def test_gate_cases_cover_every_example_and_mainloop_kind():
     assert any(c.config.persistent for c in cases) and any(c.spec.pack_gqa for c in cases)
     assert any(c.spec.varlen_q for c in cases) and sum(c.subset_ci for c in cases) == 1
     for c in cases:
-        if isinstance(c, compiler.BwdCase):
+        if isinstance(c, conformance.BwdCase):
             # the role split takes mask_mods (in its S warp group), never a score_mod
             assert not (c.config.role_split and c.spec.mods.score_mod is not None), c.name
             assert not bwd_config_problems(c.spec, c.config, SM120), c.name

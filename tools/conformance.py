@@ -65,7 +65,7 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_PROVIDER = "flash_attn_4_sm120.compiler"
+DEFAULT_PROVIDER = "flash_attn_4_sm120.conformance"
 DEFAULT_TARGET = "sm_120a"
 
 

@@ -1,4 +1,4 @@
-"""A tiny conformance provider: the same three functions as ``flash_attn_4_sm120.compiler``.
+"""A tiny conformance provider: the same three functions as ``flash_attn_4_sm120.conformance``.
 
 ``PYTHONPATH=tests python tools/conformance.py --provider support.conformance_stub`` runs the gate
 over these cases,
