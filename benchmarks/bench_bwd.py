@@ -30,7 +30,7 @@ CASES = [
     ("d128_8x2048_16/16_causal", 8, 2048, 2048, 16, 16, 128, 128, True),
     ("d192x128_2x4096_16/16_causal", 2, 4096, 4096, 16, 16, 192, 128, True),
     ("d256_2x4096_16/16_causal", 2, 4096, 4096, 16, 16, 256, 256, True),
-    # training-sized GQA with few KV heads (the backward's group split: bwd_config.bwd_group_split)
+    # training-sized GQA with few KV heads (the backward's group split: bwd_schedule.bwd_group_split)
     ("d128_4x2048_8/2_causal", 4, 2048, 2048, 8, 2, 128, 128, True),
     ("d128_2x4096_16/4_causal", 2, 4096, 4096, 16, 4, 128, 128, True),
 ]

@@ -12,8 +12,8 @@ from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TA
                                            BWD_TABLE_UNSPLIT, BwdConfig, bwd_banded, bwd_config_problems,
                                            bwd_kv_copy_threads, bwd_kv_regs, bwd_padded_head_dim, bwd_sdp_n_step,
                                            bwd_rotated_start, bwd_smem_bytes, bwd_step_divisor,
-                                           bwd_tile_band, candidate_bwd_configs, dispatchable_bwd,
-                                           select_bwd_config)
+                                           candidate_bwd_configs, dispatchable_bwd, select_bwd_config)
+from flash_attn_4_sm120.bwd_schedule import bwd_tile_band
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
 from flash_attn_4_sm120.problem import BwdSpec, FwdSpec
 from reference import visible
@@ -251,11 +251,11 @@ def test_unmasked_pairs_see_every_entry(causal, local, left, right):
         assert torch.is_tensor(seen)
 
 
-# -- the query-head group split of small GQA grids (bwd_config.bwd_group_split)
+# -- the query-head group split of small GQA grids (bwd_schedule.bwd_group_split)
 
 
 def test_group_split_keeps_mha_and_large_grids_whole():
-    from flash_attn_4_sm120.bwd_config import bwd_group_split
+    from flash_attn_4_sm120.bwd_schedule import bwd_group_split
 
     assert bwd_group_split(2048, 2048, 64, 64, 8, 1, 4, True, 132) == 1  # MHA: nothing to split
     assert bwd_group_split(8192, 8192, 64, 64, 8, 4, 4, True, 132) == 1  # 128 x 8 x 4 CTAs: many waves
@@ -270,8 +270,8 @@ def test_group_split_keeps_mha_and_large_grids_whole():
 def test_group_split_divides_the_group_and_never_models_slower(sq, sk, hkv, group, batch, slots, causal, banded):
     """The chosen split divides the group, never models slower than the whole group, and a grid of under half a
     wave splits wherever that saves ``GROUP_SPLIT_MIN_SAVED_STEPS`` (a whole group's CTA that long)."""
-    from flash_attn_4_sm120.bwd_config import (GROUP_SPLIT_FIXED_STEPS, GROUP_SPLIT_MIN_SAVED_STEPS, _visits,
-                                                bwd_group_split)
+    from flash_attn_4_sm120.bwd_schedule import (GROUP_SPLIT_FIXED_STEPS, GROUP_SPLIT_MIN_SAVED_STEPS, _visits,
+                                                  bwd_group_split)
 
     band = dict(banded=banded and causal, l2_bytes=50 << 20, head_dim=128, head_dim_v=128)
     s = bwd_group_split(sq, sk, 64, 64, hkv, group, batch, causal, slots, **band)
@@ -290,7 +290,7 @@ def test_group_split_picks_the_measured_winner(b, s, hq, hkv, d, causal, best):
     longest-first order): the split that measured fastest -- the whole group at every shape, by 2-15% where the
     per-pair model had split (4 x 2048 8/2, 8 x 1024 16/4 d64, 2 x 4096 16/4: 4 splits) -- with the product's
     tiles (d128 64x64, d64 64x128) and band inputs."""
-    from flash_attn_4_sm120.bwd_config import bwd_group_split
+    from flash_attn_4_sm120.bwd_schedule import bwd_group_split
 
     tile_n = 128 if d == 64 else 64
     assert bwd_group_split(s, s, 64, tile_n, hkv, hq // hkv, b, causal, 132, banded=causal, l2_bytes=50 << 20,
@@ -302,7 +302,7 @@ def test_group_split_picks_the_measured_winner(b, s, hq, hkv, d, causal, best):
 def test_group_split_still_splits_grids_no_band_fills(b, s, hq, hkv, d, best):
     """Under the banded order a grid of one or a few (batch, KV head) pairs is still far under a wave (MQA, batch
     1: 32 CTAs on 132 slots): the split fills it."""
-    from flash_attn_4_sm120.bwd_config import bwd_group_split
+    from flash_attn_4_sm120.bwd_schedule import bwd_group_split
 
     tile_n = 128 if d == 64 else 64
     assert bwd_group_split(s, s, 64, tile_n, hkv, hq // hkv, b, True, 132, banded=True, l2_bytes=50 << 20,
@@ -339,7 +339,7 @@ def test_det_order_picks_the_measured_winner(b, s, hq, hkv, d, best):
     lowest first ran 0.90-0.93x the highest-first time at the GQA shapes (probe: bands of 8 fastest at 4 x 2048 8/2
     and 16 x 1024 32/8, 4 and 8 equal at 2 x 4096 16/4; whole groups faster than split 2), 1.42x at 8 x 2048 16/16
     (MHA: 128 pairs of short CTAs, whose chains the banded order starts together). None: any band."""
-    from flash_attn_4_sm120.bwd_config import bwd_det_order
+    from flash_attn_4_sm120.bwd_schedule import bwd_det_order
 
     tile_n = 128 if d == 64 else 64
     got = bwd_det_order(s, s, 64, tile_n, hkv, hq // hkv, b, 132, 50 << 20, d, d, True)
@@ -347,7 +347,7 @@ def test_det_order_picks_the_measured_winner(b, s, hq, hkv, d, best):
 
 
 def test_chained_makespan_starts_a_pairs_ctas_a_lag_apart():
-    from flash_attn_4_sm120.bwd_config import _chained_makespan, _makespan
+    from flash_attn_4_sm120.bwd_schedule import _chained_makespan, _makespan
 
     assert _chained_makespan([10, 10, 10], 1, 1, 3, 0.9) == pytest.approx(11.8)
     assert _chained_makespan([10, 10, 10], 2, 2, 6, 0.9) == pytest.approx(11.8)  # pairs do not chain
@@ -384,7 +384,8 @@ def test_lowest_first_order_admission():
     varlen, double-buffered dO tiles, d96's role split and d64's varlen tile included (dQ is repeatable there
     under this order as long as the forward is: ``_kernels/softmax``), and refuses it
     elsewhere; ``bwd_det_order`` never weighs it where it is closed."""
-    from flash_attn_4_sm120.bwd_config import bwd_det_order, bwd_lowest_first_open
+    from flash_attn_4_sm120.bwd_config import bwd_lowest_first_open
+    from flash_attn_4_sm120.bwd_schedule import bwd_det_order
 
     def lo(d, **kw):
         return BwdSpec("bf16", d, d, True, deterministic=True, lowest_first=True, **kw)

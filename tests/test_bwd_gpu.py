@@ -208,7 +208,7 @@ def test_bwd_deterministic_is_bitwise_repeatable(d, mask):
                 ids=["highest", "lowest", "lowest-band3", "lowest-split2"])
 def det_order(request, monkeypatch):
     """The causal deterministic mode's (order, group split, band) forced (``backward._det_order``; the rule picks
-    them by the schedule model, ``bwd_config.bwd_det_order``)."""
+    them by the schedule model, ``bwd_schedule.bwd_det_order``)."""
     from flash_attn_4_sm120 import backward
 
     monkeypatch.setattr(backward, "_det_order", lambda *a: request.param)

@@ -352,7 +352,7 @@ def compile_bwd(spec: BwdSpec, config: BwdConfig, model: ExecutionModel, target:
     dk, dv, softmax_scale, scale_log2, softcap_scale, window_left, window_right, cu_seqlens_q, cu_seqlens_k,
     seqused_q, seqused_k, max_seqlen_k, band, aux0, aux1, aux2, aux3, block-sparse lists, rng)`` taking torch tensors
     (TVM FFI, current stream); ``band``: (batch, KV head) pairs per band of the longest-first key-block order
-    (``bwd_config.bwd_tile_band``), ignored by other specs."""
+    (``bwd_schedule.bwd_tile_band``), ignored by other specs."""
     import cutlass.cute as cute
 
     from ._kernels.bwd_multistage import FlashBwdMultistage

@@ -123,7 +123,7 @@ class BwdSpec:
     #: bitwise-reproducible gradients: the key blocks of a query block add their dQ in a fixed order
     #: (a semaphore per query block; ``_kernels/dq_accum``)
     deterministic: bool = False
-    #: the deterministic mode's order (``bwd_config.bwd_det_order``; causal, no window): the lowest key block of a
+    #: the deterministic mode's order (``bwd_schedule.bwd_det_order``; causal, no window): the lowest key block of a
     #: query block adds first, the key blocks launch lowest first in the banded longest-first order and walk their
     #: query blocks last first, heads inner; else the highest adds first, the key blocks launch highest first, one
     #: pair after another, and walk their query blocks first to last (``_kernels/dq_accum``)
@@ -131,7 +131,7 @@ class BwdSpec:
     #: issue 20: the forward's mods (``flex.ModKey``): the backward recomputes the modified scores and applies
     #: score_mod_bwd to dS
     mods: Optional[ModKey] = None
-    #: the main kernel's query-head group split (``bwd_config.bwd_group_split``): each KV head's CTAs come
+    #: the main kernel's query-head group split (``bwd_schedule.bwd_group_split``): each KV head's CTAs come
     #: ``group_split`` times, each walking ``group / group_split`` query heads into its own partial dK / dV head
     #: (the host sums them); a compile-time divisor, so 1 is exactly the unsplit kernel
     group_split: int = 1
