@@ -115,8 +115,8 @@ def test_interaction_reason_is_within_its_limit(interaction):
 def test_manifest_has_no_process_words():
     raw = (PKG / "manifest.json").read_text(encoding="utf-8")
     assert gen_docs.PROCESS_WORDS.findall(raw) == []
-    for text in ("tuned in session 41", "see issue 20", "session44.sh part 5", "until 2026-11-27",
-                 "previously 1.3x", "Sessions 33 and 37"):
+    for text in ("tuned in session 41", "see issue 20", "session44.sh part 5", "until 2026-11-27",  # process-words: example
+                 "previously 1.3x", "Sessions 33 and 37"):  # process-words: example
         assert gen_docs.PROCESS_WORDS.search(text), text
     for text in ("flash-attention #2336", "head dims 8-256", "101376 bytes", "192/128"):
         assert not gen_docs.PROCESS_WORDS.search(text), text
@@ -442,11 +442,11 @@ def _mutate_long_limit(d):
 
 
 def _mutate_process_word(d):
-    d["features"][0]["note"] = "Tuned in session 41 on the H100."
+    d["features"][0]["note"] = "Tuned in session 41 on the H100."  # process-words: example
 
 
 def _mutate_dated_history(d):
-    d["interactions"][0]["reason"] = "Aligned this way since 2026-11-24."
+    d["interactions"][0]["reason"] = "Aligned this way since 2026-11-24."  # process-words: example
 
 
 def _mutate_conditions_missing(d):
@@ -482,8 +482,8 @@ MUTATIONS = {
     "summary-over-120": (_mutate_long_summary, "summary is 121 characters, at most 120"),
     "reason-over-200": (_mutate_long_reason, "reason is 201 characters, at most 200"),
     "limit-entry-too-long": (_mutate_long_limit, "a limits entry is 161 characters"),
-    "process-word": (_mutate_process_word, "process word 'session 41'"),
-    "dated-history": (_mutate_dated_history, "process word '2026-11-24'"),
+    "process-word": (_mutate_process_word, "process word 'session 41'"),  # process-words: example
+    "dated-history": (_mutate_dated_history, "process word '2026-11-24'"),  # process-words: example
     "conditions-not-a-list": (_mutate_conditions_missing, "conditions must be a list"),
     "old-schema-version": (_mutate_old_schema, "schema_version must be 2"),
 }
