@@ -536,6 +536,7 @@ def run_children(tmp_path: Path, root: Path, count: int, mode: str = "get", targ
     return results
 
 
+@pytest.mark.check
 def test_concurrent_writers_leave_one_valid_entry(tmp_path):
     root = tmp_path / "c"
     results = run_children(tmp_path, root, count=2)

@@ -296,6 +296,7 @@ def stub_all(tmp_path_factory):
 
 
 @needs_cutlass
+@pytest.mark.check
 def test_stub_gate_reports_mma_case(stub_all):
     proc, report = stub_all
     mma = by_name(report)["stub_mma_smem8192"]
@@ -309,6 +310,7 @@ def test_stub_gate_reports_mma_case(stub_all):
 
 
 @needs_cutlass
+@pytest.mark.check
 def test_stub_gate_fails_kernel_without_hmma(stub_all):
     proc, report = stub_all
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -318,6 +320,7 @@ def test_stub_gate_fails_kernel_without_hmma(stub_all):
 
 
 @needs_cutlass
+@pytest.mark.check
 def test_stub_gate_passes_when_every_case_conforms(tmp_path):
     proc, report = run_gate(tmp_path, "--subset", "ci")
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -325,6 +328,7 @@ def test_stub_gate_passes_when_every_case_conforms(tmp_path):
 
 
 @needs_cutlass
+@pytest.mark.check
 def test_stub_gate_catches_spills_under_a_register_cap(tmp_path):
     proc, report = run_gate(tmp_path, "--only", "stub_mma_*", "--maxnreg", "32")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -334,6 +338,7 @@ def test_stub_gate_catches_spills_under_a_register_cap(tmp_path):
 
 
 @needs_cutlass
+@pytest.mark.check
 def test_stub_gate_catches_smem_overrun(tmp_path):
     proc, report = run_gate(tmp_path, "--make-case", "kind=mma,smem_bytes=120000", "--no-check-valid")
     assert proc.returncode == 1, proc.stdout + proc.stderr
@@ -343,6 +348,7 @@ def test_stub_gate_catches_smem_overrun(tmp_path):
 
 
 @needs_cutlass
+@pytest.mark.check
 def test_stub_gate_setup_errors_exit_2(tmp_path):
     proc, _ = run_gate(tmp_path, "--only", "no_such_case")
     assert proc.returncode == 2 and "matched no case" in proc.stderr
@@ -384,6 +390,7 @@ def real_ci(tmp_path_factory):
 
 
 @needs_cutlass
+@pytest.mark.check
 def test_ci_subset_of_real_cases_conforms(real_ci):
     proc, report = real_ci
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -400,6 +407,7 @@ def test_ci_subset_of_real_cases_conforms(real_ci):
 
 
 @needs_cutlass
+@pytest.mark.check
 def test_gate_catches_spills_in_a_real_kernel(tmp_path):
     provider = real_provider()
     first_ci = next(c.name for c in provider.conformance_cases() if c.subset_ci)
@@ -410,6 +418,7 @@ def test_gate_catches_spills_in_a_real_kernel(tmp_path):
 
 
 @needs_cutlass
+@pytest.mark.check
 def test_gate_rejects_a_real_over_budget_config(tmp_path):
     provider = real_provider()
     # d=256 with a 128x64 tile: Q/O 64 KB + K 32 KB + V 32 KB of shared memory > 99 KB.

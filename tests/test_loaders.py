@@ -309,6 +309,7 @@ def hub_session(tmp_path_factory, shipped_id):
     }
 
 
+@pytest.mark.check
 @pytest.mark.parametrize("label", ["version", "tag", "sha", "locked"])
 def test_hub_online(hub_session, label):
     assert_is_build(
@@ -317,17 +318,20 @@ def test_hub_online(hub_session, label):
     )
 
 
+@pytest.mark.check
 def test_hub_online_checks_publisher_trust(hub_session):
     # kernels asks the Hub whether the org is a trusted publisher before downloading anything.
     assert any("/api/organizations/sm120-kernels/overview" in r for r in hub_session["online_requests"])
 
 
+@pytest.mark.check
 def test_hub_main_branch_has_no_build(hub_session):
     # Proves the revision is honoured: `main` exists but has no build/ folder, so listing it 404s.
     error = hub_session["online"]["main"].get("error", "")
     assert "EntryNotFoundError" in error and "'build' does not exist" in error, hub_session["online"]["main"]
 
 
+@pytest.mark.check
 def test_kernels_lock_pins_the_v1_commit(hub_session):
     from kernels._rust import KernelLocks
 
@@ -335,12 +339,14 @@ def test_kernels_lock_pins_the_v1_commit(hub_session):
     assert [(dep.repo_id, lock.commit) for dep, lock in locks.items()] == [(REPO_ID, hub_session["sha"])]
 
 
+@pytest.mark.check
 def test_hf_download_cli_warms_the_cache(hub_session):
     hf = hub_session["hf_cli"]
     assert hf.returncode == 0, hf.stderr
     assert hub_session["snapshot_init"].is_file()
 
 
+@pytest.mark.check
 @pytest.mark.parametrize("label", ["version", "tag", "sha", "load_kernel", "locked"])
 def test_hub_offline_from_cache(hub_session, label):
     assert_is_build(
@@ -349,5 +355,6 @@ def test_hub_offline_from_cache(hub_session, label):
     )
 
 
+@pytest.mark.check
 def test_hub_offline_makes_no_requests(hub_session):
     assert hub_session["offline_requests"] == []

@@ -54,6 +54,7 @@ def compile_sass(kernel, target: str, tmp_path: Path) -> str:
     return gate._sass_text(art.SASS, gate._cubin_bytes(art.CUBIN))
 
 
+@pytest.mark.check
 @pytest.mark.parametrize("target, knobs", [
     ("sm_120a", dict()),
     ("sm_120a", dict(num_warps=4, warp_tile_m=16, warp_tile_n=32, unroll=4)),

@@ -163,6 +163,7 @@ _WARM = textwrap.dedent(
 )
 
 
+@pytest.mark.check
 def test_cpu_precompile_is_a_disk_hit_in_a_fresh_process(tmp_path):
     env = child_env(tmp_path)
     cold_json = tmp_path / "cold.json"
