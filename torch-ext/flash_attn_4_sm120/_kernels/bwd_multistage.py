@@ -65,12 +65,12 @@ from .block_walk import clamp_entry, raw_entry, tile_walk
 from .dropout_mask import DropoutMask, check_cells, warp_cell_columns
 from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd, aux_list
 from .fragments import acc_rows_cols, convert
-from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .grid_dependency import enter_grid
 from .mask import mask_scores
 from .seqlen_info import num_batches, num_heads, sequence_heads, workspace_row
 from .tile_scheduler import KeyBlockScheduler
-from .tile_io import column_predicate, load_rows, store_rows, zero_masked_cols
+from .tile_io import (column_predicate, g2s_tiled_copy, load_rows, smem_layout_atom, store_rows,
+                      zero_masked_cols)
 
 
 def ldmatrix_atom(dtype, transpose: bool, num_matrices: int = 4) -> cute.CopyAtom:

@@ -27,12 +27,11 @@ from cutlass.cute.nvgpu import cpasync
 
 from ..config import atom_cols
 from . import block_info
-from .fwd_multistage import g2s_tiled_copy
 from .fwd_tma import FlashFwdTma
 from .kv_source import DenseKV
 from .seqlen_info import num_batches, num_heads, sequence_heads
 from .tile_scheduler import tile_coords
-from .tile_io import column_predicate, copy_rows, zero_masked_cols
+from .tile_io import column_predicate, copy_rows, g2s_tiled_copy, zero_masked_cols
 
 _BAR_GROUP = 4  # named barriers 4 and 5: one per warp group (its Q rows have landed / been read)
 
