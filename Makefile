@@ -1,9 +1,18 @@
-# Developer entry points.
+# Developer entry points. Times: a 2-core CPU machine without a GPU, after the one-time `make env`.
 #
 #   make env          create .venv and install requirements-dev.txt (re-runs only when that file changes)
-#   make test         env, then the test suite (GPU tests are marked `gpu` and skip without CUDA)
-#   make demo         env, then tools/demo.py
-#   make conformance  env, then tools/conformance.py
+#   make test         the fast suite (~3 min): every test not marked `check`, one progress line per file.
+#                     Tests marked `gpu` skip without CUDA (on a GPU machine they run here too).
+#   make check        the slow CPU gate (~6 min): checks that build/torch-cuda, the generated README /
+#                     CONFLICTS_LOG regions and the performance tables match their sources, then the tests
+#                     marked `check`: sm_120a kernel compiles (among them `tools/conformance.py --subset ci`, the
+#                     gate's CI subset, run by tests/test_conformance.py), the local-Hub loading scenarios, the
+#                     role-split barrier counts over every feature combination.
+#                     CI (.ci/run) runs `make test` then `make check`.
+#   make demo         load the bundle through kernels.get_kernel. With a GPU: attention against the fp32
+#                     reference, timed beside SDPA. Without: three representative kernels compiled for
+#                     sm_120a and checked against the SM120 rules (~30 s).
+#   make conformance  the whole sm_120a gate: every config the dispatcher can choose (~40 min)
 #   make build        regenerate build/torch-cuda from torch-ext (stdlib only, no env needed)
 #   make build-check  exit non-zero if build/torch-cuda is stale
 #
@@ -24,7 +33,7 @@ ENV_DEPS := $(STAMP)
 TOOL_PY := $(BOOTSTRAP_PYTHON)
 endif
 
-.PHONY: env test demo conformance build build-check
+.PHONY: env test check demo conformance build build-check
 
 env: $(ENV_DEPS)
 ifdef PYTHON
@@ -38,7 +47,17 @@ $(STAMP): requirements-dev.txt
 	touch $@
 
 test: env
-	$(PY) -m pytest -q tests
+	@echo "make test: the fast suite (tests not marked check; gpu tests skip without CUDA). make check adds the" \
+	      "slow CPU tests (sm_120a kernel compiles, the conformance CI subset) and the generated-file checks."
+	$(PY) -m pytest -m "not check" tests
+
+check: env
+	@echo "make check: the slow CPU gate: build/ and generated docs up to date, then the tests marked check" \
+	      "(sm_120a kernel compiles, the conformance CI subset, local-Hub loading). make test runs the rest."
+	$(TOOL_PY) tools/build_variant.py --check
+	$(PY) tools/gen_docs.py --check
+	$(PY) tools/gen_perf.py --check
+	$(PY) -m pytest -m check --durations=10 tests
 
 demo: env
 	$(PY) tools/demo.py
