@@ -7,14 +7,13 @@ persistent tiles (``epilogue_rows``: the Q buffer is already loading the next ti
 lane that holds column 0 of each row. Packed GQA rows scatter to (query row p // group, head p % group).
 """
 
-from types import SimpleNamespace
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
 from ..problem import LOG2_E
 from .fragments import acc_rows_cols, convert
+from .fwd_state import EpilogueTarget, FwdTileState
 from .seqlen_info import lse_row, row_tile, sequence_heads, split_view
 from .tile_io import column_predicate
 
@@ -23,7 +22,7 @@ class FwdEpilogue:
     """The epilogue of ``FlashFwdMultistage``."""
 
     @cute.jit
-    def finish(self, ctx: SimpleNamespace, mSink, head, sO, out: SimpleNamespace):
+    def finish(self, ctx: FwdTileState, mSink, head, sO, out: EpilogueTarget):
         """Epilogue: O /= row sums (with the sink), LSE, and the store of O (and LSE) for this tile."""
         num_rows = cute.size(ctx.acc_O_rc, mode=[0])
         lse = cute.make_rmem_tensor(num_rows, Float32)
@@ -43,7 +42,7 @@ class FwdEpilogue:
             self.epilogue(ctx, lse, sO, out)
 
     @cute.jit
-    def out_row(self, ctx: SimpleNamespace, out: SimpleNamespace, tile_row):
+    def out_row(self, ctx: FwdTileState, out: EpilogueTarget, tile_row):
         """(valid, query row, query head) of tile row ``tile_row``: packed GQA rows scatter to (query
         p // group, head p % group), unpacked ones are rows of ``out.head``."""
         p = ctx.m_block * self.tile_m + tile_row
@@ -51,7 +50,7 @@ class FwdEpilogue:
         return p < ctx.tile_rows, q_row, q_head
 
     @cute.jit
-    def store_lse(self, ctx: SimpleNamespace, out: SimpleNamespace, mLSE: cute.Tensor, lse, tOcO_rc):
+    def store_lse(self, ctx: FwdTileState, out: EpilogueTarget, mLSE: cute.Tensor, lse, tOcO_rc):
         """LSE per accumulator row, written by the lane that holds column 0 of the row."""
         lse_col0 = tOcO_rc[0, 0][1] == 0
         for r in cutlass.range_constexpr(cute.size(lse)):
@@ -61,7 +60,7 @@ class FwdEpilogue:
                 gLSE[q_row] = lse[r]
 
     @cute.jit
-    def store_rows(self, ctx: SimpleNamespace, out: SimpleNamespace, lse, acc_rc: cute.Tensor,
+    def store_rows(self, ctx: FwdTileState, out: EpilogueTarget, lse, acc_rc: cute.Tensor,
                    partial: cutlass.Constexpr[bool]):
         """O from the accumulator layout (``acc_rc``: rows x cols view, O's or a converted copy) straight to
         global memory, each element once, rows past the tile's end skipped; then LSE. No smem, no barrier.
@@ -84,7 +83,7 @@ class FwdEpilogue:
         self.store_lse(ctx, out, split_view(out.mLSE, out.split) if const_expr(partial) else out.mLSE, lse, tOcO_rc)
 
     @cute.jit
-    def epilogue_partial(self, ctx: SimpleNamespace, lse, out: SimpleNamespace):
+    def epilogue_partial(self, ctx: FwdTileState, lse, out: EpilogueTarget):
         """Split-KV: this split's normalized fp32 O goes from the accumulators straight to its
         workspace (each row once; the combine reads it once, so no smem round trip), and its LSE
         (-inf for a split that saw no key of the row: weight 0 in the combine)."""
@@ -92,14 +91,14 @@ class FwdEpilogue:
         self.store_rows(ctx, out, lse, ctx.acc_O_rc, partial=True)
 
     @cute.jit
-    def epilogue_rows(self, ctx: SimpleNamespace, lse, out: SimpleNamespace):
+    def epilogue_rows(self, ctx: FwdTileState, lse, out: EpilogueTarget):
         """Persistent tiles: normalized 16-bit O straight from registers (a warp group's own rows; the Q
         buffer is already loading the next tile), then LSE."""
         rO = convert(ctx.acc_O, self.dtype)
         self.store_rows(ctx, out, lse, acc_rows_cols(rO), partial=False)
 
     @cute.jit
-    def epilogue(self, ctx: SimpleNamespace, lse, sO, out: SimpleNamespace):
+    def epilogue(self, ctx: FwdTileState, lse, sO, out: EpilogueTarget):
         """Normalized O -> smem (reusing Q's buffer) -> 16-byte global stores; LSE per row. The O and
         LSE views are formed here, not at kernel start: no gmem pointer stays live across the mainloop.
         Packed GQA rows scatter to (query p // group, head p % group) one row at a time."""

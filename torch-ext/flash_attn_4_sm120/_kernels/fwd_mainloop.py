@@ -12,20 +12,19 @@ Both walk the dense key-block range or a block-sparse walk (``sparse_mainloop``;
 loader variant (``fwd_tma``) overrides ``prologue`` and ``mainloop_step``.
 """
 
-from types import SimpleNamespace
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
 
 from .fragments import acc_rows_cols
+from .fwd_state import FwdTileState
 
 
 class StagedMainloop:
     """The multistage and one-stage cp.async mainloops of ``FlashFwdMultistage``."""
 
     @cute.jit
-    def prologue(self, ctx: SimpleNamespace, walk=None):
+    def prologue(self, ctx: FwdTileState, walk=None):
         """cp.async Q and the first stages - 1 K/V tiles (tile 0 = block n_end - 1 may be partial; with a
         block-sparse ``walk``, its first steps' tiles); wait for Q and tile 0."""
         stages, kv = self.config.num_stages, ctx.kv
@@ -49,7 +48,7 @@ class StagedMainloop:
         cute.arch.sync_threads()
 
     @cute.jit
-    def mainloop_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool],
+    def mainloop_step(self, ctx: FwdTileState, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool],
                       walk=None, mask_mod: cutlass.Constexpr[bool] = True):
         """Step ``it``: key block ``n_block``, whose K/V tile sits complete in stage it % stages (one
         stage: K complete, V in flight). ``walk``: the block-sparse walk the next tiles come from (None: the
@@ -60,7 +59,7 @@ class StagedMainloop:
             self.multistage_step(ctx, it, n_block, masked, walk, mask_mod)
 
     @cute.jit
-    def multistage_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool],
+    def multistage_step(self, ctx: FwdTileState, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool],
                         walk=None, mask_mod: cutlass.Constexpr[bool] = True):
         stages, kv = self.config.num_stages, ctx.kv
         stage = it % stages
@@ -97,7 +96,7 @@ class StagedMainloop:
         return self.config.num_stages == 1
 
     @cute.jit
-    def single_stage_prologue(self, ctx: SimpleNamespace, walk=None):
+    def single_stage_prologue(self, ctx: FwdTileState, walk=None):
         """Q and K of the first block (block n_end - 1, possibly partial; the block-sparse ``walk``'s first
         tile) landed and visible; its V in flight (the second commit group)."""
         kv = ctx.kv
@@ -113,7 +112,7 @@ class StagedMainloop:
         cute.arch.sync_threads()
 
     @cute.jit
-    def single_stage_step(self, ctx: SimpleNamespace, n_block: Int32, masked: cutlass.Constexpr[bool], walk=None,
+    def single_stage_step(self, ctx: FwdTileState, n_block: Int32, masked: cutlass.Constexpr[bool], walk=None,
                           it: Int32 = None, mask_mod: cutlass.Constexpr[bool] = True):
         """Key block ``n_block``: K complete in the buffer, V in flight (one commit group). The next block is
         n_block - 1, or step it + 1 of a block-sparse ``walk`` (loaded bounded: it may be the sequence's last)."""
@@ -134,7 +133,7 @@ class StagedMainloop:
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def sparse_mainloop(self, ctx: SimpleNamespace, walk):
+    def sparse_mainloop(self, ctx: FwdTileState, walk):
         """The block-sparse walk (``block_walk``): mask-list tiles with the element mask and the mask_mod; full-list
         tiles without the mask_mod, element-masked only where the dense range says a tile needs it (the sequence
         end, the causal diagonal, a window edge)."""

@@ -48,7 +48,6 @@ Constraints: tile_m a multiple of 16 * num_warps, tile_n a multiple of 16, 1-3 s
 within the model's per-CTA limit (see ``config.fwd_config_problems``).
 """
 
-from types import SimpleNamespace
 from typing import Optional
 
 import cuda.bindings.driver as cuda
@@ -72,6 +71,7 @@ from .flex_mods import FlexMods, SeqlenInfo, aux_list
 from .fwd_epilogue import FwdEpilogue
 from .fwd_mainloop import StagedMainloop
 from .fwd_overlap import OverlappedMainloop
+from .fwd_state import EpilogueTarget, FwdSmem, FwdTileState, PersistentArgs
 from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
 from .softmax import OnlineSoftmax
@@ -135,7 +135,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
     def init_mbarriers(self, storage):
         return None
 
-    def kv_loader(self, kv_src, tidx, sm: SimpleNamespace) -> CpAsyncKV:
+    def kv_loader(self, kv_src, tidx, sm: FwdSmem) -> CpAsyncKV:
         """This thread's K/V loader (``kv_source``; ``kv_src`` narrowed to one KV head and cut into key
         blocks): cp.async into the stages of sK / sV."""
         return kv_src.cp_async(tidx, sm.sK, sm.sV, self.g2s_qk, self.g2s_v)
@@ -204,7 +204,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         self.SharedStorage = SharedStorage
 
     @cute.jit
-    def shared_tiles(self, tidx, softmax_scale_log2, sQ_layout, sK_layout, sV_layout, sO_layout) -> SimpleNamespace:
+    def shared_tiles(self, tidx, softmax_scale_log2, sQ_layout, sK_layout, sV_layout, sO_layout) -> FwdSmem:
         """Allocate the CTA's shared storage and initialize its barriers: bars, sScale (ping-pong),
         sQ (tile_m, d), sK (tile_n, d, stages), sV (tile_n, dv, stages), sO (over sQ's bytes) and the
         V^T view sVt (dv, tile_n, stages) for the B operand of P @ V."""
@@ -221,11 +221,11 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             sV, cute.make_layout((self.head_dim_v, self.tile_n, self.config.num_stages),
                                  stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
         )
-        return SimpleNamespace(bars=bars, sScale=sScale, sQ=sQ, sK=storage.tiles.sK.get_tensor(sK_layout), sV=sV,
-                               sO=cute.make_tensor(sQ.iterator, sO_layout), sVt=sVt)
+        return FwdSmem(bars=bars, sScale=sScale, sQ=sQ, sK=storage.tiles.sK.get_tensor(sK_layout), sV=sV,
+                       sO=cute.make_tensor(sQ.iterator, sO_layout), sVt=sVt)
 
     @cute.jit
-    def mma_context(self, tidx, sm: SimpleNamespace, softmax_scale_log2) -> SimpleNamespace:
+    def mma_context(self, tidx, sm: FwdSmem, softmax_scale_log2) -> FwdTileState:
         """What a thread's MMAs need, independent of the tile: fragments, ldmatrix copies and their
         smem partitions (with the stage mode), the O accumulator (zeroed), the softmax state and the
         S coordinates for masking (this thread's and thread 0's compile-time partition)."""
@@ -248,7 +248,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         acc_O.fill(0.0)
         acc_O_rc = acc_rows_cols(acc_O)
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        return SimpleNamespace(
+        return FwdTileState(
             tidx=tidx, bars=sm.bars, sScale=sm.sScale,
             tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
             tSsQ=thr_s2r_q.partition_S(sm.sQ), tSrQ_v=thr_s2r_q.retile(tSrQ),
@@ -260,7 +260,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             softmax=OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0])),
         )
 
-    def score_step(self, ctx: SimpleNamespace, softcap_scale, window_left, window_right, batch=None, head=None,
+    def score_step(self, ctx: FwdTileState, softcap_scale, window_left, window_right, batch=None, head=None,
                    mCuSeqlensQ=None, mCuSeqlensK=None) -> ScoreStep:
         """What S goes through between the QK^T MMA and the softmax in this tile (``score_step``): the
         spec's features with the tile's runtime values and ``ctx``'s S coordinates; with mods (issue 20) also
@@ -408,7 +408,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         self.aux_tensors = aux_list(mAux0, mAux1, mAux2, mAux3)  # the mods' aux tensors (None without)
         enter_grid(self.model.has_pdl)  # the append's rows, a user kernel's Q: visible from here on
         if const_expr(self.config.persistent):  # one CTA per SM walks the tiles (fwd_persistent)
-            self.persistent_tiles(SimpleNamespace(
+            self.persistent_tiles(PersistentArgs(
                 mQ=mQ, mK=mK, mV=mV, mO=mO, mLSE=mLSE, scale_log2=softmax_scale_log2, softcap_scale=softcap_scale,
                 window_left=window_left, window_right=window_right, mSink=mSink, mCuSeqlensQ=mCuSeqlensQ,
                 mCuSeqlensK=mCuSeqlensK, mSeqUsedQ=mSeqUsedQ, mSeqUsedK=mSeqUsedK, layouts=(sQ_layout, sK_layout,
@@ -469,7 +469,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                 kv = self.kv_loader(kv_blocks, tidx, sm)
 
                 ctx = self.mma_context(tidx, sm, softmax_scale_log2)
-                ctx.__dict__.update(
+                ctx.update(
                     m_block=m_block, seqlen_q=seqlen_q, seqlen_k=seqlen_k, n_start=n_start, n_end=n_end,
                     group=group if const_expr(pack) else None, tile_rows=tile_rows, head_kv=head_kv, mQ_h=mQ_h,
                     thr_qk=thr_qk, n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end,
@@ -483,8 +483,8 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                     ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)
                     ctx.batch, ctx.head, ctx.num_heads = batch, head, heads_q
 
-                out = SimpleNamespace(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch, head=head,
-                                      split=split)
+                out = EpilogueTarget(mO=mO, mLSE=mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch,
+                                     head=head, split=split)
                 if const_expr(self.warp_specialized):
                     # A producer warp feeds the stages; the MMA warps only consume them.
                     if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == self.num_threads // 32:
@@ -495,7 +495,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                     self.consume(ctx, mSink, head, sm.sO, out)
 
     @cute.jit
-    def consume(self, ctx: SimpleNamespace, mSink, head, sO, out: SimpleNamespace):
+    def consume(self, ctx: FwdTileState, mSink, head, sO, out: EpilogueTarget):
         """Prologue, the key-block loop and the epilogue of the MMA warps."""
         # Padded head dims: the padded Q/K columns are zeroed once and never loaded.
         if const_expr(self.pad_qk or self.pad_v):
@@ -535,21 +535,21 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         self.finish(ctx, mSink, head, sO, out)
 
     @cute.jit
-    def packed_row(self, ctx: SimpleNamespace, tile_row):
+    def packed_row(self, ctx: FwdTileState, tile_row):
         """(query row, query head) of tile row ``tile_row`` when GQA rows are packed: packed row p is
         query row p // group of head head_kv * group + p % group."""
         p = ctx.m_block * self.tile_m + tile_row
         return p // ctx.group, ctx.head_kv * ctx.group + p % ctx.group
 
     @cute.jit
-    def row_head(self, ctx: SimpleNamespace, head, tile_row):
+    def row_head(self, ctx: FwdTileState, head, tile_row):
         """The query head of tile row ``tile_row`` (``head`` itself unless GQA rows are packed)."""
         if const_expr(self.spec.pack_gqa):
             return self.packed_row(ctx, tile_row)[1]
         return head
 
     @cute.jit
-    def load_q(self, ctx: SimpleNamespace):
+    def load_q(self, ctx: FwdTileState):
         """cp.async this CTA's Q tile (rows past seqlen_q skipped), one commit group. Packed GQA
         rows are gathered one copy row at a time (row p: query p // group, head p % group)."""
         col_pred = column_predicate(ctx.tQcQ, self.spec.head_dim) if const_expr(self.pad_qk) else None
@@ -568,7 +568,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                       False, col_pred)
 
     @cute.jit
-    def compute_block(self, ctx: SimpleNamespace, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool],
+    def compute_block(self, ctx: FwdTileState, n_block: Int32, stage: Int32, masked: cutlass.Constexpr[bool],
                       mask_mod: cutlass.Constexpr[bool] = True):
         """S = Q K^T, mask, online softmax, O += P V for one key block in smem ``stage``."""
         acc_S = self.scores(ctx, n_block, stage, masked, mask_mod)
@@ -577,7 +577,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         self.pv(ctx, self.dropped_p(ctx, acc_S, n_block), stage)
 
     @cute.jit
-    def scores(self, ctx: SimpleNamespace, n_block: Int32, k_stage: Int32, masked: cutlass.Constexpr[bool],
+    def scores(self, ctx: FwdTileState, n_block: Int32, k_stage: Int32, masked: cutlass.Constexpr[bool],
                mask_mod: cutlass.Constexpr[bool] = True):
         """b./c. S = Q K^T for key block ``n_block`` (K in smem stage ``k_stage``), through the tile's
         score step (softcap, element mask where the block needs it; the mask_mod unless ``mask_mod`` is off):
@@ -593,14 +593,14 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         return acc_S
 
     @cute.jit
-    def pv(self, ctx: SimpleNamespace, rP: cute.Tensor, v_stage: Int32):
+    def pv(self, ctx: FwdTileState, rP: cute.Tensor, v_stage: Int32):
         """e. O += P V: ``rP`` (16-bit, laid out like S's accumulator) as the A operand, V^T of smem
         stage ``v_stage`` read by ldmatrix.trans."""
         self.gemm_rA_smemB(ctx.acc_O, acc_as_operand_a(rP), ctx.tOrVt, ctx.tOsVt[None, None, None, v_stage],
                            ctx.tOrVt_v, ctx.s2r_v)
 
     @cute.jit
-    def dropped_p(self, ctx: SimpleNamespace, acc_S: cute.Tensor, n_block: Int32, rP: cute.Tensor = None):
+    def dropped_p(self, ctx: FwdTileState, acc_S: cute.Tensor, n_block: Int32, rP: cute.Tensor = None):
         """This block's P (``acc_S``, after the softmax: the row sums keep every element) in 16 bits, into ``rP``
         (a new register tensor when None), with dropout (issue 20): dropped elements become 0, a pair of them per
         PRMT / compare / AND after the conversion (``KeepFlags.apply_pair``), or, on the tiles whose registers do not

@@ -14,14 +14,13 @@ The loads are cp.async here; the TMA variant (``fwd_tma``) overrides the slot ho
 ``issue_slot``, ``wait_slot``, ``end_step``) and the persistent one (``fwd_persistent``) ``tail_hook``.
 """
 
-from types import SimpleNamespace
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
 
 from .softmax import softmax_step
 from .fragments import acc_rows_cols
+from .fwd_state import FwdTileState
 
 _BAR_TURN = 2  # named barriers 2 and 3: the ping-pong turns of the two warp groups (0: CTA, 1: MMA warps)
 
@@ -30,7 +29,7 @@ class OverlappedMainloop:
     """The overlapped mainloop and the ping-pong turns of ``FlashFwdMultistage``."""
 
     @cute.jit
-    def overlap_prologue(self, ctx: SimpleNamespace, walk=None):
+    def overlap_prologue(self, ctx: FwdTileState, walk=None):
         """Q and K of the first block (block n_end - 1, possibly partial; a block-sparse ``walk``'s first tile),
         landed and visible."""
         kv = ctx.kv
@@ -43,7 +42,7 @@ class OverlappedMainloop:
         cute.arch.sync_threads()
 
     @cute.jit
-    def first_block(self, ctx: SimpleNamespace, walk=None):
+    def first_block(self, ctx: FwdTileState, walk=None):
         """(the first key block, whether there is one): block n_end - 1 of the range, or a walk's step 0 (an empty
         walk reads no list entry: its first slot may lie before the tensor)."""
         first = ctx.n_end - 1
@@ -55,7 +54,7 @@ class OverlappedMainloop:
         return first, has_block
 
     @cute.jit
-    def next_k(self, ctx: SimpleNamespace, it: Int32, v_block: Int32, walk=None, k_next=None):
+    def next_k(self, ctx: FwdTileState, it: Int32, v_block: Int32, walk=None, k_next=None):
         """(the key block whose K step ``it`` prefetches, whether there is one): v_block - 1 in the range, or the
         walk's step it + 1 (``k_next``: that block, read by the caller ahead of time)."""
         k_block = v_block - 1
@@ -69,7 +68,7 @@ class OverlappedMainloop:
         return k_block, has_k
 
     @cute.jit
-    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool], it: Int32,
+    def issue_slot(self, ctx: FwdTileState, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool], it: Int32,
                    k_next=None):
         """Start load slot ``slot`` of step ``it``: the next K (``next_k``) and V of block ``v_block`` (the range's
         first block when ``first``: rows past seqlen_k are zero-filled; a walk's tiles always, bounded)."""
@@ -81,20 +80,20 @@ class OverlappedMainloop:
         cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def wait_slot(self, ctx: SimpleNamespace, slot: Int32):
+    def wait_slot(self, ctx: FwdTileState, slot: Int32):
         """Before reading K of block ``slot`` / V of block slot - 1 (cp.async: already waited at the end
         of the previous step)."""
         pass
 
     @cute.jit
-    def end_step(self, ctx: SimpleNamespace, slot: Int32):
+    def end_step(self, ctx: FwdTileState, slot: Int32):
         """After a step: slot ``slot`` has landed (cp.async) and every warp is done with the buffers
         the next step refills."""
         cute.arch.cp_async_wait_group(0)
         cute.arch.sync_threads()
 
     @cute.jit
-    def overlap_step(self, ctx: SimpleNamespace, rP: cute.Tensor, it: Int32, n_block: Int32,
+    def overlap_step(self, ctx: FwdTileState, rP: cute.Tensor, it: Int32, n_block: Int32,
                      masked: cutlass.Constexpr[bool], first: cutlass.Constexpr[bool],
                      mask_mod: cutlass.Constexpr[bool] = True, k_next=None):
         """Step ``it`` (block ``n_block``): S of this block, P V of the previous one (``rP``, then
@@ -123,14 +122,14 @@ class OverlappedMainloop:
 
     @cute.jit
     def softmax_to_p(self, row_max, row_sum, acc_S: cute.Tensor, acc_O_rc: cute.Tensor, rP: cute.Tensor, scale,
-                     ctx: SimpleNamespace = None, n_block: Int32 = None):
+                     ctx: FwdTileState = None, n_block: Int32 = None):
         """The overlapped step's softmax of this block (key block ``n_block``), its P kept in 16 bits for the next
         step's P V."""
         softmax_step(row_max, row_sum, acc_rows_cols(acc_S), acc_O_rc, scale)
         self.dropped_p(ctx, acc_S, n_block, rP)
 
     @cute.jit
-    def overlap_mainloop(self, ctx: SimpleNamespace, num_right: Int32, num_full: Int32):
+    def overlap_mainloop(self, ctx: FwdTileState, num_right: Int32, num_full: Int32):
         """The first block is peeled off (no P V before it; masked, whatever its class), then each
         class's remaining blocks, then the last block's P V."""
         n_total = ctx.n_end - ctx.n_start
@@ -150,7 +149,7 @@ class OverlappedMainloop:
             self.overlap_tail(ctx, rP, n_total)
 
     @cute.jit
-    def overlap_tail(self, ctx: SimpleNamespace, rP: cute.Tensor, n_total: Int32):
+    def overlap_tail(self, ctx: FwdTileState, rP: cute.Tensor, n_total: Int32):
         """After ``n_total`` overlapped steps: the last block's P V, in its turn."""
         self.wait_slot(ctx, n_total + ctx.slot_base)
         self.take_turn(ctx)
@@ -159,7 +158,7 @@ class OverlappedMainloop:
         self.pass_turn(ctx, last=True)
 
     @cute.jit
-    def overlap_sparse_mainloop(self, ctx: SimpleNamespace, walk):
+    def overlap_sparse_mainloop(self, ctx: FwdTileState, walk):
         """``overlap_mainloop`` over a block-sparse walk (``block_walk``): the first step peeled off (masked), the
         mask-list tiles masked with the mask_mod, the full-list tiles without it, element-masked only where the
         dense range says a tile needs it; K runs one walk step ahead of V (``next_k``)."""
@@ -191,7 +190,7 @@ class OverlappedMainloop:
             self.overlap_tail(ctx, rP, n_total)
 
     @cute.jit
-    def tail_hook(self, ctx: SimpleNamespace):
+    def tail_hook(self, ctx: FwdTileState):
         """At the start of the tail P V turn (the K buffers are free): nothing here; persistent tiles
         start the next tile's first K load."""
         pass
@@ -200,11 +199,11 @@ class OverlappedMainloop:
     # and, after issuing them, arrives on the other group's. Every group has n_total + 1 MMA turns
     # (n_total steps and the tail P V); group 1 opens group 0's first turn and skips its last arrive,
     # so both barriers end balanced.
-    def turn_group(self, ctx: SimpleNamespace):
+    def turn_group(self, ctx: FwdTileState):
         return cute.arch.make_warp_uniform(cute.arch.warp_idx()) // (self.config.num_warps // 2)
 
     @cute.jit
-    def first_turn(self, ctx: SimpleNamespace):
+    def first_turn(self, ctx: FwdTileState):
         if const_expr(self.config.pingpong and not self.config.persistent):  # persistent: once per CTA
             self.open_turns()
 
@@ -216,12 +215,12 @@ class OverlappedMainloop:
                 cute.arch.barrier_arrive(barrier_id=_BAR_TURN, number_of_threads=self.num_threads)
 
     @cute.jit
-    def take_turn(self, ctx: SimpleNamespace):
+    def take_turn(self, ctx: FwdTileState):
         if const_expr(self.config.pingpong):
             cute.arch.barrier(barrier_id=_BAR_TURN + self.turn_group(ctx), number_of_threads=self.num_threads)
 
     @cute.jit
-    def pass_turn(self, ctx: SimpleNamespace, last: cutlass.Constexpr[bool]):
+    def pass_turn(self, ctx: FwdTileState, last: cutlass.Constexpr[bool]):
         """After a group's MMAs: open the other group's turn. Returns the softmax scale for the step:
         with ping-pong, reloaded from shared memory after the arrive (ptxas moves register-only code
         across a bar.arrive, and would otherwise pull the softmax ahead of it, which closes the
