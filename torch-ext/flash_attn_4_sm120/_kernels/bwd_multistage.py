@@ -46,7 +46,6 @@ one of its keys); which of them need an element mask follows the forward's ``blo
 pair is unmasked exactly when the forward treats it so).
 """
 
-from types import SimpleNamespace
 from typing import Optional
 
 import cuda.bindings.driver as cuda
@@ -63,6 +62,7 @@ from ..bwd_config import (BwdConfig, bwd_banded, bwd_config_problems, bwd_kv_cop
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
+from .bwd_state import BwdSmem, BwdSmemLayouts, BwdTileState, MmaOperands
 from .bwd_walk import KeyBlockWalk
 from .dq_accum import add_fragment, dq_tiled_mma, pass_turn, slice_offset, wait_turn, warp_tiled_mma
 from .block_walk import raw_entry, tile_walk
@@ -306,10 +306,10 @@ class FlashBwdMultistage(KeyBlockWalk):
             m_start, m_end = block_info.query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
                                                           self.spec.causal, self.spec.local, window_left,
                                                           window_right)
-            sm = self.shared_tiles(SimpleNamespace(sQ=sQ_layout, sdO=sdO_layout, sK=sK_layout, sV=sV_layout,
-                                                   sP=sP_layout))
+            sm = self.shared_tiles(BwdSmemLayouts(sQ=sQ_layout, sdO=sdO_layout, sK=sK_layout, sV=sV_layout,
+                                                  sP=sP_layout))
             ctx = self.mma_context(tidx, sm)
-            ctx.__dict__.update(
+            ctx.update(
                 tidx=tidx, batch=batch, head_kv=head_kv, group=group, n_block=n_block, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, m_start=m_start, num_m=m_end - m_start, mQ_s=mQ_s, mdO_s=mdO_s,
                 window_left=window_left, window_right=window_right, scale_log2=scale_log2,
@@ -351,7 +351,7 @@ class FlashBwdMultistage(KeyBlockWalk):
             self.store_dkv(ctx, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale)
 
     @cute.jit
-    def shared_tiles(self, layouts: SimpleNamespace) -> SimpleNamespace:
+    def shared_tiles(self, layouts: BwdSmemLayouts) -> BwdSmem:
         """The CTA's tiles: sQ (tile_m, d, stages_q), sdO (tile_m, dv, stages_do), sK (tile_n, d), sV
         (tile_n, dv), sP and sdS (tile_m, tile_n), and their transposed views for the operands that are
         read across the stored rows (ldmatrix.trans)."""
@@ -369,20 +369,20 @@ class FlashBwdMultistage(KeyBlockWalk):
         else:
             sP = storage.sP.get_tensor(layouts.sP)
             sdS = storage.sdS.get_tensor(layouts.sP)
-        return SimpleNamespace(
+        return BwdSmem(
             sQ=sQ, sdO=sdO, sK=sK, sV=sV, sP=sP, sdS=sdS,
             sQt=transposed(sQ, tm, d, cfg.stages_q), sdOt=transposed(sdO, tm, dv, cfg.stages_do),
             sKt=transposed(sK, tn, d), sPt=transposed(sP, tm, tn), sdSt=transposed(sdS, tm, tn),
         )
 
     @cute.jit
-    def mma_context(self, tidx, sm: SimpleNamespace) -> SimpleNamespace:
+    def mma_context(self, tidx, sm: BwdSmem) -> BwdTileState:
         """Per thread: the three MMAs' operand fragments with their ldmatrix copies and smem partitions
         (stage modes kept), the dK / dV accumulators (zeroed), the P / dS register-to-smem copy and the S
         coordinates for masking (this thread's and thread 0's compile-time partition)."""
         dt = self.dtype
         thr_sdp, thr_dkv, thr_dq = (m.get_slice(tidx) for m in (self.mma_sdp, self.mma_dkv, self.mma_dq))
-        ctx = SimpleNamespace(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
+        ctx = BwdTileState(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
         ctx.S = self.operands(thr_sdp, self.mma_sdp, tidx, sm.sQ, sm.sQ[None, None, 0], False, sm.sK, sm.sK, False)
         ctx.dP = self.operands(thr_sdp, self.mma_sdp, tidx, sm.sdO, sm.sdO[None, None, 0], False, sm.sV, sm.sV,
                                False)
@@ -412,7 +412,7 @@ class FlashBwdMultistage(KeyBlockWalk):
 
     @cute.jit
     def operands(self, thr_mma, tiled_mma, t, s_a, s_a0, trans_a: cutlass.Constexpr[bool], s_b, s_b0,
-                 trans_b: cutlass.Constexpr[bool], b_matrices: cutlass.Constexpr[int] = 4) -> SimpleNamespace:
+                 trans_b: cutlass.Constexpr[bool], b_matrices: cutlass.Constexpr[int] = 4) -> MmaOperands:
         """Fragments A/B of ``thr_mma`` and their ldmatrix copies for thread ``t`` of the MMA's threads (``b_matrices``:
         the B copy's 8x8 matrices, 2 for an MMA of one n8 atom per warp step)."""
         dt = self.dtype
@@ -421,11 +421,11 @@ class FlashBwdMultistage(KeyBlockWalk):
         rA = thr_mma.make_fragment_A(thr_mma.partition_A(s_a0))
         rB = thr_mma.make_fragment_B(thr_mma.partition_B(s_b0))
         ta, tb = s2r_a.get_slice(t), s2r_b.get_slice(t)
-        return SimpleNamespace(rA=rA, rB=rB, sA=ta.partition_S(s_a), rA_v=ta.retile(rA), sB=tb.partition_S(s_b),
-                               rB_v=tb.retile(rB), s2r_a=s2r_a, s2r_b=s2r_b, mma=tiled_mma)
+        return MmaOperands(rA=rA, rB=rB, sA=ta.partition_S(s_a), rA_v=ta.retile(rA), sB=tb.partition_S(s_b),
+                           rB_v=tb.retile(rB), s2r_a=s2r_a, s2r_b=s2r_b, mma=tiled_mma)
 
     @cute.jit
-    def gemm(self, acc, ops: SimpleNamespace, a_stage, b_stage, rB=None):
+    def gemm(self, acc, ops: MmaOperands, a_stage, b_stage, rB=None):
         """acc += A B^T, both operands read from smem by ldmatrix one k16 step ahead; ``a_stage`` /
         ``b_stage`` select the stage of an operand with a stage mode (None: it has none); ``rB``: the whole B
         fragment already in registers (``b_stage`` unused). Returns ``acc`` (for a caller that must rebind it inside
@@ -446,7 +446,7 @@ class FlashBwdMultistage(KeyBlockWalk):
         return acc
 
     @cute.jit
-    def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
+    def main_loop(self, ctx: BwdTileState, sm: BwdSmem, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
         # a block-sparse walk's entries travel with the loop (``sparse_schedule``), but on key tiles under 64 keys
         # (d256's 32 x 32 tile: at 255 registers the carried entries spill), whose steps read them at their start
         if const_expr(self.spec.block_sparse is not None and self.tile_n >= 64):
@@ -461,7 +461,7 @@ class FlashBwdMultistage(KeyBlockWalk):
     # The step
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem,
+    def step(self, ctx: BwdTileState, sm: BwdSmem, it, num_steps, mLSE2, mD, mdQacc, mSem,
              mCuSeqlensQ, entries=None):
         """One step; ``entries``: a block-sparse walk's entries of steps ``it`` and ``it + 1`` (``main_loop``),
         returned as those of ``it + 1`` and ``it + 2``."""
@@ -545,7 +545,7 @@ class FlashBwdMultistage(KeyBlockWalk):
             return entries[1], ent2
 
     @cute.jit
-    def dq_into_accumulator(self, ctx: SimpleNamespace, sm: SimpleNamespace, gAcc: cute.Tensor, m):
+    def dq_into_accumulator(self, ctx: BwdTileState, sm: BwdSmem, gAcc: cute.Tensor, m):
         """dQ_m = dS K (sdS, sK^T) added into the fp32 accumulator of query block m (``gAcc``: the
         (sequence, head)'s workspace rows) in fragment order (``dq_accum``), one head-dim slice of
         ``dq_chunks`` at a time."""
@@ -558,8 +558,8 @@ class FlashBwdMultistage(KeyBlockWalk):
                 sKt = cute.local_tile(sm.sKt, (width, self.tile_n), (ch, 0))
                 rB = thr.make_fragment_B(thr.partition_B(sKt))
                 tb = ops.s2r_b.get_slice(ctx.tidx)
-                ops = SimpleNamespace(rA=ops.rA, rB=rB, sA=ops.sA, rA_v=ops.rA_v, sB=tb.partition_S(sKt),
-                                      rB_v=tb.retile(rB), s2r_a=ops.s2r_a, s2r_b=ops.s2r_b, mma=ops.mma)
+                ops = MmaOperands(rA=ops.rA, rB=rB, sA=ops.sA, rA_v=ops.rA_v, sB=tb.partition_S(sKt),
+                                  rB_v=tb.retile(rB), s2r_a=ops.s2r_a, s2r_b=ops.s2r_b, mma=ops.mma)
             acc_dQ = cute.make_rmem_tensor(ctx.thr_dq.partition_shape_C((self.tile_m, width)), Float32)
             acc_dQ.fill(0.0)
             self.gemm(acc_dQ, ops, None, None)
@@ -569,7 +569,7 @@ class FlashBwdMultistage(KeyBlockWalk):
                          self.num_threads, self.model.vector_red_f32)
 
     @cute.jit
-    def gradient_of_scores(self, ctx: SimpleNamespace, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool],
+    def gradient_of_scores(self, ctx: BwdTileState, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool],
                            head=None, with_mask: cutlass.Constexpr[bool] = True):
         """In place: acc_S becomes P = exp2(S * scale_log2 - LSE2) (mods or softcap first, then the element mask
         where ``masked``; dropout: P z, z = keep / (1 - p)), acc_dP becomes dS = P (dP z - D') (softcap: times

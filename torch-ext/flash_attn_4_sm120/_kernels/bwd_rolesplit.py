@@ -50,8 +50,6 @@ in the next step, after dP (``pass_previous_turn``), when the reductions the ste
 completed: both in group 1's wait for P, off group 0's critical path.
 """
 
-from types import SimpleNamespace
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
@@ -61,6 +59,7 @@ from ..bwd_config import bwd_group_scores, bwd_sdp_n_step, bwd_tile_bytes
 from .block_walk import raw_entry
 from .bwd_multistage import FlashBwdMultistage
 from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
+from .bwd_state import BwdSmem, BwdTileState, MmaOperands
 from .dropout_mask import DropoutMask, apply_keep_pairs, signed_to_keep_pairs
 from .flex_mods import FlexMods, apply_mods
 from .fragments import acc_rows_cols, convert
@@ -140,7 +139,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         established (the two-tile SASS draws the flags ahead of barrier PREAD too: ncu, session 43)."""
         return self.spec.dropout and self.config.kv_in_regs
 
-    def dropout_words(self, ctx: SimpleNamespace) -> DropoutMask:
+    def dropout_words(self, ctx: BwdTileState) -> DropoutMask:
         """Group 0's dropout mask with its key, offset and threshold words read from the slot each step
         (``DropoutMask.reread``; the slot's four words sit in L1) rather than held across the walk beside the scales:
         held, they spilled d96's ``kv_in_regs`` split (sm_120a, session 42: 44 B at 255 registers), and the whole
@@ -161,14 +160,14 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return scores > 2 * dq_elems
 
     @cute.jit
-    def mma_context(self, tidx, sm: SimpleNamespace) -> SimpleNamespace:
+    def mma_context(self, tidx, sm: BwdSmem) -> BwdTileState:
         """As the 8-warp kernel's, with the S / dP and dK / dV partitions taken by the thread's index in its
         group; the role GEMMs' operands are made in the group's branch of ``step``."""
         dt = self.dtype
         wtid = tidx % _GROUP
         thr_sdp, thr_dkv, thr_dq = self.mma_sdp.get_slice(wtid), self.mma_dkv.get_slice(wtid), \
             self.mma_dq.get_slice(tidx)
-        ctx = SimpleNamespace(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
+        ctx = BwdTileState(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
         ctx.dQ = self.operands(thr_dq, self.mma_dq, tidx, sm.sdS, sm.sdS, False, sm.sKt, sm.sKt, True)
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt,
                                                          num_bits_per_copy=2 * dt.width), self.mma_sdp)
@@ -187,13 +186,13 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         gX = cute.local_tile(mX_s[None, head, None], (self.tile_m, width), (m, 0))
         load_rows(tiled, group_ids()[1], gX, sX, (self.tile_m, width), real, seqlen_q - m * self.tile_m)
 
-    def dk_operands(self, ctx: SimpleNamespace, sm: SimpleNamespace, wtid) -> SimpleNamespace:
+    def dk_operands(self, ctx: BwdTileState, sm: BwdSmem, wtid) -> MmaOperands:
         """Group 1's dK += dS^T Q operands (sdS and Q's stages, read transposed)."""
         return self.operands(ctx.thr_dkv, self.mma_dkv, wtid, sm.sdSt, sm.sdSt, True, sm.sQt, sm.sQt[None, None, 0],
                              True)
 
     @cute.jit
-    def pass_previous_turn(self, ctx: SimpleNamespace, it, mSem, mCuSeqlensQ, release_tidx):
+    def pass_previous_turn(self, ctx: BwdTileState, it, mSem, mCuSeqlensQ, release_tidx):
         """Deterministic mode: the thread whose ``release_tidx`` is 0 releases the query block of step ``it - 1``
         (none at step 0): after the CTA barrier that ended step ``it - 1``, which orders every thread's
         reductions of that step before the release."""
@@ -202,7 +201,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             pass_turn(semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q), release_tidx)
 
     @cute.jit
-    def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
+    def main_loop(self, ctx: BwdTileState, sm: BwdSmem, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
         acc_kv = cute.make_rmem_tensor(ctx.thr_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_kv.fill(0.0)
         ctx.rB = self.kv_fragment(ctx, sm) if const_expr(self.config.kv_in_regs) else None
@@ -226,7 +225,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             self.pass_previous_turn(ctx, num_steps, mSem, mCuSeqlensQ, ctx.tidx - _RELEASE)  # the last step's
 
     @cute.jit
-    def zero_lag_operands(self, sm: SimpleNamespace):
+    def zero_lag_operands(self, sm: BwdSmem):
         """``lag_dk``: step 0's dK of "the previous step" reads sdS and Q's other stage, whose bytes nothing has
         written (possibly NaN patterns): zeros there make it add exactly 0 (a branch around that GEMM kept dK's 96
         accumulators in two copies and spilled 64-88 B on sm_120a), then a CTA barrier."""
@@ -240,7 +239,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         cute.arch.sync_threads()
 
     @cute.jit
-    def kv_fragment(self, ctx: SimpleNamespace, sm: SimpleNamespace) -> cute.Tensor:
+    def kv_fragment(self, ctx: BwdTileState, sm: BwdSmem) -> cute.Tensor:
         """``kv_in_regs``: the thread's B operand of its group's S / dP GEMM for the whole walk, group 0's from the K
         tile and group 1's from the V tile (V lies kv_gap elements after K; branch-free, as ``store_dkv``), then a
         CTA barrier, after which V's region takes P and dS."""
@@ -253,7 +252,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return ops.rB
 
     @cute.jit
-    def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
+    def step(self, ctx: BwdTileState, sm: BwdSmem, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
              acc_kv, entries=None):
         """One step; ``entries``: a block-sparse walk's entries of steps ``it`` and ``it + 1`` (``main_loop``),
         returned with ``acc_kv`` as those of ``it + 1`` and ``it + 2``."""
@@ -434,7 +433,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return acc_kv
 
     @cute.jit
-    def sign_dropped(self, ctx: SimpleNamespace, p16: cute.Tensor, head, m, n_block):
+    def sign_dropped(self, ctx: BwdTileState, p16: cute.Tensor, head, m, n_block):
         """Group 0, dropout: P in 16 bits with the dropped elements negated, call by call (``KeepFlags.sign_pair``),
         so group 1 reads P and the keep flags in one tile; after group 1's read ``signed_to_keep_pairs`` zeroes them
         (P keep, the forward's 16-bit P V operand, for dV). Unscaled, as the forward's P V (its 1 / (1 - p) on O): dV
@@ -443,13 +442,13 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         of its own: its temporaries stay out of the group branch (which would carry them out as its results)."""
         apply_keep_pairs(self.tile_keep_flags(ctx, head, m, n_block), p16, sign=True)
 
-    def tile_keep_flags(self, ctx: SimpleNamespace, head, m, n_block):
+    def tile_keep_flags(self, ctx: BwdTileState, head, m, n_block):
         """Group 0's keep flags of step (query block ``m`` of ``head``, key block ``n_block``)."""
         return self.dropout_words(ctx).keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m,
                                                   n_block * self.tile_n)
 
     @cute.jit
-    def dropped_p(self, ctx: SimpleNamespace, acc: cute.Tensor, head, m, n_block) -> cute.Tensor:
+    def dropped_p(self, ctx: BwdTileState, acc: cute.Tensor, head, m, n_block) -> cute.Tensor:
         """Group 0, dropout in two tiles: P keep in 16 bits for dV and for group 1's dS, the dropped pairs' lanes
         zeroed call by call (``KeepFlags.apply_pair``); unscaled, as ``sign_dropped`` says. A method of its own for
         the same reason."""
@@ -458,14 +457,14 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return pk
 
     @cute.jit
-    def mask_mod_scores(self, ctx: SimpleNamespace, S_rc: cute.Tensor, tScS_rc: cute.Tensor, head, m, n_block):
+    def mask_mod_scores(self, ctx: BwdTileState, S_rc: cute.Tensor, tScS_rc: cute.Tensor, head, m, n_block):
         """The spec's mask_mod on group 0's (rows, cols) score view (the predicate admits mask_mods only here)."""
         _, _, mask_mod = flex.callables(self.spec.mods)
         apply_mods(S_rc, tScS_rc, FlexMods(None, mask_mod, 1), Float32(1.0), ctx.batch, head, m, n_block,
                    self.tile_m, self.tile_n, None, ctx.seqlen_info, self.aux_tensors)
 
     @cute.jit
-    def store_dkv(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
+    def store_dkv(self, ctx: BwdTileState, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
         """Group 0's dV and group 1's dK * scale in 16 bits through the (now free) V and K tiles, then both
         tiles' rows to global memory as in the 8-warp kernel; branch-free (the group picks the scale and the
         tile by arithmetic)."""

@@ -12,8 +12,6 @@ algorithm): its data movement and the order of its steps.
   (``store_dkv``; rows past seqlen_k and padded head-dim columns are not written).
 """
 
-from types import SimpleNamespace
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import const_expr
@@ -21,6 +19,7 @@ from cutlass.cute.nvgpu import cpasync
 
 from . import block_info
 from .block_walk import clamp_entry, raw_entry
+from .bwd_state import BwdSmem, BwdTileState
 from .dq_accum import read_turn, semaphore_ptr, turn_rank
 from .fragments import convert
 from .seqlen_info import sequence_heads
@@ -34,7 +33,7 @@ class KeyBlockWalk:
     # Loads
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def load_kv(self, ctx: SimpleNamespace, sm: SimpleNamespace, mK_s, mV_s, head_kv):
+    def load_kv(self, ctx: BwdTileState, sm: BwdSmem, mK_s, mV_s, head_kv):
         """cp.async K_n and V_n (rows past seqlen_k zero-filled; padded head-dim columns zeroed once, in
         the K / V tiles and in every Q / dO stage, since no copy writes them)."""
         tidx, n = ctx.tidx, ctx.n_block
@@ -65,7 +64,7 @@ class KeyBlockWalk:
         return g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], threads, op)
 
     @cute.jit
-    def load_q_do(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, q: cutlass.Constexpr[bool],
+    def load_q_do(self, ctx: BwdTileState, sm: BwdSmem, it, q: cutlass.Constexpr[bool],
                   do: cutlass.Constexpr[bool], coords=None):
         """cp.async step ``it``'s Q tile (with ``q``) and / or dO tile (with ``do``): query block m of query
         head g, rows past seqlen_q zero-filled, into stage it % stages. ``coords``: the step's (head, m) when the
@@ -85,7 +84,7 @@ class KeyBlockWalk:
     # One (query head, query block) step
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def step_coords(self, ctx: SimpleNamespace, it):
+    def step_coords(self, ctx: BwdTileState, it):
         """(query head, query block) of step ``it``: the group's query heads outer, the key block's query blocks
         inner; in the deterministic mode's lowest-first order the query blocks outer, last first, and the heads
         inner, so that every key block of a pair reaches a (query head, query block) at the same step of its walk
@@ -104,12 +103,12 @@ class KeyBlockWalk:
         return ctx.head_kv * ctx.group + g, ctx.m_start + m
 
     @cute.jit
-    def entry_coords(self, ctx: SimpleNamespace, t):
+    def entry_coords(self, ctx: BwdTileState, t):
         """(query head, query block) of a block-sparse walk's entry ``t`` (``g * query_tiles + m``)."""
         return ctx.head_kv * ctx.group + t // ctx.num_m, t % ctx.num_m
 
     @cute.jit
-    def sparse_schedule(self, ctx: SimpleNamespace, it, num_steps, entries):
+    def sparse_schedule(self, ctx: BwdTileState, it, num_steps, entries):
         """``step_schedule`` of a block-sparse walk from the entries of steps ``it`` and ``it + 1`` that
         ``main_loop`` carries, plus the next step's (query head, query block) and the entry of step ``it + 2``,
         read now and first used a step later: no step waits on a list read at its start (ncu, session 32: those
@@ -119,13 +118,13 @@ class KeyBlockWalk:
                 self.entry_coords(ctx, clamp_entry(ctx.walk, entries[1])), raw_entry(ctx.walk, it + 2))
 
     @cute.jit
-    def step_schedule(self, ctx: SimpleNamespace, it, num_steps):
+    def step_schedule(self, ctx: BwdTileState, it, num_steps):
         """(query head, query block, Q stage, dO stage, whether a step follows) of step ``it``."""
         head, m = self.step_coords(ctx, it)
         return head, m, it % self.config.stages_q, it % self.config.stages_do, it + 1 < num_steps
 
     @cute.jit
-    def block_turn(self, ctx: SimpleNamespace, head, m, mSem, mCuSeqlensQ, poll_tidx):
+    def block_turn(self, ctx: BwdTileState, head, m, mSem, mCuSeqlensQ, poll_tidx):
         """(the forward's block range of query block m, the deterministic mode's turn or None). The turn is
         (counter, this key block's rank, the first acquire read by the thread whose ``poll_tidx`` is 0, in flight
         under the step's first MMAs; None with ``poll_tidx`` None: the caller reads, ``read_turn``)."""
@@ -142,7 +141,7 @@ class KeyBlockWalk:
     # Epilogue
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def store_dkv(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
+    def store_dkv(self, ctx: BwdTileState, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
         """dK * scale and dV in 16 bits through the (now free) K and V tiles (slice by slice, as accumulated),
         then 16-byte rows to global memory; rows past seqlen_k and padded head-dim columns are not written."""
         tidx = ctx.tidx
@@ -161,7 +160,7 @@ class KeyBlockWalk:
         self.store_dkv_rows(ctx, mdK, mdV, mCuSeqlensK, mSeqUsedK)
 
     @cute.jit
-    def store_dkv_rows(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK):
+    def store_dkv_rows(self, ctx: BwdTileState, mdK, mdV, mCuSeqlensK, mSeqUsedK):
         """After the dK / dV tiles are in sK_out / sV_out: a CTA barrier, then 16-byte rows to global memory
         (rows past seqlen_k and padded head-dim columns are not written)."""
         tidx = ctx.tidx
