@@ -58,15 +58,14 @@ class BwdConfig:
     role_split: bool = False
     #: the role split's dense step -> (query head, query block) through a FastDivmod divisor built once per CTA (a
     #: multiply-high) instead of a runtime division in each step's address math. A per-class choice, measured (H100,
-    #: SM120 occupancy, session 33): d128's 64x64 role split 0.98-0.99x the backward's time with it (d128 full and
-    #: causal, 8x2048, 2x4096 16/4); d96's 64x96 split 0.974-1.003x (session 37: 4x4096 32/8, 2x4096 16/4,
-    #: 8x2048 16/16, full and causal; its former 64x64 split with two dO stages was 1.01-1.02x slower) and d64's
-    #: 64x128 split 1.04x (full) slower, so d64 keeps the division; block-sparse list entries always do (prefix-LM
-    #: lists 1.05x slower)
+    #: SM120 occupancy, 2026-11-26 / 27): d128's 64x64 role split 0.98-0.99x the backward's time with it (d128 full
+    #: and causal, 8x2048, 2x4096 16/4); d96's 64x96 split 0.974-1.003x (4x4096 32/8, 2x4096 16/4, 8x2048 16/16,
+    #: full and causal; a 64x64 split with two dO stages 1.01-1.02x slower) and d64's 64x128 split 1.04x (full)
+    #: slower, so d64 keeps the division; block-sparse list entries always do (prefix-LM lists 1.05x slower)
     step_divisor: bool = False
     #: without a mask (``bwd_rotated_start``) key block n walks its query blocks from block n (mod their count)
     #: instead of from the first, so the head's CTAs do not add their dQ into one query block at once. A per-class
-    #: choice, measured (H100, SM120 occupancy, session 33, same call): d64's 64x128 role split 0.97x the backward's
+    #: choice, measured (H100, SM120 occupancy, 2026-11-26, same call): d64's 64x128 role split 0.97x the backward's
     #: time with it (4x4096 32/8 non-causal 255 / 257 -> 263 / 265 TFLOPS); d128's 64x64 split 1.02x slower (256 /
     #: 252 -> 250 / 249), so it keeps the common start
     rotated_start: bool = False
@@ -257,18 +256,18 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
             out.append("kv_in_regs is the role split's (each group's one B operand in registers)")
         if spec.dropout and _sdp_key_share(cfg) % 8:
             # the keep flags come in 16-column atom pairs or one run of n8 atoms per warp (``dropout_mask.keep_flags``;
-            # d128's 64x96 split: 24 keys per warp, ``RunKeepFlags``, since session 44). (d96's 64x128 split holds
-            # them since group 1 reads P and the flags as one signed tile and the dropout words are read where used:
-            # sm_120a, session 43; before, it spilled 120-176 B)
+            # d128's 64x96 split: 24 keys per warp, ``RunKeepFlags``). (d96's 64x128 split holds them because group 1
+            # reads P and the flags as one signed tile and the dropout words are read where used: sm_120a gate, no
+            # local memory; reading them ahead spills 120-176 B)
             out.append(f"kv_in_regs: dropout's keep flags need a warp share of the keys in n8 atoms "
                        f"({_sdp_key_share(cfg)} keys per warp)")
         if spec.dropout and spec.deterministic and bwd_sdp_n_step(cfg) == 8:
-            # sm_120a gate, session 43: d128's 64x96 split, causal, highest first: 56 B of local memory beside the
+            # sm_120a gate, 2026-11-27: d128's 64x96 split, causal, highest first: 56 B of local memory beside the
             # run's two Philox calls per m16 atom
             out.append("kv_in_regs: dropout's run of n8 atoms (two calls per m16 atom) beside the deterministic "
                        "mode's turn spills")
         if spec.dropout and (spec.varlen_q or spec.varlen_k):
-            # sm_120a gate, session 42: d96's 64x128 split, causal, packed: one local word in the shipped SASS
+            # sm_120a gate, 2026-11-27: d96's 64x128 split, causal, packed: one local word in the shipped SASS
             out.append("kv_in_regs: dropout's keep flags beside varlen's per-sequence addressing keep a local word")
         if spec.mods is not None:
             # sm_120a gate, 2026-11-27: d128's 64x96 split with a document mask_mod kept one local word
@@ -321,28 +320,23 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 
 
 #: The main kernel's tile per head-dim class (the smallest class >= max(head_dim, head_dim_v)): tiles that fit
-#: 101376 B (byte arithmetic in notes/bwd_design.md, section 3), the warp split and the 4- or 8-warp
-#: choice measured by ``benchmarks/tune_bwd.py`` at SM120 occupancy (``tune_bwd_h100_2026-11-25.json.gz``:
-#: at d64 and d96 the 4-warp 64x64 tile beat the 8-warp ones then, 32x32 warp tiles for S and dP;
-#: ``tune_bwd_rolesplit_h100_2026-11-25.json.gz``: at d128 the role split, where each warp group runs one of the
-#: two S-sized GEMMs on 32x32 warp tiles, beats the 8-warp tile by 20%; at d64 and d96 the 64x64 role split ties
-#: the 4-warp one). d64 since 2026-11-26 (``explore/deterministic_tiles.py``, ``deterministic_tiles_h100_2026-11-26
-#: .json``, SM120 occupancy): the 64x128 role split (128 keys per CTA, 91 KB) runs 1.30-1.42x the 4-warp tile's
-#: speed, default and deterministic, at 4x4096 32/8 and 2x4096 16/4, full and causal (255 / 227 TFLOPS at 4x4096).
-#: d96 on 2026-11-26 (``deterministic_tiles_d96_h100_2026-11-26.json``, the same shapes): the 64x64 role split
-#: (since it draws dropout once and passes equal barrier counts) took 0.95x the 4-warp tile's time at 4x4096 full
-#: and causal and at 2x4096 full, 1.01x at 2x4096 causal; deterministic 0.88 / 0.92x / 0.89x / 0.94x. Since
-#: 2026-11-27 (session 37, ``deterministic_tiles_d96_h100_2026-11-27.json.gz``) the 64x96 role split: 96 keys per CTA
-#: (98304 B with one dO stage; K / V by a warp group each, ``bwd_kv_copy_threads``) take 0.76x the 64x64 split's
-#: time at 4x4096 32/8 full, 0.88x causal, 0.83x / 0.92x at 2x4096 16/4, 0.84x / 0.87x at 8x2048 16/16; the
-#: deterministic mode 1.02-1.27x its default (the 64x64 split: 1.00-1.46x its own). Its 16x96 S warp tiles
-#: (sdp_warps_m=4) ran 1.04-1.09x slower than 32x48. Since session 38 (same file, same shapes) the 64x128 role split
-#: with each group's S / dP B operand in registers (``kv_in_regs``: P and dS in V's shared memory, 94208 B): 0.82-0.93x
-#: the 64x96 split's time, full and causal, deterministic 1.06-1.21x its default; dK / dV on 4x1 warps instead of 2x2
-#: 0.98-1.01x (not adopted). d128 since session 38 (``deterministic_tiles_d128_h100_2026-11-27.json.gz``): the 64x96 role
-#: split with its K / V rows in registers (24 keys per warp: one n8 atom per warp step, ``bwd_sdp_n_step``; 98304 B)
-#: takes 0.86-0.93x the 64x64 split's time at 4x4096 32/8, 2x4096 16/4 and 8x2048 16/16, full and causal;
-#: deterministic 1.04-1.28x its default (the 64x64 split's 8x2048 16/16 full: 1.47x).
+#: 101376 B (the byte arithmetic: docs/design-backward.md, "Budgets"), each the fastest measured at SM120 occupancy
+#: on the H100 (the reasoning: docs/design-backward.md, "Tiles and the role split"):
+#:
+#: * d64: the 64x128 role split (128 keys per CTA, 91 KB), 1.30-1.42x the 4-warp 64x64 tile's speed, default and
+#:   deterministic, at 4x4096 32/8 and 2x4096 16/4, full and causal (255 / 227 TFLOPS at 4x4096;
+#:   ``deterministic_tiles_h100_2026-11-26.json.gz``).
+#: * d96: the 64x128 role split with each group's S / dP B operand in registers (``kv_in_regs``: P and dS in V's
+#:   shared memory, 94208 B): 0.82-0.93x the time of the 64x96 split with both operands in shared memory, full and
+#:   causal, deterministic 1.06-1.21x its default; that split in turn takes 0.76-0.92x the 64x64 split's time
+#:   (``deterministic_tiles_d96_h100_2026-11-27.json.gz``). 16x96 S warp tiles (sdp_warps_m=4) run 1.04-1.09x
+#:   slower than 32x48; dK / dV on 4x1 warps instead of 2x2 0.98-1.01x (not taken).
+#: * d128: the 64x96 role split with its K / V rows in registers (24 keys per warp: one n8 atom per warp step,
+#:   ``bwd_sdp_n_step``; 98304 B): 0.86-0.93x the 64x64 split's time at 4x4096 32/8, 2x4096 16/4 and 8x2048
+#:   16/16, full and causal; deterministic 1.04-1.28x its default
+#:   (``deterministic_tiles_d128_h100_2026-11-27.json.gz``). The role split, each warp group running one of the two S-sized GEMMs on 32x32 warp tiles, beats the 8-warp
+#:   tile by 20% (``tune_bwd_rolesplit_h100_2026-11-25.json.gz``).
+#: * d192, d256: the 8- and 4-warp tiles ``benchmarks/tune_bwd.py`` picks (``tune_bwd_h100_2026-11-25.json.gz``).
 BWD_TABLE = {
     64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True),
     96: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True,
@@ -354,19 +348,17 @@ BWD_TABLE = {
 }
 
 #: Specs that keep more registers live than the table's tile was chosen for: softcap (the tanh tile, S-sized), mods
-#: and block sparsity. The 4-warp d64 / d96 entries of 2026-11-25 spilled with them and with varlen; the role splits
-#: that replaced them take softcap and score_mods not at all (the predicate), varlen without spills. Varlen left this
-#: list in session 37 (``explore/varlen_tiles.py``, ``varlen_tiles_h100_2026-11-27.json``: documents of 128-2048
-#: tokens packed to 16384, 32/8 heads, SM120 occupancy; these 8-warp tiles took 1.14-1.17x the d64 role split's time
-#: and 1.35-1.36x the d96 one's).
+#: and block sparsity. 4-warp d64 / d96 tiles spill with them; the role splits take softcap and score_mods not at all
+#: (the predicate). Varlen is not heavy: the role splits hold it without spills, and these 8-warp tiles take 1.14-1.17x
+#: the d64 role split's time and 1.35-1.36x the d96 one's on documents of 128-2048 tokens packed to 16384, 32/8
+#: heads, SM120 occupancy (``varlen_tiles_h100_2026-11-27.json``).
 BWD_TABLE_HEAVY = {
     64: BwdConfig(64, 128, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=8, dq_warps_m=4),
     96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
 }
 
 #: Plain specs (not heavy) a class's role split cannot run (head_dim != head_dim_v) where its heavy tile is not their
-#: fastest: d96's 4-warp 64x64 tile, the table's until 2026-11-26 (the 8-warp heavy tile took 1.17x its time, causal
-#: 2x4096 16/4, ``tune_bwd_d64_d96_h100_2026-11-26.json.gz``; with dropout the predicate refuses it).
+#: fastest: d96's 4-warp 64x64 tile (the 8-warp heavy tile takes 1.17x its time, causal 2x4096 16/4, ``tune_bwd_d64_d96_h100_2026-11-26.json.gz``; with dropout the predicate refuses it).
 BWD_TABLE_UNSPLIT = {
     96: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
 }
@@ -385,9 +377,8 @@ BWD_TABLE_FALLBACK = {
 
 #: Specs a class's ``kv_in_regs`` entry cannot run (the predicate says which: dropout beside varlen or, where a warp's
 #: key share is one run of n8 atoms, the deterministic mode; mask_mods, varlen in the highest-first deterministic
-#: order), and those it runs slower (``_prefers_smem_operands``):
-#: the role split each class ran before session 38, both S / dP operands read from
-#: shared memory (d96 64x96, 98304 B; d128 64x64: ``BWD_TABLE``'s comment).
+#: order), and those it runs slower (``_prefers_smem_operands``): the class's role split with both S / dP operands
+#: read from shared memory (d96 64x96, 98304 B; d128 64x64: ``BWD_TABLE``'s comment).
 BWD_TABLE_SMEM_OPERANDS = {
     96: BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True),
@@ -396,18 +387,17 @@ BWD_TABLE_SMEM_OPERANDS = {
 
 #: Dropout specs the class's entries cannot run: d64 block sparsity (a heavy spec: its 8-warp tile cannot hold the
 #: keep flags beside 32 S registers per thread and the mask: the predicate's dropout rule) takes the 64x64 role split,
-#: whose groups each hold one S-sized tile and one of dK / dV. d64 causal and windowed dropout ran here too until the
-#: 64x128 role split drew the flags in one group only (session 28), and d64 varlen with a mask until varlen stopped
-#: being heavy (session 37: the 64x128 role split holds it, sm_120a 250-255 registers, no local memory).
+#: whose groups each hold one S-sized tile and one of dK / dV. The 64x128 role split holds the other d64 dropout
+#: specs, causal, windowed and varlen included: it draws the flags in one group only (sm_120a gate: 250-255
+#: registers, no local memory).
 BWD_TABLE_DROPOUT = {
     64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
 }
 
 
 def _is_heavy(spec: BwdSpec) -> bool:
-    # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spilled 16-168 B (sm_120a gate,
-    # 2026-11-26). Varlen was heavy while d64 / d96 had 4-warp entries (they spilled with it); their role splits hold
-    # it (sm_120a gate, session 37: 219-255 registers, no local memory)
+    # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spill 16-168 B (sm_120a gate,
+    # 2026-11-26). Varlen is not heavy: the role splits hold it (sm_120a gate: 219-255 registers, no local memory)
     return spec.softcap or spec.mods is not None or spec.block_sparse is not None
 
 
@@ -422,7 +412,7 @@ def _prefers_smem_operands(spec: BwdSpec, cfg: BwdConfig) -> bool:
     first. The run draws about 2.7x the calls of whole 32-column cells on every tile, masked or not; a full walk
     gains more from the split than it pays, a masked one, whose 64x64 smem-operand split already carries dropout
     at 1.17-1.19x its time without, does not. Measured (H100, SM120 occupancy, fwd+bwd with dropout 0.1, 32/8 heads,
-    same call, two rounds; session 44): run split against the 64x64 split, full 4x4096 13.61 / 15.00 ms, 2x8192
+    same call, two rounds, 2026-11-27): run split against the 64x64 split, full 4x4096 13.61 / 15.00 ms, 2x8192
     26.86 / 29.24 (-8 to -9%); causal 4x4096 7.37 / 7.10-7.25, 2x8192 14.04 / 13.73 (+2 to +4%)."""
     return spec.dropout and (spec.causal or spec.local) and bwd_sdp_n_step(cfg) == 8
 
@@ -482,7 +472,7 @@ BWD_ROLE_SPLIT_CANDIDATES = {
 }
 
 #: Role-split tiles (same tuple layout) the tuner may try with ``kv_in_regs``: P and dS in V's region leave room for
-#: 128 keys at d96 (session 38).
+#: 128 keys at d96.
 BWD_KV_REGS_CANDIDATES = {
     96: ((64, 128, 8, 2, 1, 1, 1),),
     128: ((64, 96, 8, 2, 1, 1, 1),),
@@ -565,7 +555,7 @@ GROUP_SPLITS = (2, 3, 4, 8)
 def bwd_step_divisor(spec: BwdSpec, cfg: BwdConfig) -> bool:
     """Whether the main kernel finds a dense step's (query head, query block) with ``BwdConfig.step_divisor``'s
     FastDivmod divisor. Block-sparse list entries keep the division (with the divisor prefix-LM lists ran 1.05x
-    slower, H100 at SM120 occupancy, session 33)."""
+    slower, H100 at SM120 occupancy, 2026-11-26)."""
     return cfg.step_divisor and spec.block_sparse is None
 
 

@@ -23,10 +23,10 @@ from .bwd_config import GROUP_SPLITS
 from .config import BYTES_PER_ELEM
 
 #: A query-head group is split over more CTAs only where the modelled time improves by more than this share:
-#: each split writes one more partial dK / dV, which the host sums, and the model's modest gains did not
-#: survive that (H100, group_split_ab_h100_2026-11-25.json in git history: modelled 1.07x at 4 x 1024 32/8 and
-#: 8 x 1024 16/4 d64, measured 0.97x; modelled 1.06-1.10x at 8 x 512 8/2, where host time dominates, measured
-#: 0.64x; modelled 1.12-1.28x, measured 1.12-1.22x).
+#: each split writes one more partial dK / dV, which the host sums, and the model's modest gains do not survive
+#: that (H100, per-pair key-block order, 2026-11-25: modelled 1.07x at 4 x 1024 32/8 and 8 x 1024 16/4 d64,
+#: measured 0.97x; modelled 1.06-1.10x at 8 x 512 8/2, where host time dominates, measured 0.64x; modelled
+#: 1.12-1.28x, measured 1.12-1.22x).
 GROUP_SPLIT_SLACK = 0.10
 #: A split must also save at least this many step times (one step: a 64-row query block at d128, ~2 us on the
 #: H100 at SM120 occupancy): it costs two fp32 reductions and their host time, which a short backward does not
@@ -60,14 +60,13 @@ def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, head
     ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 1. ``banded``: the kernel runs the key
     blocks longest first in bands of pairs (``bwd_banded``), each split at the band ``bwd_tile_band`` gives it
     (``l2_bytes``, ``head_dim``, ``head_dim_v``: that rule's inputs); else key block fastest, one pair after
-    another, from key block 0 (a causal deterministic call takes its order and split from ``bwd_det_order``). The banded
-    order removes most of the tail the split was for: H100, SM120 occupancy, causal, 2026-11-26
-    (group_split_ab_h100_2026-11-26.json), whole groups ran faster than any split at every shape measured (4 x
+    another, from key block 0 (a causal deterministic call takes its order and split from ``bwd_det_order``). The
+    banded order removes most of the tail a split would cut: H100, SM120 occupancy, causal
+    (group_split_ab_h100_2026-11-26.json), whole groups run faster than any split at every shape measured (4 x
     2048 8/2 d128 209 TFLOPS, split 4 189; 8 x 1024 16/4 d64 168 against 143; 2 x 4096 16/4 237 against 227), as
-    this model predicts; in the per-pair order the split had gained 1.12-1.28x
-    (group_split_ab_h100_2026-11-25.json, in git history), as it did in the deterministic mode while that launched
-    each pair highest first (before 2026-11-26's session 34: 4 x 2048 8/2 125 -> 153 TFLOPS with 4 splits). What still
-    splits by default: grids too small to fill the device at any band (one or two pairs: MQA and small batches)."""
+    this model predicts; in the per-pair order a split gains 1.12-1.28x (H100, 2026-11-25; a deterministic call
+    launched highest first per pair: 4 x 2048 8/2 125 -> 153 TFLOPS with 4 splits). What splits by default: grids
+    too small to fill the device at any band (one or two pairs: MQA and small batches)."""
     num_n = -(-seqlen_k // tile_n)
     if group <= 1 or slots <= 0 or num_n <= 0 or seqlen_q <= 0:
         return 1
@@ -121,14 +120,14 @@ def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
 #: The deterministic lowest-first order's chain (``_kernels/dq_accum``): key blocks of a pair that start together
 #: reach each query block at the same step, and each adds after its predecessor has released it; in the role split
 #: the release comes in the next step, after dP: about 0.9 of a step after the wait (the model's CTA starts that
-#: much after its predecessor's). H100, SM120 occupancy, session 34 (deterministic_order_h100_2026-11-26.json.gz):
+#: much after its predecessor's). H100, SM120 occupancy (deterministic_order_h100_2026-11-26.json.gz):
 #: with it the model gives lowest first / highest first 1.45x at 8 x 2048 16/16 d128 causal with the band the
 #: default's rule takes (measured 1.42x), 0.99x at 2 x 4096 16/4 (0.98x), 0.97-0.98x at 4 x 4096 32/8 d128 and 4 x
 #: 2048 8/2 (0.92-0.94x), 0.95x at d64 4 x 4096 32/8 (0.90x).
 DET_CHAIN_LAG = 0.9
 #: The lowest-first order's bands may hold rows up to this share of the L2 (the default's ``BWD_L2_BAND_SHARE``:
-#: 1.0): larger bands start fewer CTAs of a pair together, so shorter chains. Session 34's probe
-#: (det_order_probe.py, deterministic_order_h100_2026-11-26.json.gz), d128 causal: 4 x 2048 8/2 band 8 (64 MB of rows)
+#: 1.0): larger bands start fewer CTAs of a pair together, so shorter chains. Measured
+#: (deterministic_order_h100_2026-11-26.json.gz), d128 causal: 4 x 2048 8/2 band 8 (64 MB of rows)
 #: 0.492 ms against 0.529 with 4; 2 x 4096 16/4 band 8 (128 MB) 1.628 against 1.631 with 4; 16 x 1024 32/8 band 8
 #: (32 MB) 1.979 against 2.003 with 16.
 DET_L2_BAND_SHARE = 2.0
@@ -184,9 +183,10 @@ def _modelled_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, 
     times = [_makespan(works(s)[::-1], heads_kv * s * batch, 1, slots) for s in splits]
     pick = _split_choice(splits, times)
     best = (times[pick], False, splits[pick], 1)
-    # lowest first: whole groups only (session 34's probe, split 2 / whole at the best bands: 1.04x at 2 x 4096
-    # 16/4, 1.05x at 4 x 2048 8/2, 1.15x at 16 x 1024 32/8 slower, where the model, with a split's 16 fixed steps
-    # added, said 1.02x faster to 1.05x slower); each band, a larger one only where it is faster by BWD_BAND_SLACK
+    # lowest first: whole groups only (deterministic_order_h100_2026-11-26.json.gz, split 2 / whole at the best
+    # bands: 1.04x at 2 x 4096 16/4, 1.05x at 4 x 2048 8/2, 1.15x at 16 x 1024 32/8 slower, where the model, with a
+    # split's 16 fixed steps added, says 1.02x faster to 1.05x slower); each band, a larger one only where it is
+    # faster by BWD_BAND_SLACK
     pairs = heads_kv * batch
     cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, group, pairs, DET_L2_BAND_SHARE) if banded else 1
     for band in range(1, cap + 1) if lowest_open else ():

@@ -36,7 +36,7 @@ def _fake_vector(elem, n):
     return cute.runtime.make_fake_tensor(elem, (n,), stride=(1,), assumed_align=4)
 
 
-#: The aux tensors a kernel with mods takes (issue 20): trailing optional tensor parameters ``mAux0..mAux3``,
+#: The aux tensors a kernel with mods takes: trailing optional tensor parameters ``mAux0..mAux3``,
 #: None unless the spec's ``ModKey.aux_tensors`` names one; every launch passes ``aux_args(...)``.
 MAX_AUX_TENSORS = 4
 #: the aux tensors' element types (torch names; ``_fake_aux`` maps them to the DSL's)
@@ -48,7 +48,7 @@ def aux_args(aux: tuple = ()) -> tuple:
     return (*aux, *(None,) * (MAX_AUX_TENSORS - len(aux)))
 
 
-#: The block-sparse tensors a forward kernel takes (issue 20): four trailing optional tensor parameters
+#: The block-sparse tensors a forward kernel takes: four trailing optional tensor parameters
 #: ``mBlockCnt, mBlockIdx, mFullCnt, mFullIdx`` after the aux slots; every forward launch passes
 #: ``sparse_args(...)``.
 SPARSE_SLOTS = 4
@@ -81,7 +81,7 @@ def _fake_sparse(block_sparse) -> tuple:
 
 
 def _fake_rng(dropout: bool):
-    """The dropout slot's fake (issue 20): int32 (seed low, seed high, offset, threshold), or None without
+    """The dropout slot's fake: int32 (seed low, seed high, offset, threshold), or None without
     dropout (the kernels' trailing ``mRng``; every launch passes the call's ``FwdParams.rng``)."""
     import cutlass
 

@@ -248,7 +248,7 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
 
 
 def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
-    """The forward with mods (issue 20): each example of ``flex_examples.gate_examples`` traced into the table's
+    """The forward with mods: each example of ``flex_examples.gate_examples`` traced into the table's
     d128 and d64 configs, packed-GQA, varlen (packed Q and K) and the persistent ping-pong mainloop; and the
     backward main kernel with the same mods (score_mod_bwd: the example's derivative) at d128, d64 and varlen
     d128; then the heaviest examples at d96, d192/128, d256, fp16 and with a sink (forward and backward), and
@@ -299,7 +299,7 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
 
 
 def sparse_cases(model: ExecutionModel = SM120) -> list[Case]:
-    """The block-sparse forward (issue 20): every config the dispatcher may pick (``dispatch_candidates``) for
+    """The block-sparse forward: every config the dispatcher may pick (``dispatch_candidates``) for
     (128, 128) lists at each head-dim class, without mods, with the causal flag and with a document mask_mod;
     at d128 also (128, 64) lists without full lists, fp16, a sink, ALiBi beside the mask and the document mask
     read from an aux tensor. The CI subset takes the d128 document mask."""
@@ -352,7 +352,7 @@ def sparse_cases(model: ExecutionModel = SM120) -> list[Case]:
 
 
 def dropout_cases(model: ExecutionModel = SM120) -> list[Case]:
-    """Dropout (issue 20): every config the dispatcher may pick for a dropout spec at each head-dim class, full and
+    """Dropout: every config the dispatcher may pick for a dropout spec at each head-dim class, full and
     causal, forward and backward; at d128 also a window with softcap and sink, varlen, split-KV, fp16, a document
     mask_mod, block-sparse lists and the deterministic backward. The CI subset takes d128 causal, forward and
     backward."""
@@ -379,8 +379,8 @@ def dropout_cases(model: ExecutionModel = SM120) -> list[Case]:
             BwdSpec("fp16", 128, 128, causal=True, dropout=True),
             BwdSpec("bf16", 128, 128, causal=False, mods=docs_bwd, dropout=True),
             BwdSpec("bf16", 128, 128, causal=True, block_sparse=(128, 128), dropout=True),
-            # d96's and d128's kv_in_regs entries with dropout (sessions 43-44; d128's on full walks only): their
-            # features and orders, and the head dims they pad
+            # d96's and d128's kv_in_regs entries with dropout (d128's on full walks only): their features and
+            # orders, and the head dims they pad
             BwdSpec("bf16", 96, 96, causal=True, varlen_q=True, varlen_k=True, dropout=True),
             BwdSpec("bf16", 96, 96, causal=True, deterministic=True, dropout=True),
             BwdSpec("bf16", 96, 96, causal=True, deterministic=True, lowest_first=True, dropout=True),

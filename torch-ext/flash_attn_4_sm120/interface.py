@@ -177,7 +177,7 @@ def flash_attn_varlen_func(
 @torch.compiler.disable
 def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causal, window_size, learnable_sink,
                softcap, num_splits, pack_gqa, deterministic, return_lse):
-    """A forward with score_mod / mask_mod (issue 20), dense (``varlen`` None) or varlen (its keyword arguments):
+    """A forward with score_mod / mask_mod, dense (``varlen`` None) or varlen (its keyword arguments):
     eager even under torch.compile (the callables are traced into the kernel, which a graph's custom op cannot
     carry: Dynamo breaks the graph here), never remembered as a launch plan (the mods are part of the spec)."""
     mods = dict(mods)

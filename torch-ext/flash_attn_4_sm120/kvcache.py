@@ -90,7 +90,8 @@ class _KVCachePlan:
 
 
 _UNSUPPORTED = {
-    "alibi_slopes": "ALiBi slopes are not supported; a score_mod is planned (issue 20)",
+    "alibi_slopes": ("ALiBi slopes are not supported by flash_attn_with_kvcache; flash_attn_func and "
+                     "flash_attn_varlen_func (paged K/V included) take ALiBi as a score_mod: flex_examples.alibi_slopes"),
     "qv": "qv (a second query for MLA-style head dims) is not supported",
     "q_descale": "FP8 attention is not supported in this version; pass bf16 / fp16 tensors",
     "k_descale": "FP8 attention is not supported in this version; pass bf16 / fp16 tensors",

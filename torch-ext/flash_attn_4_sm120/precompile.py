@@ -69,7 +69,7 @@ from .problem import CombineSpec, FwdSpec, check_head_dim
 
 #: Spellings accepted for the dtypes, mapped to ``FwdSpec.dtype``.
 DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
-#: Head dims the kernels were first built for; any other head dim needs the ``head_dim_any`` or
+#: The base head dims; any other head dim needs the ``head_dim_any`` or
 #: ``head_dim_256`` feature of the manifest.
 _BASE_HEAD_DIMS = (64, 128)
 

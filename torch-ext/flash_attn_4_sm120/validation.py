@@ -51,7 +51,7 @@ def validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
 
 
 def _with_dropout(spec, params, rng: Optional[torch.Tensor]):
-    """(spec, params) of a call with dropout (issue 20; ``rng``: the kernels' slot, None: no dropout): the flag in
+    """(spec, params) of a call with dropout (``rng``: the kernels' slot, None: no dropout): the flag in
     the spec, the slot in the params (a dropout spec runs unpacked: ``with_packing``)."""
     if rng is None:
         return spec, params
@@ -150,10 +150,10 @@ def has_mods(mods: dict) -> bool:
 
 
 def with_mods(spec, params, mods: dict, needs_grad: bool, device=None):
-    """(spec, params) of a call with ``mods`` (score_mod, mask_mod, score_mod_bwd, aux_tensors, aux_scalars;
-    issue 20): the spec keyed on the mods (``flex.ModKey``, callables registered for the compiler); with a
-    score_mod the kernel scales S by softmax_scale before it (the softcap slot) and exponentiates with log2(e).
-    Raises the manifest's message for the combinations it refuses (mask_mod with causal / a window, softcap)."""
+    """(spec, params) of a call with ``mods`` (score_mod, mask_mod, score_mod_bwd, aux_tensors, aux_scalars): the
+    spec keyed on the mods (``flex.ModKey``, callables registered for the compiler); with a score_mod the kernel
+    scales S by softmax_scale before it (the softcap slot) and exponentiates with log2(e). Raises the manifest's
+    message for the combinations it refuses (mask_mod with causal / a window, softcap)."""
     key = flex.ModKey.of(**mods)
     if key is None:
         return spec, params
@@ -194,7 +194,7 @@ def _aux_tensors(tensors, scalars, device) -> tuple:
 
 def with_block_sparse(spec, shape, params, sparse, needs_grad: bool, num_splits, pack_gqa, device,
                       deterministic: bool = False):
-    """(spec, params) of a call with ``block_sparse_tensors`` (issue 20): the block size in the spec, the tensors
+    """(spec, params) of a call with ``block_sparse_tensors``: the block size in the spec, the tensors
     in the kernels' sparse slots. Raises the manifest's message for the combinations it refuses and
     ``ValueError`` for tensors that do not fit the call (``block_sparse.check_block_sparse``)."""
     flags = (("backward", needs_grad), ("deterministic_backward", needs_grad and deterministic),

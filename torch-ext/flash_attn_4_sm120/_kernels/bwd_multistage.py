@@ -317,7 +317,7 @@ class FlashBwdMultistage(KeyBlockWalk):
                 seqlen_info=(SeqlenInfo.of(batch, mCuSeqlensQ, mCuSeqlensK, seqlen_q, seqlen_k)
                              if const_expr(self.spec.mods is not None) else None),
             )
-            ctx.dropout = None  # issue 20: the forward's keep mask, regenerated (``dropout_mask``)
+            ctx.dropout = None  # the forward's keep mask, regenerated (``dropout_mask``)
             if const_expr(self.spec.dropout):
                 check_cells(self.mma_sdp, self.tile_m, self.tile_n, bwd_sdp_n_step(self.config))
                 ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)

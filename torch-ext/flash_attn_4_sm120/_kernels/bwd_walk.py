@@ -23,7 +23,8 @@ from .bwd_state import BwdSmem, BwdTileState
 from .dq_accum import read_turn, semaphore_ptr, turn_rank
 from .fragments import convert
 from .seqlen_info import sequence_heads
-from .tile_io import column_predicate, g2s_tiled_copy, load_rows, smem_layout_atom, store_rows, zero_masked_cols
+from .tile_io import (column_predicate, g2s_tiled_copy, load_rows, smem_layout_atom, store_rows,
+                      zero_masked_cols)
 
 
 class KeyBlockWalk:
@@ -111,8 +112,8 @@ class KeyBlockWalk:
     def sparse_schedule(self, ctx: BwdTileState, it, num_steps, entries):
         """``step_schedule`` of a block-sparse walk from the entries of steps ``it`` and ``it + 1`` that
         ``main_loop`` carries, plus the next step's (query head, query block) and the entry of step ``it + 2``,
-        read now and first used a step later: no step waits on a list read at its start (ncu, session 32: those
-        reads doubled the long-scoreboard stalls against the flag's kernel)."""
+        read now and first used a step later: no step waits on a list read at its start (ncu, H100, 2026-11-26: read
+        at the step's start, they double the long-scoreboard stalls)."""
         head, m = self.entry_coords(ctx, clamp_entry(ctx.walk, entries[0]))
         return (head, m, it % self.config.stages_q, it % self.config.stages_do, it + 1 < num_steps,
                 self.entry_coords(ctx, clamp_entry(ctx.walk, entries[1])), raw_entry(ctx.walk, it + 2))

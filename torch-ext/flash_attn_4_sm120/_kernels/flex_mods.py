@@ -1,4 +1,4 @@
-"""User score and mask modifications traced into the score step (arch-free; issue 20).
+"""User score and mask modifications traced into the score step (arch-free).
 
 Upstream FlashAttention-4's conventions (notes/flex_design.md, section 1):
 

@@ -263,7 +263,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
     def score_step(self, ctx: FwdTileState, softcap_scale, window_left, window_right, batch=None, head=None,
                    mCuSeqlensQ=None, mCuSeqlensK=None) -> ScoreStep:
         """What S goes through between the QK^T MMA and the softmax in this tile (``score_step``): the
-        spec's features with the tile's runtime values and ``ctx``'s S coordinates; with mods (issue 20) also
+        spec's features with the tile's runtime values and ``ctx``'s S coordinates; with mods also
         the batch, the grid's head and the sequences' offsets in packed Q / K."""
         mods = seqlen_info = None
         if const_expr(self.spec.mods is not None):
@@ -448,7 +448,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                 if const_expr(self.spec.split_kv):
                     ranges = block_info.split_range(ranges, split, num_splits)
                 n_start, n_unmasked_start, n_unmasked_end, n_end = ranges
-                walk = None  # block sparsity (issue 20): the listed key blocks instead of [n_start, n_end)
+                walk = None  # block sparsity: the listed key blocks instead of [n_start, n_end)
                 if const_expr(self.spec.block_sparse is not None):
                     q_block, k_block, _ = self.spec.block_sparse
                     walk = sparse_walk(mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, batch, head, m_block,
@@ -477,7 +477,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                 )
                 ctx.score = self.score_step(ctx, softcap_scale, window_left, window_right, batch, head,
                                             mCuSeqlensQ, mCuSeqlensK)
-                ctx.dropout = None  # issue 20: the keep mask of P (``dropout_mask``), drawn after the softmax
+                ctx.dropout = None  # the keep mask of P (``dropout_mask``), drawn after the softmax
                 if const_expr(self.spec.dropout):
                     check_cells(self.tiled_mma, self.tile_m, self.tile_n)
                     ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)
@@ -602,7 +602,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
     @cute.jit
     def dropped_p(self, ctx: FwdTileState, acc_S: cute.Tensor, n_block: Int32, rP: cute.Tensor = None):
         """This block's P (``acc_S``, after the softmax: the row sums keep every element) in 16 bits, into ``rP``
-        (a new register tensor when None), with dropout (issue 20): dropped elements become 0, a pair of them per
+        (a new register tensor when None), with dropout: dropped elements become 0, a pair of them per
         PRMT / compare / AND after the conversion (``KeepFlags.apply_pair``), or, on the tiles whose registers do not
         hold the pairs (``config.dropout_on_pairs``), element by element on the fp32 scores before it from half
         calls (a byte compare and a select each). The kept ones are scaled by 1 / (1 - p) once, on O in
