@@ -1,13 +1,13 @@
 # Developer entry points. Times: a 2-core CPU machine without a GPU, after the one-time `make env`.
 #
 #   make env          create .venv and install requirements-dev.txt (re-runs only when that file changes)
-#   make test         the fast suite (~3 min): every test not marked `check`, one progress line per file.
+#   make test         the fast suite (~2 min): every test not marked `check`, one progress line per file.
 #                     Tests marked `gpu` skip without CUDA (on a GPU machine they run here too).
-#   make check        the slow CPU gate (~6 min): checks that build/torch-cuda, the generated README /
+#   make check        the slow CPU gate (~5 min): checks that build/torch-cuda, the generated README /
 #                     CONFLICTS_LOG regions and the performance tables match their sources, then the tests
-#                     marked `check`: sm_120a kernel compiles (among them `tools/conformance.py --subset ci`, the
-#                     gate's CI subset, run by tests/test_conformance.py), the local-Hub loading scenarios, the
-#                     role-split barrier counts over every feature combination.
+#                     marked `check`: sm_120a kernel compiles (most of the time: `tools/conformance.py --subset
+#                     ci`, the gate's CI subset, run by tests/test_conformance.py), the CPU precompile and
+#                     concurrent compile-cache writers, the local-Hub loading scenarios.
 #                     CI (.ci/run) runs `make test` then `make check`.
 #   make demo         load the bundle through kernels.get_kernel. With a GPU: attention against the fp32
 #                     reference, timed beside SDPA. Without: three representative kernels compiled for

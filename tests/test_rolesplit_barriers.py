@@ -79,7 +79,6 @@ def _env(dropout=False, sparse=False, mods=False, stages_do=1, det=False, kvr=Fa
     return {"self": this, "cfg": cfg, "turn": (0, 0, 0) if det else None}
 
 
-@pytest.mark.check
 @pytest.mark.parametrize("tile_n", [96, 128])
 @pytest.mark.parametrize("dropout,sparse,mods,stages_do,det,kvr", list(itertools.product(
     [False, True], [False, True], [False, True], [1, 2], [False, True], [False, True])))
