@@ -18,6 +18,7 @@ from .launch import (call_key, device_smem, l2_bytes, launch_env, model_and_targ
                      remembered)
 from .validation import plain_sink, refusal
 
+
 def needs_grad(q, k, v, sink=None) -> bool:
     return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in (q, k, v, sink))
 

@@ -20,6 +20,7 @@ from .launch import call_key, remember, remembered, varlen_rememberable, with_pa
 from .problem import kernel_layout
 from .validation import check_options, refusal, validate_varlen_call, validated
 
+
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
               window_left: Optional[int], window_right: Optional[int], softcap: float,
               learnable_sink: Optional[torch.Tensor], num_splits: int,

@@ -23,6 +23,7 @@ from .problem import kernel_layout
 from .validation import (check_options, has_mods, mods_of, refuse_unimplemented, rng_of, validate_varlen_call,
                          validated, window_entries, with_block_sparse, with_mods)
 
+
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -40,6 +40,7 @@ from .metadata import check_requested
 from .problem import CombineSpec, misaligned_row_dim
 from .validation import check_output
 
+
 @functools.lru_cache(maxsize=None)
 def model_and_target(device_index: Optional[int], dispatch_override: Optional[str],
                      target_override: Optional[str]) -> tuple[ExecutionModel, str]:

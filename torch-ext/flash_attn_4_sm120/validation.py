@@ -17,6 +17,7 @@ from . import block_sparse, compiler, dropout, flex, manifest
 from .metadata import check_requested, check_varlen_metadata
 from .problem import LOG2_E, kernel_layout, misaligned_row_dim, validate_fwd, validate_varlen
 
+
 def check_options(num_splits, pack_gqa) -> None:
     """Type checks of the dispatch options every entry point takes."""
     if num_splits is not None and (isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0):
