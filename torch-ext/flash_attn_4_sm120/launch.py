@@ -256,7 +256,7 @@ def _split_specs(spec, has_sink: bool):
 
 #: Launch plans of calls seen before, by ``call_key``: a repeated call (every layer of a model, every
 #: decode step at a fixed shape, every training step) skips validation and dispatch and only allocates and
-#: launches. The backward ops' entries are their validated calls (``_validated_once``).
+#: launches. The backward ops' entries are their validated calls (``custom_ops._validated_once``).
 _PLANS: dict = {}
 
 

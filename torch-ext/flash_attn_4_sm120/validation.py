@@ -146,7 +146,7 @@ def _dropout_of(kwargs: dict) -> Optional[tuple]:
 
 def has_mods(mods: dict) -> bool:
     """Whether the call has mods that the kernels trace (score_mod, mask_mod, aux tensors, block-sparse lists):
-    such a call runs eagerly (``_flex_call``); dropout alone runs through the custom ops."""
+    such a call runs eagerly (``interface._flex_call``); dropout alone runs through the custom ops."""
     return any(v is not None for name, v in mods.items() if name != "dropout")
 
 
