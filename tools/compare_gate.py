@@ -12,7 +12,8 @@ move changes without changing the code).
 
 It prints how many configs were compared, how many are identical, each differing config with what differs,
 and the configs found on one side only. ``--json OUT`` saves the comparison. Exit status: 0 when every
-config on both sides is identical and none is missing, 1 otherwise (2: unreadable input).
+config on both sides is identical and none is missing, 1 otherwise (2: unreadable input). ``--partial``: the new
+side is a spot check (``tools/conformance.py --only ...``), so configs found only in the base do not count.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def _describe(d: dict) -> str:
     return "; ".join(parts)
 
 
-def format_summary(result: dict, limit: Optional[int] = None) -> str:
+def format_summary(result: dict, limit: Optional[int] = None, show_only_base: bool = True) -> str:
     lines = [f"configs compared: {result['compared']}",
              f"identical:        {result['identical']}",
              f"differing:        {len(result['differing'])}",
@@ -113,7 +114,7 @@ def format_summary(result: dict, limit: Optional[int] = None) -> str:
         lines.append(f"  DIFF {name}: {_describe(d)}")
     if limit is not None and len(items) > limit:
         lines.append(f"  ... {len(items) - limit} more differing configs (see --json)")
-    for side in ("only_base", "only_new"):
+    for side in ("only_base", "only_new") if show_only_base else ("only_new",):
         names = result[side]
         shown = names if limit is None else names[:limit]
         for name in shown:
@@ -130,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--base", nargs="+", required=True, metavar="REPORT", help="report files of the reference run")
     p.add_argument("--new", nargs="+", required=True, metavar="REPORT", help="report files of the run to check")
     p.add_argument("--json", metavar="OUT", help="write the comparison (with the inputs' headers) as JSON")
+    p.add_argument("--partial", action="store_true",
+                   help="the new reports cover a subset (a spot check): configs only in the base are not a difference")
     p.add_argument("--limit", type=int, default=50, help="differing / missing configs listed (default %(default)s; "
                                                           "0: all)")
     return p
@@ -144,12 +147,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"compare_gate: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     result = compare(base, new)
-    print(format_summary(result, args.limit or None))
-    same = not result["differing"] and not result["only_base"] and not result["only_new"]
+    print(format_summary(result, args.limit or None, show_only_base=not args.partial))
+    same = not result["differing"] and not result["only_new"] and (args.partial or not result["only_base"])
     print("IDENTICAL" if same else "DIFFERENT")
     if args.json:
         doc = {"base": base_headers, "new": new_headers, "fields": list(FIELDS), "kernel_fields": list(KERNEL_FIELDS),
-               "identical_overall": same, **result}
+               "partial": args.partial, "identical_overall": same, **result}
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     return 0 if same else 1
 
