@@ -6,7 +6,7 @@ returns ``(dq, dk, dv, dsink)``:
   1. preprocess (``_kernels/bwd_preprocess``): LSE2 and D' = rowsum(dO * O) - dLSE into fp32 workspaces
      of ``bwd_config.ROW_PAD``-row blocks per sequence;
   2. main kernel (``_kernels/bwd_multistage``): dK, dV, and dQ's fp32 partial sums (a small GQA grid: each
-     KV head's query-head group split over ``bwd_config.bwd_group_split`` CTAs, their partial dK / dV summed
+     KV head's query-head group split over ``bwd_schedule.bwd_group_split`` CTAs, their partial dK / dV summed
      here in fp32);
   3. postprocess (``_kernels/bwd_postprocess``): dQ = scale * accumulator, in q's dtype.
 The sink's gradient, ``dsink_h = -sum_rows exp(sink_h - LSE) * D'`` over the rows of head h, is a torch
@@ -24,8 +24,9 @@ from typing import Optional
 import torch
 
 from . import block_sparse, compiler, flex
-from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_det_order, bwd_group_split,
-                          bwd_lowest_first_open, bwd_padded_head_dim, bwd_smem_bytes, bwd_tile_band, select_bwd_config)
+from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_lowest_first_open, bwd_padded_head_dim,
+                          bwd_smem_bytes, select_bwd_config)
+from .bwd_schedule import bwd_det_order, bwd_group_split, bwd_tile_band
 from .config import STATIC_SMEM_BYTES
 from .problem import LOG2_E, BwdSpec, FwdShape, FwdSpec, RefineSpec
 
@@ -68,7 +69,7 @@ def _slots(bspec: BwdSpec, cfg, model, num_sms: int) -> int:
 
 
 def _group_split(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_bytes: int) -> int:
-    """``bwd_config.bwd_group_split`` for this call: the model's CTAs per SM of the main kernel on ``num_sms``
+    """``bwd_schedule.bwd_group_split`` for this call: the model's CTAs per SM of the main kernel on ``num_sms``
     SMs, in the key-block order the kernel runs (banded for causal masks: ``l2_bytes`` bounds the band); a
     window counts as unmasked (every query block visited: the even case, which splits least)."""
     causal = bspec.causal and not bspec.local
@@ -80,7 +81,7 @@ def _group_split(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_b
 
 
 def _tile_band(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_bytes: int, split: int) -> int:
-    """``bwd_config.bwd_tile_band`` for this call (the main kernel's CTAs per SM of the model on ``num_sms``
+    """``bwd_schedule.bwd_tile_band`` for this call (the main kernel's CTAs per SM of the model on ``num_sms``
     SMs; ``split``: the group split the call runs)."""
     return bwd_tile_band(l2_bytes, shape.seqlen_q, shape.seqlen_k, bspec.head_dim, bspec.head_dim_v, cfg.tile_m,
                          cfg.tile_n, shape.num_heads // shape.num_heads_kv // split,
@@ -88,7 +89,7 @@ def _tile_band(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_byt
 
 
 def _det_order(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_bytes: int, lowest_open: bool) -> tuple:
-    """``bwd_config.bwd_det_order`` for this call: (lowest first, group split, band)."""
+    """``bwd_schedule.bwd_det_order`` for this call: (lowest first, group split, band)."""
     return bwd_det_order(shape.seqlen_q, shape.seqlen_k, cfg.tile_m, cfg.tile_n, shape.num_heads_kv,
                          shape.num_heads // shape.num_heads_kv, shape.batch, _slots(bspec, cfg, model, num_sms),
                          l2_bytes, bspec.head_dim, bspec.head_dim_v, bwd_banded(_main_spec(bspec, True, 1), cfg),
@@ -129,7 +130,7 @@ def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem:
     # A small grid splits each KV head's query-head group over `split` CTAs (the main kernel's spec), each
     # writing a partial dK / dV head (KV head h's are heads h * split .. h * split + split - 1), summed in
     # run_bwd in fp32 in a fixed order (deterministic mode holds). Block sparsity walks per-KV-head lists: never split.
-    # A causal deterministic call takes its order, split and band together (bwd_config.bwd_det_order).
+    # A causal deterministic call takes its order, split and band together (bwd_schedule.bwd_det_order).
     lowest, split, band = False, 1, 1
     if bspec.deterministic and bspec.causal and not bspec.local and num_sms:
         lowest_open = bwd_lowest_first_open(_main_spec(bspec, True, 1), model)

@@ -1,4 +1,4 @@
-"""Block-sparse attention metadata (issue 20, host side): upstream FlashAttention-4's tensors, built and checked.
+"""Block-sparse attention metadata (host side): upstream FlashAttention-4's tensors, built and checked.
 
 For each (batch, head, query block) the forward lists the key blocks it visits, in two classes: **mask**
 blocks (some elements kept, some not: the kernel applies the element mask, e.g. a ``mask_mod``) and **full**

@@ -6,7 +6,8 @@ of ``tile_n`` keys, ``num_warps`` warps, Q and dO stages, and how the warps spli
 shapes). ``bwd_config_problems`` is THE validity predicate: the table, the conformance gate and the
 tests call it. ``BWD_TABLE`` is the dispatcher's choice per head-dim class (``BWD_TABLE_HEAVY`` for
 specs with softcap or varlen where the class's tile has no registers to spare, ``BWD_TABLE_UNSPLIT``,
-``BWD_TABLE_DROPOUT`` and ``BWD_TABLE_FALLBACK`` for specs the class's entry cannot run at all).
+``BWD_TABLE_DROPOUT`` and ``BWD_TABLE_FALLBACK`` for specs the class's entry cannot run at all). The
+per-call launch-order choices (group split, bands, the deterministic order) are ``bwd_schedule``'s.
 """
 
 from __future__ import annotations
@@ -57,15 +58,14 @@ class BwdConfig:
     role_split: bool = False
     #: the role split's dense step -> (query head, query block) through a FastDivmod divisor built once per CTA (a
     #: multiply-high) instead of a runtime division in each step's address math. A per-class choice, measured (H100,
-    #: SM120 occupancy, session 33): d128's 64x64 role split 0.98-0.99x the backward's time with it (d128 full and
-    #: causal, 8x2048, 2x4096 16/4); d96's 64x96 split 0.974-1.003x (session 37: 4x4096 32/8, 2x4096 16/4,
-    #: 8x2048 16/16, full and causal; its former 64x64 split with two dO stages was 1.01-1.02x slower) and d64's
-    #: 64x128 split 1.04x (full) slower, so d64 keeps the division; block-sparse list entries always do (prefix-LM
-    #: lists 1.05x slower)
+    #: SM120 occupancy, 2026-11-26 / 27): d128's 64x64 role split 0.98-0.99x the backward's time with it (d128 full
+    #: and causal, 8x2048, 2x4096 16/4); d96's 64x96 split 0.974-1.003x (4x4096 32/8, 2x4096 16/4, 8x2048 16/16,
+    #: full and causal; a 64x64 split with two dO stages 1.01-1.02x slower) and d64's 64x128 split 1.04x (full)
+    #: slower, so d64 keeps the division; block-sparse list entries always do (prefix-LM lists 1.05x slower)
     step_divisor: bool = False
     #: without a mask (``bwd_rotated_start``) key block n walks its query blocks from block n (mod their count)
     #: instead of from the first, so the head's CTAs do not add their dQ into one query block at once. A per-class
-    #: choice, measured (H100, SM120 occupancy, session 33, same call): d64's 64x128 role split 0.97x the backward's
+    #: choice, measured (H100, SM120 occupancy, 2026-11-26, same call): d64's 64x128 role split 0.97x the backward's
     #: time with it (4x4096 32/8 non-causal 255 / 257 -> 263 / 265 TFLOPS); d128's 64x64 split 1.02x slower (256 /
     #: 252 -> 250 / 249), so it keeps the common start
     rotated_start: bool = False
@@ -256,18 +256,18 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
             out.append("kv_in_regs is the role split's (each group's one B operand in registers)")
         if spec.dropout and _sdp_key_share(cfg) % 8:
             # the keep flags come in 16-column atom pairs or one run of n8 atoms per warp (``dropout_mask.keep_flags``;
-            # d128's 64x96 split: 24 keys per warp, ``RunKeepFlags``, since session 44). (d96's 64x128 split holds
-            # them since group 1 reads P and the flags as one signed tile and the dropout words are read where used:
-            # sm_120a, session 43; before, it spilled 120-176 B)
+            # d128's 64x96 split: 24 keys per warp, ``RunKeepFlags``). (d96's 64x128 split holds them because group 1
+            # reads P and the flags as one signed tile and the dropout words are read where used: sm_120a gate, no
+            # local memory; reading them ahead spills 120-176 B)
             out.append(f"kv_in_regs: dropout's keep flags need a warp share of the keys in n8 atoms "
                        f"({_sdp_key_share(cfg)} keys per warp)")
         if spec.dropout and spec.deterministic and bwd_sdp_n_step(cfg) == 8:
-            # sm_120a gate, session 43: d128's 64x96 split, causal, highest first: 56 B of local memory beside the
+            # sm_120a gate, 2026-11-27: d128's 64x96 split, causal, highest first: 56 B of local memory beside the
             # run's two Philox calls per m16 atom
             out.append("kv_in_regs: dropout's run of n8 atoms (two calls per m16 atom) beside the deterministic "
                        "mode's turn spills")
         if spec.dropout and (spec.varlen_q or spec.varlen_k):
-            # sm_120a gate, session 42: d96's 64x128 split, causal, packed: one local word in the shipped SASS
+            # sm_120a gate, 2026-11-27: d96's 64x128 split, causal, packed: one local word in the shipped SASS
             out.append("kv_in_regs: dropout's keep flags beside varlen's per-sequence addressing keep a local word")
         if spec.mods is not None:
             # sm_120a gate, 2026-11-27: d128's 64x96 split with a document mask_mod kept one local word
@@ -320,28 +320,23 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 
 
 #: The main kernel's tile per head-dim class (the smallest class >= max(head_dim, head_dim_v)): tiles that fit
-#: 101376 B (byte arithmetic in notes/bwd_design.md, section 3), the warp split and the 4- or 8-warp
-#: choice measured by ``benchmarks/tune_bwd.py`` at SM120 occupancy (``tune_bwd_h100_2026-11-25.json.gz``:
-#: at d64 and d96 the 4-warp 64x64 tile beat the 8-warp ones then, 32x32 warp tiles for S and dP;
-#: ``tune_bwd_rolesplit_h100_2026-11-25.json.gz``: at d128 the role split, where each warp group runs one of the
-#: two S-sized GEMMs on 32x32 warp tiles, beats the 8-warp tile by 20%; at d64 and d96 the 64x64 role split ties
-#: the 4-warp one). d64 since 2026-11-26 (``explore/deterministic_tiles.py``, ``deterministic_tiles_h100_2026-11-26
-#: .json``, SM120 occupancy): the 64x128 role split (128 keys per CTA, 91 KB) runs 1.30-1.42x the 4-warp tile's
-#: speed, default and deterministic, at 4x4096 32/8 and 2x4096 16/4, full and causal (255 / 227 TFLOPS at 4x4096).
-#: d96 on 2026-11-26 (``deterministic_tiles_d96_h100_2026-11-26.json``, the same shapes): the 64x64 role split
-#: (since it draws dropout once and passes equal barrier counts) took 0.95x the 4-warp tile's time at 4x4096 full
-#: and causal and at 2x4096 full, 1.01x at 2x4096 causal; deterministic 0.88 / 0.92x / 0.89x / 0.94x. Since
-#: 2026-11-27 (session 37, ``deterministic_tiles_d96_h100_2026-11-27.json.gz``) the 64x96 role split: 96 keys per CTA
-#: (98304 B with one dO stage; K / V by a warp group each, ``bwd_kv_copy_threads``) take 0.76x the 64x64 split's
-#: time at 4x4096 32/8 full, 0.88x causal, 0.83x / 0.92x at 2x4096 16/4, 0.84x / 0.87x at 8x2048 16/16; the
-#: deterministic mode 1.02-1.27x its default (the 64x64 split: 1.00-1.46x its own). Its 16x96 S warp tiles
-#: (sdp_warps_m=4) ran 1.04-1.09x slower than 32x48. Since session 38 (same file, same shapes) the 64x128 role split
-#: with each group's S / dP B operand in registers (``kv_in_regs``: P and dS in V's shared memory, 94208 B): 0.82-0.93x
-#: the 64x96 split's time, full and causal, deterministic 1.06-1.21x its default; dK / dV on 4x1 warps instead of 2x2
-#: 0.98-1.01x (not adopted). d128 since session 38 (``deterministic_tiles_d128_h100_2026-11-27.json.gz``): the 64x96 role
-#: split with its K / V rows in registers (24 keys per warp: one n8 atom per warp step, ``bwd_sdp_n_step``; 98304 B)
-#: takes 0.86-0.93x the 64x64 split's time at 4x4096 32/8, 2x4096 16/4 and 8x2048 16/16, full and causal;
-#: deterministic 1.04-1.28x its default (the 64x64 split's 8x2048 16/16 full: 1.47x).
+#: 101376 B (the byte arithmetic: docs/design-backward.md, "Budgets"), each the fastest measured at SM120 occupancy
+#: on the H100 (the reasoning: docs/design-backward.md, "Tiles and the role split"):
+#:
+#: * d64: the 64x128 role split (128 keys per CTA, 91 KB), 1.30-1.42x the 4-warp 64x64 tile's speed, default and
+#:   deterministic, at 4x4096 32/8 and 2x4096 16/4, full and causal (255 / 227 TFLOPS at 4x4096;
+#:   ``deterministic_tiles_h100_2026-11-26.json.gz``).
+#: * d96: the 64x128 role split with each group's S / dP B operand in registers (``kv_in_regs``: P and dS in V's
+#:   shared memory, 94208 B): 0.82-0.93x the time of the 64x96 split with both operands in shared memory, full and
+#:   causal, deterministic 1.06-1.21x its default; that split in turn takes 0.76-0.92x the 64x64 split's time
+#:   (``deterministic_tiles_d96_h100_2026-11-27.json.gz``). 16x96 S warp tiles (sdp_warps_m=4) run 1.04-1.09x
+#:   slower than 32x48; dK / dV on 4x1 warps instead of 2x2 0.98-1.01x (not taken).
+#: * d128: the 64x96 role split with its K / V rows in registers (24 keys per warp: one n8 atom per warp step,
+#:   ``bwd_sdp_n_step``; 98304 B): 0.86-0.93x the 64x64 split's time at 4x4096 32/8, 2x4096 16/4 and 8x2048
+#:   16/16, full and causal; deterministic 1.04-1.28x its default
+#:   (``deterministic_tiles_d128_h100_2026-11-27.json.gz``). The role split, each warp group running one of the two S-sized GEMMs on 32x32 warp tiles, beats the 8-warp
+#:   tile by 20% (``tune_bwd_rolesplit_h100_2026-11-25.json.gz``).
+#: * d192, d256: the 8- and 4-warp tiles ``benchmarks/tune_bwd.py`` picks (``tune_bwd_h100_2026-11-25.json.gz``).
 BWD_TABLE = {
     64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True),
     96: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True,
@@ -353,19 +348,17 @@ BWD_TABLE = {
 }
 
 #: Specs that keep more registers live than the table's tile was chosen for: softcap (the tanh tile, S-sized), mods
-#: and block sparsity. The 4-warp d64 / d96 entries of 2026-11-25 spilled with them and with varlen; the role splits
-#: that replaced them take softcap and score_mods not at all (the predicate), varlen without spills. Varlen left this
-#: list in session 37 (``explore/varlen_tiles.py``, ``varlen_tiles_h100_2026-11-27.json``: documents of 128-2048
-#: tokens packed to 16384, 32/8 heads, SM120 occupancy; these 8-warp tiles took 1.14-1.17x the d64 role split's time
-#: and 1.35-1.36x the d96 one's).
+#: and block sparsity. 4-warp d64 / d96 tiles spill with them; the role splits take softcap and score_mods not at all
+#: (the predicate). Varlen is not heavy: the role splits hold it without spills, and these 8-warp tiles take 1.14-1.17x
+#: the d64 role split's time and 1.35-1.36x the d96 one's on documents of 128-2048 tokens packed to 16384, 32/8
+#: heads, SM120 occupancy (``varlen_tiles_h100_2026-11-27.json``).
 BWD_TABLE_HEAVY = {
     64: BwdConfig(64, 128, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=8, dq_warps_m=4),
     96: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
 }
 
 #: Plain specs (not heavy) a class's role split cannot run (head_dim != head_dim_v) where its heavy tile is not their
-#: fastest: d96's 4-warp 64x64 tile, the table's until 2026-11-26 (the 8-warp heavy tile took 1.17x its time, causal
-#: 2x4096 16/4, ``tune_bwd_d64_d96_h100_2026-11-26.json.gz``; with dropout the predicate refuses it).
+#: fastest: d96's 4-warp 64x64 tile (the 8-warp heavy tile takes 1.17x its time, causal 2x4096 16/4, ``tune_bwd_d64_d96_h100_2026-11-26.json.gz``; with dropout the predicate refuses it).
 BWD_TABLE_UNSPLIT = {
     96: BwdConfig(64, 64, 4, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
 }
@@ -384,9 +377,8 @@ BWD_TABLE_FALLBACK = {
 
 #: Specs a class's ``kv_in_regs`` entry cannot run (the predicate says which: dropout beside varlen or, where a warp's
 #: key share is one run of n8 atoms, the deterministic mode; mask_mods, varlen in the highest-first deterministic
-#: order), and those it runs slower (``_prefers_smem_operands``):
-#: the role split each class ran before session 38, both S / dP operands read from
-#: shared memory (d96 64x96, 98304 B; d128 64x64: ``BWD_TABLE``'s comment).
+#: order), and those it runs slower (``_prefers_smem_operands``): the class's role split with both S / dP operands
+#: read from shared memory (d96 64x96, 98304 B; d128 64x64: ``BWD_TABLE``'s comment).
 BWD_TABLE_SMEM_OPERANDS = {
     96: BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=4, role_split=True, step_divisor=True),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True),
@@ -395,18 +387,17 @@ BWD_TABLE_SMEM_OPERANDS = {
 
 #: Dropout specs the class's entries cannot run: d64 block sparsity (a heavy spec: its 8-warp tile cannot hold the
 #: keep flags beside 32 S registers per thread and the mask: the predicate's dropout rule) takes the 64x64 role split,
-#: whose groups each hold one S-sized tile and one of dK / dV. d64 causal and windowed dropout ran here too until the
-#: 64x128 role split drew the flags in one group only (session 28), and d64 varlen with a mask until varlen stopped
-#: being heavy (session 37: the 64x128 role split holds it, sm_120a 250-255 registers, no local memory).
+#: whose groups each hold one S-sized tile and one of dK / dV. The 64x128 role split holds the other d64 dropout
+#: specs, causal, windowed and varlen included: it draws the flags in one group only (sm_120a gate: 250-255
+#: registers, no local memory).
 BWD_TABLE_DROPOUT = {
     64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True),
 }
 
 
 def _is_heavy(spec: BwdSpec) -> bool:
-    # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spilled 16-168 B (sm_120a gate,
-    # 2026-11-26). Varlen was heavy while d64 / d96 had 4-warp entries (they spilled with it); their role splits hold
-    # it (sm_120a gate, session 37: 219-255 registers, no local memory)
+    # block sparsity: the walk's list reads beside the 4-warp d64 / d96 tiles spill 16-168 B (sm_120a gate,
+    # 2026-11-26). Varlen is not heavy: the role splits hold it (sm_120a gate: 219-255 registers, no local memory)
     return spec.softcap or spec.mods is not None or spec.block_sparse is not None
 
 
@@ -421,7 +412,7 @@ def _prefers_smem_operands(spec: BwdSpec, cfg: BwdConfig) -> bool:
     first. The run draws about 2.7x the calls of whole 32-column cells on every tile, masked or not; a full walk
     gains more from the split than it pays, a masked one, whose 64x64 smem-operand split already carries dropout
     at 1.17-1.19x its time without, does not. Measured (H100, SM120 occupancy, fwd+bwd with dropout 0.1, 32/8 heads,
-    same call, two rounds; session 44): run split against the 64x64 split, full 4x4096 13.61 / 15.00 ms, 2x8192
+    same call, two rounds, 2026-11-27): run split against the 64x64 split, full 4x4096 13.61 / 15.00 ms, 2x8192
     26.86 / 29.24 (-8 to -9%); causal 4x4096 7.37 / 7.10-7.25, 2x8192 14.04 / 13.73 (+2 to +4%)."""
     return spec.dropout and (spec.causal or spec.local) and bwd_sdp_n_step(cfg) == 8
 
@@ -481,7 +472,7 @@ BWD_ROLE_SPLIT_CANDIDATES = {
 }
 
 #: Role-split tiles (same tuple layout) the tuner may try with ``kv_in_regs``: P and dS in V's region leave room for
-#: 128 keys at d96 (session 38).
+#: 128 keys at d96.
 BWD_KV_REGS_CANDIDATES = {
     96: ((64, 128, 8, 2, 1, 1, 1),),
     128: ((64, 96, 8, 2, 1, 1, 1),),
@@ -559,184 +550,12 @@ def bwd_lowest_first_open(spec: BwdSpec, model: ExecutionModel) -> bool:
 
 #: The group splits the backward compiles (``BwdSpec.group_split``: a compile-time divisor), each in the gate.
 GROUP_SPLITS = (2, 3, 4, 8)
-#: A query-head group is split over more CTAs only where the modelled time improves by more than this share:
-#: each split writes one more partial dK / dV, which the host sums, and the model's modest gains did not
-#: survive that (H100, group_split_ab_h100_2026-11-25.json in git history: modelled 1.07x at 4 x 1024 32/8 and
-#: 8 x 1024 16/4 d64, measured 0.97x; modelled 1.06-1.10x at 8 x 512 8/2, where host time dominates, measured
-#: 0.64x; modelled 1.12-1.28x, measured 1.12-1.22x).
-GROUP_SPLIT_SLACK = 0.10
-#: A split must also save at least this many step times (one step: a 64-row query block at d128, ~2 us on the
-#: H100 at SM120 occupancy): it costs two fp32 reductions and their host time, which a short backward does not
-#: earn back (group_split_ab_h100_2026-11-26.json: 8 x 512 8/2 d128 causal, banded, modelled 34 -> 22 steps with
-#: 2 splits, measured 48 -> 33 TFLOPS; deterministic 8 x 1024 16/4 d64, 118 -> 96 steps with 4, measured 116 ->
-#: 129).
-GROUP_SPLIT_MIN_SAVED_STEPS = 16
-#: Grids of at least this many waves stay whole: their tail is under 1/8 of the time (and the model is not
-#: worth its host time there).
-GROUP_SPLIT_MIN_WAVES = 8
-#: Per-CTA fixed cost in query-block steps: the K/V tile load before the first step and the dK/dV store after
-#: the last.
-GROUP_SPLIT_FIXED_STEPS = 2.0
-
-
-@lru_cache(maxsize=4096)
-def bwd_group_split(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int, batch: int,
-                    causal: bool, slots: int, banded: bool = False, l2_bytes: int = 0, head_dim: int = 0,
-                    head_dim_v: int = 0) -> int:
-    """Query-head splits of each KV head's group for the backward: the main kernel runs one CTA per (key
-    block, KV head, batch) and walks ``group`` query heads in it, so a GQA model with few KV heads launches a
-    small grid of long CTAs (8/2 heads at 4 x 2048 keys: 256 CTAs of 4 heads each), and the causal CTAs of
-    early key blocks, which see every later query block, leave the last wave's SMs idle. With ``s`` splits
-    (a divisor of ``group`` in ``GROUP_SPLITS``) each KV head gets ``s`` CTA rows (``BwdSpec.group_split``), a
-    CTA walks ``group / s`` heads and writes its own partial dK/dV, which the host sums in fp32 (a fixed order:
-    deterministic mode holds).
-
-    The model: CTAs start in launch order on ``slots`` = SMs x CTAs per SM, each taking ``heads * query blocks it
-    visits (bottom-right causal or all) + GROUP_SPLIT_FIXED_STEPS`` step times; the time is the greedy
-    schedule's makespan; the answer is the fastest split where it beats the whole group by more than
-    ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 1. ``banded``: the kernel runs the key
-    blocks longest first in bands of pairs (``bwd_banded``), each split at the band ``bwd_tile_band`` gives it
-    (``l2_bytes``, ``head_dim``, ``head_dim_v``: that rule's inputs); else key block fastest, one pair after
-    another, from key block 0 (a causal deterministic call takes its order and split from ``bwd_det_order``). The banded
-    order removes most of the tail the split was for: H100, SM120 occupancy, causal, 2026-11-26
-    (group_split_ab_h100_2026-11-26.json), whole groups ran faster than any split at every shape measured (4 x
-    2048 8/2 d128 209 TFLOPS, split 4 189; 8 x 1024 16/4 d64 168 against 143; 2 x 4096 16/4 237 against 227), as
-    this model predicts; in the per-pair order the split had gained 1.12-1.28x
-    (group_split_ab_h100_2026-11-25.json, in git history), as it did in the deterministic mode while that launched
-    each pair highest first (before 2026-11-26's session 34: 4 x 2048 8/2 125 -> 153 TFLOPS with 4 splits). What still
-    splits by default: grids too small to fill the device at any band (one or two pairs: MQA and small batches)."""
-    num_n = -(-seqlen_k // tile_n)
-    if group <= 1 or slots <= 0 or num_n <= 0 or seqlen_q <= 0:
-        return 1
-    if num_n * heads_kv * batch >= GROUP_SPLIT_MIN_WAVES * slots:
-        return 1
-    visits = _visits(seqlen_q, seqlen_k, tile_m, tile_n, causal)
-    splits = [1] + [s for s in GROUP_SPLITS if group % s == 0]
-    times = []
-    for s in splits:
-        pairs = heads_kv * s * batch
-        band = (bwd_tile_band(l2_bytes, seqlen_q, seqlen_k, head_dim, head_dim_v, tile_m, tile_n, group // s, pairs,
-                              slots) if banded else 1)
-        works = [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
-        times.append(_makespan(works, pairs, band, slots))
-    return splits[_split_choice(splits, times)]
-
-
-def _split_choice(splits: list, times: list) -> int:
-    """Index of the split to run among ``splits`` (the first is 1) of modelled ``times``: the fastest where it
-    beats the whole group by more than ``GROUP_SPLIT_SLACK`` and by ``GROUP_SPLIT_MIN_SAVED_STEPS``, else 0."""
-    best = min(range(len(splits)), key=lambda i: (times[i], splits[i]))
-    saved = times[0] - times[best]
-    return best if saved > times[best] * GROUP_SPLIT_SLACK and saved >= GROUP_SPLIT_MIN_SAVED_STEPS else 0
-
-
-def _visits(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, causal: bool) -> list:
-    """Query blocks each key block's CTA visits: all, or under a causal mask those from the diagonal row of its
-    first key on (bottom-right aligned)."""
-    num_m = -(-seqlen_q // tile_m)
-    if not causal:
-        return [num_m] * -(-seqlen_k // tile_n)
-    return [num_m - min(num_m, max(0, (n * tile_n - (seqlen_k - seqlen_q)) // tile_m))
-            for n in range(-(-seqlen_k // tile_n))]
-
-
-def _makespan(works: list, pairs: int, band: int, slots: int) -> float:
-    """The greedy schedule's makespan of ``pairs`` (batch, KV head) pairs of CTAs taking ``works[n]`` step times
-    at key block n on ``slots`` CTA slots, started in launch order: bands of ``band`` pairs, key block slowest
-    within a band (``tile_scheduler.banded_coords``; band 1: every key block of a pair, then the next pair)."""
-    import heapq
-
-    free = [0.0] * slots
-    for first in range(0, pairs, band):
-        width = min(band, pairs - first)
-        for w in works:
-            for _ in range(width):
-                heapq.heapreplace(free, free[0] + w)
-    return max(free)
-
-
-#: The deterministic lowest-first order's chain (``_kernels/dq_accum``): key blocks of a pair that start together
-#: reach each query block at the same step, and each adds after its predecessor has released it; in the role split
-#: the release comes in the next step, after dP: about 0.9 of a step after the wait (the model's CTA starts that
-#: much after its predecessor's). H100, SM120 occupancy, session 34 (deterministic_order_h100_2026-11-26.json.gz):
-#: with it the model gives lowest first / highest first 1.45x at 8 x 2048 16/16 d128 causal with the band the
-#: default's rule takes (measured 1.42x), 0.99x at 2 x 4096 16/4 (0.98x), 0.97-0.98x at 4 x 4096 32/8 d128 and 4 x
-#: 2048 8/2 (0.92-0.94x), 0.95x at d64 4 x 4096 32/8 (0.90x).
-DET_CHAIN_LAG = 0.9
-#: The lowest-first order's bands may hold rows up to this share of the L2 (the default's ``BWD_L2_BAND_SHARE``:
-#: 1.0): larger bands start fewer CTAs of a pair together, so shorter chains. Session 34's probe
-#: (det_order_probe.py, deterministic_order_h100_2026-11-26.json.gz), d128 causal: 4 x 2048 8/2 band 8 (64 MB of rows)
-#: 0.492 ms against 0.529 with 4; 2 x 4096 16/4 band 8 (128 MB) 1.628 against 1.631 with 4; 16 x 1024 32/8 band 8
-#: (32 MB) 1.979 against 2.003 with 16.
-DET_L2_BAND_SHARE = 2.0
-
-
-def _chained_makespan(works: list, pairs: int, band: int, slots: int, lag: float) -> float:
-    """``_makespan`` with each CTA starting no earlier than ``lag`` after the previous key block of its pair
-    started (the lowest-first order's chain; it holds its slot meanwhile)."""
-    import heapq
-
-    free = [0.0] * slots
-    last = [float("-inf")] * pairs
-    for first in range(0, pairs, band):
-        width = min(band, pairs - first)
-        for w in works:
-            for p in range(first, first + width):
-                start = max(free[0], last[p] + lag)
-                last[p] = start
-                heapq.heapreplace(free, start + w)
-    return max(free)
-
-
-def bwd_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int, batch: int,
-                  slots: int, l2_bytes: int, head_dim: int, head_dim_v: int, banded: bool,
-                  lowest_open: bool = True) -> tuple:
-    """(lowest first, group split, band) of a causal deterministic backward (``BwdSpec.lowest_first``): the order
-    whose schedule model is faster. Highest first: per pair, shortest CTA first, each split as ``bwd_group_split``
-    models it (no chain: a key block reaches a query block a step after the one it waits on). Lowest first: the
-    longest-first bands (``banded``: the kernel runs them; the band the L2 allows whose chained model --
-    ``_chained_makespan``, ``DET_CHAIN_LAG`` -- is fastest, rows up to ``DET_L2_BAND_SHARE`` of the L2), whole
-    groups only (``lowest_open``: the predicate admits it for the call's config). Small GQA grids gain from the
-    longest CTAs starting first; grids of many short pairs (MHA) lose more to the chain than the tail costs them."""
-    return _modelled_det_order(*_tile_rounded(seqlen_q, seqlen_k, tile_m, tile_n), tile_m, tile_n, heads_kv, group,
-                               batch, slots, l2_bytes, head_dim, head_dim_v, banded, lowest_open)
-
-
-@lru_cache(maxsize=4096)
-def _modelled_det_order(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int, heads_kv: int, group: int,
-                        batch: int, slots: int, l2_bytes: int, head_dim: int, head_dim_v: int, banded: bool,
-                        lowest_open: bool) -> tuple:
-    num_n = -(-seqlen_k // tile_n)
-    if slots <= 0 or num_n <= 0 or seqlen_q <= 0:
-        return False, 1, 1
-    visits = _visits(seqlen_q, seqlen_k, tile_m, tile_n, True)
-    splits = [1] + [s for s in GROUP_SPLITS if group % s == 0]
-    if num_n * heads_kv * batch >= GROUP_SPLIT_MIN_WAVES * slots:
-        splits = [1]  # as ``bwd_group_split``: a grid of many waves stays whole
-
-    def works(s):
-        return [(group // s) * v + GROUP_SPLIT_FIXED_STEPS for v in visits]
-
-    # highest first: per pair, shortest CTA first, the split chosen as ``bwd_group_split`` chooses
-    times = [_makespan(works(s)[::-1], heads_kv * s * batch, 1, slots) for s in splits]
-    pick = _split_choice(splits, times)
-    best = (times[pick], False, splits[pick], 1)
-    # lowest first: whole groups only (session 34's probe, split 2 / whole at the best bands: 1.04x at 2 x 4096
-    # 16/4, 1.05x at 4 x 2048 8/2, 1.15x at 16 x 1024 32/8 slower, where the model, with a split's 16 fixed steps
-    # added, said 1.02x faster to 1.05x slower); each band, a larger one only where it is faster by BWD_BAND_SLACK
-    pairs = heads_kv * batch
-    cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, group, pairs, DET_L2_BAND_SHARE) if banded else 1
-    for band in range(1, cap + 1) if lowest_open else ():
-        t = _chained_makespan(works(1), pairs, band, slots, DET_CHAIN_LAG)
-        if t < best[0] * (1 - BWD_BAND_SLACK):
-            best = (t, True, 1, band)
-    return best[1:]
 
 
 def bwd_step_divisor(spec: BwdSpec, cfg: BwdConfig) -> bool:
     """Whether the main kernel finds a dense step's (query head, query block) with ``BwdConfig.step_divisor``'s
     FastDivmod divisor. Block-sparse list entries keep the division (with the divisor prefix-LM lists ran 1.05x
-    slower, H100 at SM120 occupancy, session 33)."""
+    slower, H100 at SM120 occupancy, 2026-11-26)."""
     return cfg.step_divisor and spec.block_sparse is None
 
 
@@ -762,64 +581,3 @@ def bwd_banded(spec: BwdSpec, cfg: BwdConfig) -> bool:
     of 2-16 ran 1.01-1.18x slower (``bwd_band_h100_2026-11-26.json``); and its varlen and group-split kernels,
     at 255 registers, spilled 8 B with the order's index arithmetic (sm_120a gate, 2026-11-26)."""
     return spec.longest_first and cfg.tile_n >= BWD_BANDED_MIN_TILE_N
-
-
-#: Share of the device's L2 the rows one band's CTAs walk may fill (``bwd_tile_band``): H100, SM120 occupancy,
-#: causal (bwd_band_h100_2026-11-26.json): d128 4x4096 32/8 ran 0.96x with bands of 2 and 4 pairs (34 / 67 MB of
-#: rows against a 50 MB L2) and 1.02x with all 32 in one; 8x2048 16/16 d128 0.98x with 16 (34 MB), 1.70x with
-#: all 128 (268 MB); d256 2x4096 16/16 1.01-1.02x with 2-4 (16-34 MB), 1.24x with all.
-BWD_L2_BAND_SHARE = 1.0
-#: The smallest band whose modelled time is within this share of the best is taken (more pairs per band hold
-#: more rows in the L2: d64 4x4096 32/8 ran 0.89x with 4 pairs, 0.90x with 8, 0.91x with 16, modelled equal).
-BWD_BAND_SLACK = 0.01
-
-
-def bwd_tile_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, head_dim_v: int, tile_m: int,
-                  tile_n: int, heads: int, pairs: int, slots: int) -> int:
-    """(batch, KV head) pairs per band of the main kernel's longest-first key-block order
-    (``_kernels/tile_scheduler.KeyBlockScheduler``). Key block n of a causal pair visits the query blocks from
-    its diagonal on, so the pair's first CTAs are its longest; one pair after another (band 1), each wave ends
-    on a few long CTAs started late. Bands of pairs run their key blocks 0 first, then 1, ...: longest first.
-    The band is the smallest whose modelled time (``_makespan``: ``heads`` query heads per CTA, each visit one
-    step, ``GROUP_SPLIT_FIXED_STEPS`` per CTA, ``slots`` CTA slots) is within ``BWD_BAND_SLACK`` of the best
-    among the bands whose rows -- Q and dO of ``heads`` query heads (16-bit) and their fp32 dQ accumulator, per
-    pair -- fit ``BWD_L2_BAND_SHARE`` of the L2. The model reproduces the measured pattern: with 32 pairs,
-    bands of 3 and 6 leave a short last band and gain little, 4 and 8 the most (H100, SM120 occupancy, causal
-    d64 4x4096 32/8: 0.97x / 1.01x against 0.89x / 0.90x; model 0.99x / 1.01x against 0.88x / 0.88x).
-    Block-sparse lists (on the device; their lengths are not read back) take the causal model's band: right for
-    the causal-like patterns, harmless for lists of equal lengths (any band whose rows fit the L2)."""
-    return _modelled_band(l2_bytes, *_tile_rounded(seqlen_q, seqlen_k, tile_m, tile_n), head_dim, head_dim_v,
-                          tile_m, tile_n, heads, pairs, slots)
-
-
-def _tile_rounded(seqlen_q: int, seqlen_k: int, tile_m: int, tile_n: int) -> tuple:
-    """The lengths the schedule models see: rounded up to whole tiles, so varlen calls (max_seqlen per batch)
-    share few cache entries."""
-    unit = max(tile_m, tile_n)
-    return -(-seqlen_q // unit) * unit, -(-seqlen_k // unit) * unit
-
-
-@lru_cache(maxsize=4096)
-def _modelled_band(l2_bytes: int, seqlen_q: int, seqlen_k: int, head_dim: int, head_dim_v: int, tile_m: int,
-                   tile_n: int, heads: int, pairs: int, slots: int) -> int:
-    """``bwd_tile_band`` on tile-rounded lengths (its host time: 1-9 ms per new entry at 32-128 pairs)."""
-    cap = _band_cap(l2_bytes, seqlen_q, head_dim, head_dim_v, heads, pairs)
-    if cap <= 1 or slots <= 0 or seqlen_q <= 0 or seqlen_k <= 0:
-        return 1
-    works = [heads * v + GROUP_SPLIT_FIXED_STEPS for v in _visits(seqlen_q, seqlen_k, tile_m, tile_n, True)]
-    times = {band: _makespan(works, pairs, band, slots) for band in range(1, cap + 1)}
-    best = min(times.values())
-    return min(band for band, t in times.items() if t <= best * (1 + BWD_BAND_SLACK))
-
-
-def _band_cap(l2_bytes: int, seqlen_q: int, head_dim: int, head_dim_v: int, heads: int, pairs: int,
-              share: float = BWD_L2_BAND_SHARE) -> int:
-    """The most pairs a band may hold: their rows -- Q and dO of ``heads`` query heads (16-bit) and the fp32 dQ
-    accumulator -- within ``share`` of the L2, at most ``BWD_MAX_BAND``."""
-    pair_bytes = max(1, seqlen_q) * max(1, heads) * ((head_dim + head_dim_v) * BYTES_PER_ELEM + head_dim * 4)
-    return min(pairs, max(1, int(l2_bytes * share) // pair_bytes), BWD_MAX_BAND)
-
-
-#: Bands the model weighs at most (its host time grows with each; bands of 4 to 16 pairs balanced every causal
-#: grid measured).
-BWD_MAX_BAND = 16

@@ -64,7 +64,7 @@ import torch
 
 from . import compiler
 from .execution_model import COMPILE_TARGET_ENV, DISPATCH_ENV
-from .interface import _model_and_target, launch_on
+from .launch import launch_on, model_and_target
 from .problem import CombineSpec, check_head_dim, misaligned_row_dim
 
 #: output dtype -> ``CombineSpec.dtype``
@@ -110,8 +110,8 @@ def flash_attn_combine(
         out.zero_()
         lse_buf.fill_(-math.inf)
     elif out.numel():
-        model, target = _model_and_target(device.index, os.environ.get(DISPATCH_ENV),
-                                          os.environ.get(COMPILE_TARGET_ENV))
+        model, target = model_and_target(device.index, os.environ.get(DISPATCH_ENV),
+                                         os.environ.get(COMPILE_TARGET_ENV))
         kernel = compiler.get_combine_kernel(CombineSpec(dtype=_OUT_DTYPES[out_dtype], head_dim_v=o5.shape[-1]),
                                              model, target)
         uncovered = _uncovered_rows(rows, cu_seqlens, seqused, device)

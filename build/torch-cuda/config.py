@@ -21,7 +21,7 @@ from typing import Optional
 
 BYTES_PER_ELEM = 2  # bf16 / fp16 operands
 #: Head-dim classes of the tile table: a spec uses the smallest class >= max(head_dim, head_dim_v).
-#: 96 splits the old 65-128 class where the ping-pong tile's K/V block can double: at <= 96 columns a
+#: 96 splits the head dims 65-128 where the ping-pong tile's K/V block can double: at <= 96 columns a
 #: 256x64 tile fits 99 KB (d80 284 / d96 399 TFLOPS full vs 238 / 307 for the best 4-warp tile, H100 at
 #: SM120 occupancy, 2026-11-24), at 97-128 only 256x32 or 128x64 with Q in registers do.
 HEAD_DIM_CLASSES = (64, 96, 128, 192, 256)
@@ -274,7 +274,7 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     return tuple(out)
 
 
-#: Block sizes a block-sparse call may use (issue 20): multiples of these, so that every forward tile the table
+#: Block sizes a block-sparse call may use: multiples of these, so that every forward tile the table
 #: serves block-sparse specs with (64 or 128 query rows, 32 or 64 keys) divides them; (128, 128) is
 #: FlexAttention's default block.
 SPARSE_BLOCK_Q, SPARSE_BLOCK_K = 128, 64
@@ -330,9 +330,9 @@ def dropout_on_pairs(spec: FwdSpec, cfg: FwdConfig) -> bool:
     (``dropout_mask.apply_keep_pairs``), or converts and masks P call by call from the fp32 scores
     (``dropout_mask.convert_keep_pairs``: each Philox call's 8 pairs rounded and masked as its words are used). sm_120a
     gate, 2026-11-27: beside 64 S and 96 O registers per thread and the causal mask's limits (d96's 128x64 4-warp tile)
-    P in both widths beside the words spilled 16 B; until session 40 that tile masked the fp32 scores element by
-    element from half Philox calls (twice the draws: 1.34-1.49x its forward's time without dropout); call by call it
-    fits with whole calls (255 registers, no local memory). Every other dropout tile of the gate holds all of P."""
+    P in both widths beside the words spills 16 B; masking the fp32 scores element by element from half Philox calls
+    fits too but draws twice (1.34-1.49x its forward's time without dropout); call by call it fits with whole calls
+    (255 registers, no local memory). Every other dropout tile of the gate holds all of P."""
     s_regs = cfg.tile_m * cfg.tile_n // cfg.num_threads
     o_regs = cfg.tile_m * padded_head_dim(spec.head_dim_v, cfg) // cfg.num_threads
     return not (s_regs >= 64 and o_regs >= 96 and (spec.causal or spec.local))
@@ -349,8 +349,7 @@ def use_pack_gqa(requested, num_heads: int, num_heads_kv: int, seqlen_q: int) ->
     automatic). Short queries of MHA pack too (a group of one): the gather is an identity, but the
     packed spec takes the 64-row short-query entry (``d{class}_packgqa``) instead of the prefill
     tiles, whose 128-256 rows would hold one query each (MHA decode, 16 x 32 heads over 8192 keys:
-    1537 GB/s on the 256-row prefill tile, 2956 on the 64-row one; entry_sweep_h100_2026-11-23_s11.json,
-    in git history at 5ecca14)."""
+    1537 GB/s on the 256-row prefill tile, 2956 on the 64-row one; H100, 2026-11-23)."""
     if requested is None:
         return seqlen_q < PACK_GQA_MAX_SEQLEN_Q
     return bool(requested)
@@ -503,7 +502,7 @@ def table_keys(spec: FwdSpec) -> list[str]:
     keys += [exact_key(spec), f"{key}_{spec.dtype}"]
     if spec.local:
         keys.append(f"{key}_local")
-    # mods (issue 20) add registers; where the class entry has none to spare, its 64-row alternate serves them
+    # mods add registers; where the class entry has none to spare, its 64-row alternate serves them
     # block sparsity walks its lists in the cp.async tiles: at d128, where the class entry is a ping-pong tile,
     # the 64-row one-stage alternate ran the random 25% map 1.42x and documents 1.45x faster than the two-stage
     # cp.async entry (H100 at SM120 occupancy, 2026-11-26, benchmarks/results/sparse_tiles_h100_2026-11-26.json)
@@ -559,7 +558,7 @@ def fwd_candidates(spec: FwdSpec, model: ExecutionModel,
 
 #: Fixed cost of a tile in the tile-efficiency rule, in key blocks of that tile (its prologue, the
 #: ping-pong pipeline's fill and drain, the epilogue): fitted with the rates below to 30 shapes of
-#: 300-4096 tokens per head-dim class (entry_sweep short_*, 2026-11-24), where the rule's pick was
+#: 300-4096 tokens per head-dim class (H100, 2026-11-24), where the rule's pick is
 #: within 0.4% of the fastest candidate on geometric mean (at most 7%), against up to 1.48x for the
 #: class entry alone (d96 causal, 16x300).
 TILE_OVERHEAD_BLOCKS = 1.5

@@ -1,4 +1,4 @@
-"""Attention dropout's random numbers (issue 20): the definition, and a torch implementation of it.
+"""Attention dropout's random numbers: the definition, and a torch implementation of it.
 
 The keep mask of element (batch b, query head h, query row q, key column k) of a call is a function of the
 call's (seed, offset) and of those four coordinates only: not of the kernel's tile, warp layout or
@@ -28,9 +28,9 @@ Philox4x32 passes BigCrush from 7 (Salmon et al., SC'11); the round function is 
 against its 10-round known answers. ``q`` and ``k`` are positions within the sequence (varlen: from each
 sequence's start), ``h`` the query head.
 
-Until 2026-11-27 (bundle 1.0.0 before session 36) a call covered 16 x 16 cells with 16-bit values (p quantized
-to 2^-16, 8 elements per call); the byte values halve the Philox work per element, so a given seed draws a
-different mask than it did then.
+Byte values halve the Philox work per element against 16-bit values (16 x 16 cells per call, p quantized to
+2^-16). The mask a seed draws is fixed by this definition: a build that draws cells differently, such as the
+16-bit builds of this bundle dated before 2026-11-27, draws another mask for the same seed.
 """
 
 from __future__ import annotations

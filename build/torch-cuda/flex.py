@@ -1,4 +1,4 @@
-"""Host side of flex attention (issue 20): what makes a ``score_mod`` / ``score_mod_bwd`` / ``mask_mod``
+"""Host side of flex attention: what makes a ``score_mod`` / ``score_mod_bwd`` / ``mask_mod``
 callable part of a kernel's identity.
 
 A mod is traced into the kernel, so two different mods must never share a compiled kernel and the same mod

@@ -1,4 +1,4 @@
-"""Example score_mod / mask_mod callables in upstream FlashAttention-4's conventions (issue 20), each with a
+"""Example score_mod / mask_mod callables in upstream FlashAttention-4's conventions, each with a
 torch twin that computes the same thing on index tensors (for references and for
 ``block_sparse.block_sparse_from_mask_fn``).
 

@@ -22,7 +22,7 @@ Algorithm (every step on the device, no host sync, so a step can be captured in 
   3. The forward kernel attends q to the first ``used_k[b]`` keys of each sequence: paged through the
      page table, dense through ``seqused_k``, or dense from per-sequence starts as packed rows
      (``cu_seqlens_k`` = the starts). Causal masks align bottom-right to those lengths.
-A repeated call with the same shapes replays a launch plan (``_KVCachePlan``, kept in ``interface._PLANS``): no
+A repeated call with the same shapes replays a launch plan (``_KVCachePlan``, kept in ``launch._PLANS``): no
 validation or dispatch, only the output allocations and the launches.
 
 Positions (FA2/FA3): ``cache_seqlens[b]`` is where sequence b's cache ends, counted from the cache row's
@@ -44,9 +44,9 @@ from typing import Optional
 import torch
 
 from . import compiler
-from .interface import (_call_key, _check_options, _env, _model_and_target, _plan_for, _plain_sink, _with_packing,
-                        launch_on, remember, remembered)
+from .launch import call_key, launch_env, launch_on, model_and_target, plan_for, remember, remembered, with_packing
 from .problem import AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
+from .validation import check_options, plain_sink
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +90,8 @@ class _KVCachePlan:
 
 
 _UNSUPPORTED = {
-    "alibi_slopes": "ALiBi slopes are not supported; a score_mod is planned (issue 20)",
+    "alibi_slopes": ("ALiBi slopes are not supported by flash_attn_with_kvcache; flash_attn_func and "
+                     "flash_attn_varlen_func (paged K/V included) take ALiBi as a score_mod: flex_examples.alibi_slopes"),
     "qv": "qv (a second query for MLA-style head dims) is not supported",
     "q_descale": "FP8 attention is not supported in this version; pass bf16 / fp16 tensors",
     "k_descale": "FP8 attention is not supported in this version; pass bf16 / fp16 tensors",
@@ -176,16 +177,16 @@ def flash_attn_with_kvcache(
         if page_table is not None:
             raise ValueError("pass page_table or block_table (FA2's name for it), not both")
         page_table = block_table
-    _check_options(num_splits, pack_gqa)
+    check_options(num_splits, pack_gqa)
     tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, learnable_sink, out)
     if isinstance(cache_seqlens, int):  # FA2: one length for every sequence
         tensors = tensors[:7] + (None,) + tensors[8:]
     plain_max_q = max_seqlen_q if cu_seqlens_q is not None else None  # ignored for dense q (no sync)
-    key = _call_key(tensors, (plain_max_q, softmax_scale, softcap,
-                              *(window_size if isinstance(window_size, (tuple, list)) else (None, window_size))),
-                    ("kvcache", bool(causal), bool(rotary_interleaved), num_splits, pack_gqa,
-                     bool(return_softmax_lse), isinstance(cache_seqlens, int)))
+    key = call_key(tensors, (plain_max_q, softmax_scale, softcap,
+                             *(window_size if isinstance(window_size, (tuple, list)) else (None, window_size))),
+                   ("kvcache", bool(causal), bool(rotary_interleaved), num_splits, pack_gqa,
+                    bool(return_softmax_lse), isinstance(cache_seqlens, int)))
     plan = remembered(key)
     if cache_seqlens is None or isinstance(cache_seqlens, int):
         cache_seqlens = _full_lengths(q, k_cache, page_table, cu_seqlens_q, cache_seqlens)
@@ -195,7 +196,7 @@ def flash_attn_with_kvcache(
                                    rotary_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved,
                                    learnable_sink, num_splits, pack_gqa, return_softmax_lse))
     return plan.run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                    page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, _plain_sink(learnable_sink), out)
+                    page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, plain_sink(learnable_sink), out)
 
 
 def _full_lengths(q, k_cache, page_table, cu_seqlens_q, length: Optional[int]) -> torch.Tensor:
@@ -298,13 +299,13 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
     append = None
     max_rows = 0
     if new_kv or rotary_dim or key_starts:
-        model, target = _model_and_target(device.index, *_env()[:2])
+        model, target = model_and_target(device.index, *launch_env()[:2])
         append = compiler.get_append_kernel(spec, model, target)
         new_rows = (k.shape[0] if cu_seqlens_k_new is not None else k.shape[1]) if new_kv else 0
         q_rows = shape.seqlen_q if rotary_dim else 0
         max_rows = max(q_rows * shape.num_heads, new_rows * shape.num_heads_kv, 1)
-    attention = _plan_for(q, v_cache, _with_packing(spec_att, shape, pack_gqa), shape, params, None, num_splits or None,
-                          None)
+    attention = plan_for(q, v_cache, with_packing(spec_att, shape, pack_gqa), shape, params, None, num_splits or None,
+                         None)
     return _KVCachePlan(append=append, max_rows=max_rows, packed_cache=packed_cache,
                         attention=attention, batch=batch, return_lse=bool(return_lse))
 

@@ -1,16 +1,19 @@
-"""What this bundle implements, and how each feature interaction is resolved (reads ``manifest.json``).
+"""What this bundle implements, and how each feature interaction resolves (reads ``manifest.json``).
 
-``manifest.json`` ships inside the package and is the single source for:
-  * capability groups (``features``): id, title, upstream reference, status (``implemented`` or
-    ``planned``), the supported envelope of implemented ones, and the refusal message of planned ones;
-  * conditions: facts about a call that change how features interact (``seqlen_q_gt_seqlen_k``, ...);
+``manifest.json`` ships inside the package (schema 2) and is the single source for:
+  * ``features``: id, name, title, status (``implemented`` or ``planned``), since, upstream (the PR it
+    comes from, or null for the bundle's own), api (the public functions and arguments), limits (the
+    supported envelope), a note of at most 300 characters and a summary of at most 120 (the README row);
+    a planned feature carries the refusal ``message`` users see and its ``alternative``;
+  * ``conditions``: facts about a call that change how features interact (``seqlen_q_gt_seqlen_k``, ...);
     an ``implicit`` condition holds for every call (the 99 KB shared-memory budget);
-  * conflicts: a set of features (plus conditions) and its resolution today: ``supported``,
-    ``routed`` (to a named variant) or ``refused`` (with the exact message users see).
+  * ``interactions``: a set of features (plus conditions), its ``resolution`` (``supported``, ``routed``
+    to a named ``variant``, or ``refused`` with the exact ``message`` and an ``alternative``) and a
+    ``reason`` of at most 200 characters.
 
 The public API checks calls against it:
   1. ``require(feature_id)`` raises ``NotImplementedError(message)`` unless the feature is implemented.
-  2. ``check_combination(ids)`` raises the message of the most specific ``refused`` conflict whose
+  2. ``check_combination(ids)`` raises the message of the most specific ``refused`` interaction whose
      features and conditions are all present (most features first, then most conditions, then file
      order), then calls ``require`` on every feature id.
 Unknown ids raise ``KeyError``: they are bugs in the caller, not user errors.
@@ -56,7 +59,7 @@ def _index() -> tuple[dict, dict, frozenset, tuple]:
     conditions = {c["id"]: c for c in data["conditions"]}
     implicit = frozenset(c["id"] for c in data["conditions"] if c.get("implicit"))
     refused = []
-    for order, c in enumerate(data["conflicts"]):
+    for order, c in enumerate(data["interactions"]):
         if c["resolution"] == "refused":
             conds = c.get("conditions", [])
             involved = frozenset(c["features"]) | frozenset(conds)
@@ -97,7 +100,7 @@ def require(feature_id: str) -> None:
 def check_combination(feature_ids: Iterable[str]) -> None:
     """Refuse a call using ``feature_ids`` (feature ids plus condition ids that hold for it).
 
-    Raises the message of the most specific refused conflict contained in the call, else the message
+    Raises the message of the most specific refused interaction contained in the call, else the message
     of the first planned feature (in the caller's order).
     """
     ids = list(dict.fromkeys(feature_ids))
@@ -119,56 +122,29 @@ def _cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def _envelope_text(envelope: dict) -> str:
-    parts = []
-    for key, value in envelope.items():
-        if isinstance(value, list):
-            value = ", ".join(str(v) for v in value)
-        elif isinstance(value, bool):
-            value = "yes" if value else "no"
-        parts.append(f"{key}: {value}")
-    return "; ".join(parts)
+def upstream_link(f: dict) -> str:
+    """Markdown link to the PR a feature comes from, or ``bundle`` for the bundle's own features."""
+    up = f.get("upstream")
+    if not up:
+        return "bundle"
+    return f"[{up['repo'].split('/')[1]} #{up['number']}]({up['url']})"
 
 
-def feature_matrix_markdown(interactions: bool = True) -> str:
-    """The README feature matrix: capability groups, then (unless ``interactions=False``) one row per
-    interaction."""
+def feature_matrix_markdown() -> str:
+    """The README feature matrix: one row per feature (title and id, status, since, upstream, summary),
+    then a link to CONFLICTS_LOG.md, which lists the interactions."""
     data = _data()
-    features = _index()[0]
     lines = [
         f"Status in {data['bundle']} {data['bundle_version']}, generated from "
         "`torch-ext/flash_attn_4_sm120/manifest.json` by `tools/gen_docs.py`.",
         "",
-        "| Capability (`id`) | Status | Upstream | Supported envelope, or what to use instead |",
-        "|---|---|---|---|",
+        "| Feature (`id`) | Status | Since | Upstream | Summary |",
+        "|---|---|---|---|---|",
     ]
     for f in data["features"]:
-        up = f.get("upstream")
-        upstream = f"[{up['repo'].split('/')[1]} #{up['number']}]({up['url']})" if up else "bundle"
-        if f["status"] == "implemented":
-            status = f"implemented ({f['since']})"
-            detail = _envelope_text(f.get("envelope", {}))
-        else:
-            status = "planned"
-            detail = f"not yet: {f['alternative']}"
-        lines.append(f"| {_cell(f['title'])} (`{f['id']}`) | {status} | {upstream} | {_cell(detail)} |")
-    if not interactions:
-        return "\n".join(lines) + "\n"
-    lines += [
-        "",
-        "| Interaction (`id`) | Resolution today | Details |",
-        "|---|---|---|",
-    ]
-    conditions = _index()[1]
-    for c in data["conflicts"]:
-        names = [features[i]["name"] for i in c["features"]]
-        names += [conditions[i]["name"] for i in c.get("conditions", [])]
-        if c["resolution"] == "refused":
-            detail = f"instead: {c['alternative']}"
-        elif c["resolution"] == "routed":
-            detail = f"routed to {c['variant']}"
-        else:
-            detail = c.get("note", "")
-        lines.append(f"| {_cell(' × '.join(names))} (`{c['id']}`) | {c['resolution']} | {_cell(detail)} |")
-    lines += ["", "Every interaction, with why and the exact message, is in [CONFLICTS_LOG.md](CONFLICTS_LOG.md)."]
+        since = f.get("since") or "-"
+        lines.append(f"| {_cell(f['title'])} (`{f['id']}`) | {f['status']} | {since} | {upstream_link(f)} "
+                     f"| {_cell(f['summary'])} |")
+    lines += ["", "How features combine (supported, routed or refused, and why) is in "
+              "[CONFLICTS_LOG.md](CONFLICTS_LOG.md); `fa.manifest.feature(id)` gives a feature's API and limits."]
     return "\n".join(lines) + "\n"

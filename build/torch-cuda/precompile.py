@@ -13,7 +13,7 @@ checkout misses in the Hub-loaded module and vice versa.
 
 Algorithm:
   1. Resolve the execution model: ``model`` (an ``ExecutionModel`` or an arch string like ``"sm_120"``),
-     else the current GPU's dispatch model (``interface.dispatch_model``, which honours
+     else the current GPU's dispatch model (``launch.dispatch_model``, which honours
      ``FA4_SM120_DISPATCH_ARCH``). Without a GPU the model must be given.
   2. Resolve the compile target: ``target``, else ``FA4_SM120_COMPILE_TARGET``, else the model's own
      (``sm_120a`` for SM120): the same rule the API applies at call time, so the keys match.
@@ -69,7 +69,7 @@ from .problem import CombineSpec, FwdSpec, check_head_dim
 
 #: Spellings accepted for the dtypes, mapped to ``FwdSpec.dtype``.
 DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "float16": "fp16", "half": "fp16"}
-#: Head dims the kernels were first built for; any other head dim needs the ``head_dim_any`` or
+#: The base head dims; any other head dim needs the ``head_dim_any`` or
 #: ``head_dim_256`` feature of the manifest.
 _BASE_HEAD_DIMS = (64, 128)
 
@@ -135,7 +135,7 @@ def resolve_model(model: Union[None, str, ExecutionModel] = None) -> ExecutionMo
         raise TypeError(f"model must be an ExecutionModel, an arch string like 'sm_120', or None; got {model!r}")
     import torch
 
-    from .interface import dispatch_model
+    from .launch import dispatch_model
 
     try:
         return dispatch_model(torch.device("cuda"))
@@ -147,14 +147,14 @@ def resolve_model(model: Union[None, str, ExecutionModel] = None) -> ExecutionMo
 
 
 def _device_smem_for(model: ExecutionModel) -> Optional[tuple[int, int]]:
-    """The current GPU's shared memory (``interface.device_smem``) when ``model`` is what it dispatches
+    """The current GPU's shared memory (``launch.device_smem``) when ``model`` is what it dispatches
     to, so the keys are the ones the API looks up there; None on a build box compiling for another part
     (its kernels launch as compiled on the model's own part)."""
     import torch
 
     if not torch.cuda.is_available():
         return None
-    from .interface import device_smem, dispatch_model
+    from .launch import device_smem, dispatch_model
 
     try:
         if dispatch_model(torch.device("cuda")) != model:

@@ -48,13 +48,13 @@ class FwdSpec:
     #: table (batch, max_pages); 0 = K/V dense or packed. Compile-time (a constant divisor), one build per
     #: page size a serving engine uses
     page_size: int = 0
-    #: issue 20: the identity of the call's score_mod / mask_mod (``flex.ModKey``; the callables are traced into
+    #: the identity of the call's score_mod / mask_mod (``flex.ModKey``; the callables are traced into
     #: the kernel, compiled from ``flex.callables``), None without mods
     mods: Optional[ModKey] = None
-    #: issue 20: block sparsity, ``(query block, key block, full lists given)`` of the call's block-sparse
+    #: block sparsity, ``(query block, key block, full lists given)`` of the call's block-sparse
     #: tensors (compile-time: the kernel divides by the block sizes); None without
     block_sparse: Optional[tuple] = None
-    #: issue 20: attention dropout (``dropout.py``'s mask; the seed, offset and threshold are runtime values in the
+    #: attention dropout (``dropout.py``'s mask; the seed, offset and threshold are runtime values in the
     #: kernels' dropout slot). False compiles exactly the kernel without dropout
     dropout: bool = False
 
@@ -91,7 +91,7 @@ class CombineSpec:
 
 @dataclass(frozen=True)
 class RefineSpec:
-    """What changes the code of the block-sparse tile refinement (``_kernels/sparse_refine``, issue 20): the
+    """What changes the code of the block-sparse tile refinement (``_kernels/sparse_refine``): the
     call's mods (the mask_mod's digest and the aux tensors' types) and the backward's tile, whose sub-blocks of
     the forward's partial blocks it classifies. Sequence lengths are runtime values."""
 
@@ -106,7 +106,7 @@ class BwdSpec:
     call being differentiated. Sizes, scales and window bounds are runtime
     values. Packed GQA and split-KV are forward schedules, not features: the backward of such a call is
     the plain backward of its spec. A learnable sink changes no backward code: it enters the kernels only
-    through the LSE, and its gradient is a reduction over the preprocess's D (``interface``)."""
+    through the LSE, and its gradient is a reduction over the preprocess's D (``backward``)."""
 
     dtype: str
     head_dim: int
@@ -123,23 +123,23 @@ class BwdSpec:
     #: bitwise-reproducible gradients: the key blocks of a query block add their dQ in a fixed order
     #: (a semaphore per query block; ``_kernels/dq_accum``)
     deterministic: bool = False
-    #: the deterministic mode's order (``bwd_config.bwd_det_order``; causal, no window): the lowest key block of a
+    #: the deterministic mode's order (``bwd_schedule.bwd_det_order``; causal, no window): the lowest key block of a
     #: query block adds first, the key blocks launch lowest first in the banded longest-first order and walk their
     #: query blocks last first, heads inner; else the highest adds first, the key blocks launch highest first, one
     #: pair after another, and walk their query blocks first to last (``_kernels/dq_accum``)
     lowest_first: bool = False
-    #: issue 20: the forward's mods (``flex.ModKey``): the backward recomputes the modified scores and applies
+    #: the forward's mods (``flex.ModKey``): the backward recomputes the modified scores and applies
     #: score_mod_bwd to dS
     mods: Optional[ModKey] = None
-    #: the main kernel's query-head group split (``bwd_config.bwd_group_split``): each KV head's CTAs come
+    #: the main kernel's query-head group split (``bwd_schedule.bwd_group_split``): each KV head's CTAs come
     #: ``group_split`` times, each walking ``group / group_split`` query heads into its own partial dK / dV head
     #: (the host sums them); a compile-time divisor, so 1 is exactly the unsplit kernel
     group_split: int = 1
-    #: issue 20: block sparsity, the forward's (query block, key block); the main kernel walks per (batch, KV
+    #: block sparsity, the forward's (query block, key block); the main kernel walks per (batch, KV
     #: head, key tile) lists of (query head, query tile) steps the host derives from the forward's lists
     #: (``block_sparse.backward_lists``), which needs tiles dividing the blocks. None without
     block_sparse: Optional[tuple] = None
-    #: issue 20: the forward's dropout: the backward regenerates its keep mask (``_kernels/dropout_mask``)
+    #: the forward's dropout: the backward regenerates its keep mask (``_kernels/dropout_mask``)
     dropout: bool = False
 
     @property
@@ -254,12 +254,12 @@ class FwdParams:
     window_left: int
     window_right: int
     sink: Optional[torch.Tensor]
-    #: the mods' aux tensors (issue 20), in the kernels' trailing aux slots (``compiler.MAX_AUX_TENSORS``)
+    #: the mods' aux tensors, in the kernels' trailing aux slots (``compiler.MAX_AUX_TENSORS``)
     aux: tuple = ()
-    #: block sparsity (issue 20): (mask_block_cnt, mask_block_idx, full_block_cnt, full_block_idx), the last two
+    #: block sparsity: (mask_block_cnt, mask_block_idx, full_block_cnt, full_block_idx), the last two
     #: None without full lists; () without block sparsity
     sparse: tuple = ()
-    #: dropout (issue 20): the kernels' int32 (seed low, seed high, offset, threshold) slot
+    #: dropout: the kernels' int32 (seed low, seed high, offset, threshold) slot
     #: (``dropout.rng_tensor``); None without dropout
     rng: Optional[torch.Tensor] = None
 

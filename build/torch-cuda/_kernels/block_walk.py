@@ -1,5 +1,5 @@
 """The key blocks a forward tile visits, and the query tiles a backward key tile visits, from block-sparse
-lists (issue 20, arch-free).
+lists (arch-free).
 
 The dense mainloops walk a range ``[n_start, n_end)`` from ``block_info``. A block-sparse call instead lists,
 per (batch, head, query block), the key blocks to visit in two classes (``block_sparse.py``): **mask** blocks

@@ -37,12 +37,15 @@ the config says):
   3. dK *= scale; dK and dV to global memory (rows past seqlen_k skipped). A key block no query sees
      stores zeros.
 
+This module holds the setup, the kernel entry and the per-step math (steps 2b-2h); the key block's loads, step
+order and dK / dV stores (steps 1, 2a's coordinates and 3) are ``bwd_walk``'s. The role-split variant
+(``bwd_rolesplit``) subclasses it.
+
 The query blocks a key block visits are ``block_info.query_block_range`` (every block with a row that sees
 one of its keys); which of them need an element mask follows the forward's ``block_info.block_range`` (a
 pair is unmasked exactly when the forward treats it so).
 """
 
-from types import SimpleNamespace
 from typing import Optional
 
 import cuda.bindings.driver as cuda
@@ -59,18 +62,18 @@ from ..bwd_config import (BwdConfig, bwd_banded, bwd_config_problems, bwd_kv_cop
 from ..execution_model import ExecutionModel
 from ..problem import BwdSpec
 from . import CUTLASS_DTYPES, block_info
-from .dq_accum import (add_fragment, dq_tiled_mma, pass_turn, read_turn, semaphore_ptr, slice_offset, turn_rank,
-                       wait_turn, warp_tiled_mma)
-from .block_walk import clamp_entry, raw_entry, tile_walk
+from .bwd_state import BwdSmem, BwdSmemLayouts, BwdTileState, MmaOperands
+from .bwd_walk import KeyBlockWalk
+from .dq_accum import add_fragment, dq_tiled_mma, pass_turn, slice_offset, wait_turn, warp_tiled_mma
+from .block_walk import raw_entry, tile_walk
 from .dropout_mask import DropoutMask, check_cells, warp_cell_columns
 from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd, aux_list
 from .fragments import acc_rows_cols, convert
-from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .grid_dependency import enter_grid
 from .mask import mask_scores
 from .seqlen_info import num_batches, num_heads, sequence_heads, workspace_row
 from .tile_scheduler import KeyBlockScheduler
-from .tile_io import column_predicate, load_rows, store_rows, zero_masked_cols
+from .tile_io import g2s_tiled_copy, smem_layout_atom
 
 
 def ldmatrix_atom(dtype, transpose: bool, num_matrices: int = 4) -> cute.CopyAtom:
@@ -84,7 +87,7 @@ def transposed(s: cute.Tensor, rows: int, cols: int, stages: int = 0) -> cute.Te
     return cute.composition(s, cute.make_layout((cols, rows), stride=(rows, 1)))
 
 
-class FlashBwdMultistage:
+class FlashBwdMultistage(KeyBlockWalk):
     """cp.async + mma.sync backward main kernel. Build with a spec, a config and an execution model."""
 
     def __init__(self, spec: BwdSpec, config: BwdConfig, model: ExecutionModel):
@@ -303,10 +306,10 @@ class FlashBwdMultistage:
             m_start, m_end = block_info.query_block_range(n_block, seqlen_q, seqlen_k, self.tile_m, self.tile_n,
                                                           self.spec.causal, self.spec.local, window_left,
                                                           window_right)
-            sm = self.shared_tiles(SimpleNamespace(sQ=sQ_layout, sdO=sdO_layout, sK=sK_layout, sV=sV_layout,
-                                                   sP=sP_layout))
+            sm = self.shared_tiles(BwdSmemLayouts(sQ=sQ_layout, sdO=sdO_layout, sK=sK_layout, sV=sV_layout,
+                                                  sP=sP_layout))
             ctx = self.mma_context(tidx, sm)
-            ctx.__dict__.update(
+            ctx.update(
                 tidx=tidx, batch=batch, head_kv=head_kv, group=group, n_block=n_block, seqlen_q=seqlen_q,
                 seqlen_k=seqlen_k, m_start=m_start, num_m=m_end - m_start, mQ_s=mQ_s, mdO_s=mdO_s,
                 window_left=window_left, window_right=window_right, scale_log2=scale_log2,
@@ -314,7 +317,7 @@ class FlashBwdMultistage:
                 seqlen_info=(SeqlenInfo.of(batch, mCuSeqlensQ, mCuSeqlensK, seqlen_q, seqlen_k)
                              if const_expr(self.spec.mods is not None) else None),
             )
-            ctx.dropout = None  # issue 20: the forward's keep mask, regenerated (``dropout_mask``)
+            ctx.dropout = None  # the forward's keep mask, regenerated (``dropout_mask``)
             if const_expr(self.spec.dropout):
                 check_cells(self.mma_sdp, self.tile_m, self.tile_n, bwd_sdp_n_step(self.config))
                 ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)
@@ -348,7 +351,7 @@ class FlashBwdMultistage:
             self.store_dkv(ctx, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale)
 
     @cute.jit
-    def shared_tiles(self, layouts: SimpleNamespace) -> SimpleNamespace:
+    def shared_tiles(self, layouts: BwdSmemLayouts) -> BwdSmem:
         """The CTA's tiles: sQ (tile_m, d, stages_q), sdO (tile_m, dv, stages_do), sK (tile_n, d), sV
         (tile_n, dv), sP and sdS (tile_m, tile_n), and their transposed views for the operands that are
         read across the stored rows (ldmatrix.trans)."""
@@ -366,20 +369,20 @@ class FlashBwdMultistage:
         else:
             sP = storage.sP.get_tensor(layouts.sP)
             sdS = storage.sdS.get_tensor(layouts.sP)
-        return SimpleNamespace(
+        return BwdSmem(
             sQ=sQ, sdO=sdO, sK=sK, sV=sV, sP=sP, sdS=sdS,
             sQt=transposed(sQ, tm, d, cfg.stages_q), sdOt=transposed(sdO, tm, dv, cfg.stages_do),
             sKt=transposed(sK, tn, d), sPt=transposed(sP, tm, tn), sdSt=transposed(sdS, tm, tn),
         )
 
     @cute.jit
-    def mma_context(self, tidx, sm: SimpleNamespace) -> SimpleNamespace:
+    def mma_context(self, tidx, sm: BwdSmem) -> BwdTileState:
         """Per thread: the three MMAs' operand fragments with their ldmatrix copies and smem partitions
         (stage modes kept), the dK / dV accumulators (zeroed), the P / dS register-to-smem copy and the S
         coordinates for masking (this thread's and thread 0's compile-time partition)."""
         dt = self.dtype
         thr_sdp, thr_dkv, thr_dq = (m.get_slice(tidx) for m in (self.mma_sdp, self.mma_dkv, self.mma_dq))
-        ctx = SimpleNamespace(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
+        ctx = BwdTileState(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
         ctx.S = self.operands(thr_sdp, self.mma_sdp, tidx, sm.sQ, sm.sQ[None, None, 0], False, sm.sK, sm.sK, False)
         ctx.dP = self.operands(thr_sdp, self.mma_sdp, tidx, sm.sdO, sm.sdO[None, None, 0], False, sm.sV, sm.sV,
                                False)
@@ -409,7 +412,7 @@ class FlashBwdMultistage:
 
     @cute.jit
     def operands(self, thr_mma, tiled_mma, t, s_a, s_a0, trans_a: cutlass.Constexpr[bool], s_b, s_b0,
-                 trans_b: cutlass.Constexpr[bool], b_matrices: cutlass.Constexpr[int] = 4) -> SimpleNamespace:
+                 trans_b: cutlass.Constexpr[bool], b_matrices: cutlass.Constexpr[int] = 4) -> MmaOperands:
         """Fragments A/B of ``thr_mma`` and their ldmatrix copies for thread ``t`` of the MMA's threads (``b_matrices``:
         the B copy's 8x8 matrices, 2 for an MMA of one n8 atom per warp step)."""
         dt = self.dtype
@@ -418,11 +421,11 @@ class FlashBwdMultistage:
         rA = thr_mma.make_fragment_A(thr_mma.partition_A(s_a0))
         rB = thr_mma.make_fragment_B(thr_mma.partition_B(s_b0))
         ta, tb = s2r_a.get_slice(t), s2r_b.get_slice(t)
-        return SimpleNamespace(rA=rA, rB=rB, sA=ta.partition_S(s_a), rA_v=ta.retile(rA), sB=tb.partition_S(s_b),
-                               rB_v=tb.retile(rB), s2r_a=s2r_a, s2r_b=s2r_b, mma=tiled_mma)
+        return MmaOperands(rA=rA, rB=rB, sA=ta.partition_S(s_a), rA_v=ta.retile(rA), sB=tb.partition_S(s_b),
+                           rB_v=tb.retile(rB), s2r_a=s2r_a, s2r_b=s2r_b, mma=tiled_mma)
 
     @cute.jit
-    def gemm(self, acc, ops: SimpleNamespace, a_stage, b_stage, rB=None):
+    def gemm(self, acc, ops: MmaOperands, a_stage, b_stage, rB=None):
         """acc += A B^T, both operands read from smem by ldmatrix one k16 step ahead; ``a_stage`` /
         ``b_stage`` select the stage of an operand with a stage mode (None: it has none); ``rB``: the whole B
         fragment already in registers (``b_stage`` unused). Returns ``acc`` (for a caller that must rebind it inside
@@ -442,116 +445,8 @@ class FlashBwdMultistage:
                       acc)
         return acc
 
-    # ------------------------------------------------------------------------------------------
-    # Loads
-    # ------------------------------------------------------------------------------------------
     @cute.jit
-    def load_kv(self, ctx: SimpleNamespace, sm: SimpleNamespace, mK_s, mV_s, head_kv):
-        """cp.async K_n and V_n (rows past seqlen_k zero-filled; padded head-dim columns zeroed once, in
-        the K / V tiles and in every Q / dO stage, since no copy writes them)."""
-        tidx, n = ctx.tidx, ctx.n_block
-        for src, dst, tiled, width, real, owner in (
-                (mK_s, sm.sK, self.g2s_qk, self.head_dim, self.spec.head_dim, 1),
-                (mV_s, sm.sV, self.g2s_v, self.head_dim_v, self.spec.head_dim_v, 0)):
-            g = cute.local_tile(src[None, head_kv, None], (self.tile_n, width), (n, 0))
-            if const_expr(self.kv_threads == self.num_threads):
-                load_rows(tiled, tidx, g, dst, (self.tile_n, width), real, ctx.seqlen_k - n * self.tile_n, True)
-            elif tidx // self.kv_threads == owner:  # a warp group per tile (``bwd_kv_copy_threads``)
-                load_rows(self.row_copy(width, self.kv_threads), tidx % self.kv_threads, g, dst, (self.tile_n, width),
-                          real, ctx.seqlen_k - n * self.tile_n, True)
-        for s_x, tiled, width, real, stages in ((sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim,
-                                                 self.config.stages_q),
-                                                (sm.sdO, self.g2s_v, self.head_dim_v, self.spec.head_dim_v,
-                                                 self.config.stages_do)):
-            if const_expr(width != real):
-                thr = tiled.get_slice(tidx)
-                col_pred = column_predicate(thr.partition_S(cute.make_identity_tensor((self.tile_m, width))), real)
-                t_x = thr.partition_D(s_x)
-                for st in cutlass.range_constexpr(stages):
-                    zero_masked_cols(t_x[None, None, None, st], col_pred)
-
-    def row_copy(self, width: int, threads: int, op=None) -> cute.TiledCopy:
-        """A 16-byte row copy of a ``width``-wide swizzled tile by ``threads`` threads (``op``: cp.async global ->
-        shared by default), for the copies one warp group or a K / V owner makes inside the kernel."""
-        op = op if op is not None else cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
-        return g2s_tiled_copy(self.dtype, smem_layout_atom(self.dtype, width).outer.shape[1], threads, op)
-
-    @cute.jit
-    def load_q_do(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, q: cutlass.Constexpr[bool],
-                  do: cutlass.Constexpr[bool], coords=None):
-        """cp.async step ``it``'s Q tile (with ``q``) and / or dO tile (with ``do``): query block m of query
-        head g, rows past seqlen_q zero-filled, into stage it % stages. ``coords``: the step's (head, m) when the
-        caller has them."""
-        tidx = ctx.tidx
-        head, m = self.step_coords(ctx, it) if const_expr(coords is None) else coords
-        cfg = self.config
-        for wanted, src, dst, tiled, width, real, stages in (
-                (q, ctx.mQ_s, sm.sQ, self.g2s_qk, self.head_dim, self.spec.head_dim, cfg.stages_q),
-                (do, ctx.mdO_s, sm.sdO, self.g2s_v, self.head_dim_v, self.spec.head_dim_v, cfg.stages_do)):
-            if const_expr(wanted):
-                gX = cute.local_tile(src[None, head, None], (self.tile_m, width), (m, 0))
-                load_rows(tiled, tidx, gX, dst[None, None, it % stages], (self.tile_m, width), real,
-                          ctx.seqlen_q - m * self.tile_m)
-
-    # ------------------------------------------------------------------------------------------
-    # One (query head, query block) step
-    # ------------------------------------------------------------------------------------------
-    @cute.jit
-    def step_coords(self, ctx: SimpleNamespace, it):
-        """(query head, query block) of step ``it``: the group's query heads outer, the key block's query blocks
-        inner; in the deterministic mode's lowest-first order the query blocks outer, last first, and the heads
-        inner, so that every key block of a pair reaches a (query head, query block) at the same step of its walk
-        and the lowest, which adds first (``dq_accum``), never waits on a walk behind it."""
-        if const_expr(self.spec.block_sparse is not None):
-            return self.entry_coords(ctx, ctx.walk.block(it))
-        outer, inner = (divmod(it, ctx.step_div) if const_expr(self.step_divisor)
-                        else (it // ctx.step_inner, it % ctx.step_inner))
-        if const_expr(self.spec.lowest_first):
-            return ctx.head_kv * ctx.group + inner, ctx.m_start + ctx.num_m - 1 - outer
-        g, m = outer, inner
-        if const_expr(self.rotated_start):
-            m = m + ctx.m_rotation
-            if m >= ctx.num_m:
-                m = m - ctx.num_m
-        return ctx.head_kv * ctx.group + g, ctx.m_start + m
-
-    @cute.jit
-    def entry_coords(self, ctx: SimpleNamespace, t):
-        """(query head, query block) of a block-sparse walk's entry ``t`` (``g * query_tiles + m``)."""
-        return ctx.head_kv * ctx.group + t // ctx.num_m, t % ctx.num_m
-
-    @cute.jit
-    def sparse_schedule(self, ctx: SimpleNamespace, it, num_steps, entries):
-        """``step_schedule`` of a block-sparse walk from the entries of steps ``it`` and ``it + 1`` that
-        ``main_loop`` carries, plus the next step's (query head, query block) and the entry of step ``it + 2``,
-        read now and first used a step later: no step waits on a list read at its start (ncu, session 32: those
-        reads doubled the long-scoreboard stalls against the flag's kernel)."""
-        head, m = self.entry_coords(ctx, clamp_entry(ctx.walk, entries[0]))
-        return (head, m, it % self.config.stages_q, it % self.config.stages_do, it + 1 < num_steps,
-                self.entry_coords(ctx, clamp_entry(ctx.walk, entries[1])), raw_entry(ctx.walk, it + 2))
-
-    @cute.jit
-    def step_schedule(self, ctx: SimpleNamespace, it, num_steps):
-        """(query head, query block, Q stage, dO stage, whether a step follows) of step ``it``."""
-        head, m = self.step_coords(ctx, it)
-        return head, m, it % self.config.stages_q, it % self.config.stages_do, it + 1 < num_steps
-
-    @cute.jit
-    def block_turn(self, ctx: SimpleNamespace, head, m, mSem, mCuSeqlensQ, poll_tidx):
-        """(the forward's block range of query block m, the deterministic mode's turn or None). The turn is
-        (counter, this key block's rank, the first acquire read by the thread whose ``poll_tidx`` is 0, in flight
-        under the step's first MMAs; None with ``poll_tidx`` None: the caller reads, ``read_turn``)."""
-        ranges = block_info.block_range(m, ctx.seqlen_q, ctx.seqlen_k, self.tile_m, self.tile_n, self.spec.causal,
-                                        self.spec.local, ctx.window_left, ctx.window_right)
-        turn = None
-        if const_expr(self.spec.deterministic):
-            sem = semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q)
-            turn = (sem, turn_rank(ctx.n_block, ranges, self.spec.lowest_first),
-                    read_turn(sem, poll_tidx) if const_expr(poll_tidx is not None) else None)
-        return ranges, turn
-
-    @cute.jit
-    def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
+    def main_loop(self, ctx: BwdTileState, sm: BwdSmem, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
         # a block-sparse walk's entries travel with the loop (``sparse_schedule``), but on key tiles under 64 keys
         # (d256's 32 x 32 tile: at 255 registers the carried entries spill), whose steps read them at their start
         if const_expr(self.spec.block_sparse is not None and self.tile_n >= 64):
@@ -566,7 +461,7 @@ class FlashBwdMultistage:
     # The step
     # ------------------------------------------------------------------------------------------
     @cute.jit
-    def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem,
+    def step(self, ctx: BwdTileState, sm: BwdSmem, it, num_steps, mLSE2, mD, mdQacc, mSem,
              mCuSeqlensQ, entries=None):
         """One step; ``entries``: a block-sparse walk's entries of steps ``it`` and ``it + 1`` (``main_loop``),
         returned as those of ``it + 1`` and ``it + 2``."""
@@ -650,7 +545,7 @@ class FlashBwdMultistage:
             return entries[1], ent2
 
     @cute.jit
-    def dq_into_accumulator(self, ctx: SimpleNamespace, sm: SimpleNamespace, gAcc: cute.Tensor, m):
+    def dq_into_accumulator(self, ctx: BwdTileState, sm: BwdSmem, gAcc: cute.Tensor, m):
         """dQ_m = dS K (sdS, sK^T) added into the fp32 accumulator of query block m (``gAcc``: the
         (sequence, head)'s workspace rows) in fragment order (``dq_accum``), one head-dim slice of
         ``dq_chunks`` at a time."""
@@ -663,8 +558,8 @@ class FlashBwdMultistage:
                 sKt = cute.local_tile(sm.sKt, (width, self.tile_n), (ch, 0))
                 rB = thr.make_fragment_B(thr.partition_B(sKt))
                 tb = ops.s2r_b.get_slice(ctx.tidx)
-                ops = SimpleNamespace(rA=ops.rA, rB=rB, sA=ops.sA, rA_v=ops.rA_v, sB=tb.partition_S(sKt),
-                                      rB_v=tb.retile(rB), s2r_a=ops.s2r_a, s2r_b=ops.s2r_b, mma=ops.mma)
+                ops = MmaOperands(rA=ops.rA, rB=rB, sA=ops.sA, rA_v=ops.rA_v, sB=tb.partition_S(sKt),
+                                  rB_v=tb.retile(rB), s2r_a=ops.s2r_a, s2r_b=ops.s2r_b, mma=ops.mma)
             acc_dQ = cute.make_rmem_tensor(ctx.thr_dq.partition_shape_C((self.tile_m, width)), Float32)
             acc_dQ.fill(0.0)
             self.gemm(acc_dQ, ops, None, None)
@@ -674,7 +569,7 @@ class FlashBwdMultistage:
                          self.num_threads, self.model.vector_red_f32)
 
     @cute.jit
-    def gradient_of_scores(self, ctx: SimpleNamespace, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool],
+    def gradient_of_scores(self, ctx: BwdTileState, acc_S, acc_dP, m, lse2, dsum, masked: cutlass.Constexpr[bool],
                            head=None, with_mask: cutlass.Constexpr[bool] = True):
         """In place: acc_S becomes P = exp2(S * scale_log2 - LSE2) (mods or softcap first, then the element mask
         where ``masked``; dropout: P z, z = keep / (1 - p)), acc_dP becomes dS = P (dP z - D') (softcap: times
@@ -725,42 +620,3 @@ class FlashBwdMultistage:
             apply_score_mod_bwd(dP_rc, acc_rows_cols(pre), ctx.tScS_rc, score_mod_bwd, self.spec.mods.score_vec,
                                 ctx.batch, head, m, ctx.n_block, self.tile_m, self.tile_n, ctx.seqlen_info,
                                 self.aux_tensors)
-
-    # ------------------------------------------------------------------------------------------
-    # Epilogue
-    # ------------------------------------------------------------------------------------------
-    @cute.jit
-    def store_dkv(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
-        """dK * scale and dV in 16 bits through the (now free) K and V tiles (slice by slice, as accumulated),
-        then 16-byte rows to global memory; rows past seqlen_k and padded head-dim columns are not written."""
-        tidx = ctx.tidx
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype,
-                                                         num_bits_per_copy=2 * self.dtype.width), self.mma_dkv)
-        thr_r2s = r2s.get_slice(tidx)
-        cute.arch.cp_async_wait_group(0)
-        cute.arch.sync_threads()  # every warp is done with sK / sV
-        chunks = self.config.dkv_chunks
-        for ch in cutlass.range_constexpr(chunks):
-            ctx.acc_dK[ch].store(ctx.acc_dK[ch].load() * softmax_scale)
-            for acc, s_out, width in ((ctx.acc_dK[ch], ctx.sK_out, self.head_dim // chunks),
-                                      (ctx.acc_dV[ch], ctx.sV_out, self.head_dim_v // chunks)):
-                dst = thr_r2s.partition_D(cute.local_tile(s_out, (self.tile_n, width), (0, ch)))
-                cute.copy(r2s, thr_r2s.retile(convert(acc, self.dtype)), dst)
-        self.store_dkv_rows(ctx, mdK, mdV, mCuSeqlensK, mSeqUsedK)
-
-    @cute.jit
-    def store_dkv_rows(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK):
-        """After the dK / dV tiles are in sK_out / sV_out: a CTA barrier, then 16-byte rows to global memory
-        (rows past seqlen_k and padded head-dim columns are not written)."""
-        tidx = ctx.tidx
-        cute.arch.sync_threads()
-        for mX, sX, width, real, owner in ((mdK, ctx.sK_out, self.head_dim, self.spec.head_dim, 1),
-                                           (mdV, ctx.sV_out, self.head_dim_v, self.spec.head_dim_v, 0)):
-            s2g = self.row_copy(width, self.kv_threads, cute.nvgpu.CopyUniversalOp())
-            mX_s, _ = sequence_heads(mX, ctx.batch, mCuSeqlensK, mSeqUsedK)
-            gX = cute.local_tile(mX_s[None, ctx.head_kv, None], (self.tile_n, width), (ctx.n_block, 0))
-            if const_expr(self.kv_threads == self.num_threads):
-                store_rows(s2g, tidx, sX, gX, (self.tile_n, width), real, ctx.seqlen_k - ctx.n_block * self.tile_n)
-            elif tidx // self.kv_threads == owner:
-                store_rows(s2g, tidx % self.kv_threads, sX, gX, (self.tile_n, width), real,
-                           ctx.seqlen_k - ctx.n_block * self.tile_n)

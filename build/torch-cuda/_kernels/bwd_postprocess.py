@@ -23,10 +23,9 @@ from ..problem import BwdSpec
 from . import CUTLASS_DTYPES
 from .dq_accum import dq_tiled_mma, load_fragment, slice_offset
 from .fragments import convert
-from .fwd_multistage import g2s_tiled_copy, smem_layout_atom
 from .grid_dependency import enter_grid
 from .seqlen_info import num_batches, num_heads, sequence_heads, workspace_row
-from .tile_io import store_rows
+from .tile_io import g2s_tiled_copy, smem_layout_atom, store_rows
 
 
 class FlashBwdPostprocess:

@@ -2,7 +2,8 @@
 tiles, its per-step GEMMs divided between two 4-warp groups instead of split over 8 warps.
 
 Why: on 8 warps a 64x64 S or dP tile gives each warp 32x16 (4 MMAs per k-step for 3 ldmatrix.x4); the 8-warp
-kernel waits on ldmatrix latency and the shared-memory pipe (``notes/perf.md``, session 21). Here each GEMM runs
+kernel waits on ldmatrix latency and the shared-memory pipe (ncu, H100, 2026-11-25; docs/design-backward.md, "Tiles
+and the role split"). Here each GEMM runs
 on one group, 32x32 per warp at 64x64 (8 MMAs per k-step for 4 ldmatrix.x4), the two groups' GEMMs run at
 the same time, and a thread holds one of dK / dV (so the tile's registers match the 8-warp kernel's).
 
@@ -20,7 +21,7 @@ Per step (query block m of query head g), with named barriers (``bar.arrive`` fo
 P reaches group 1 in 16 bits (dS = P16 (dP - D'), as the same computation in the input dtype forms it); masked
 entries arrive as P = 0, so group 1 needs no mask, and a mask_mod runs in group 0 beside the element mask (on a
 block-sparse walk's mask-list tiles only). Dropout: group 0 alone draws the tile's keep flags (both groups drawing
-the same flags, as before 2026-11-26, spent the Philox work twice per tile), in one of two ways (``signed_p``):
+the same flags would spend the Philox work twice per tile), in one of two ways (``signed_p``):
   two tiles (the smem-operand splits): group 0 writes the undropped P; group 1 takes it and arrives on barrier PREAD;
     group 0 rewrites sP as P keep (the forward's 16-bit P V operand; 1 / (1 - p) goes on dV at the end) and arrives
     on barrier PZ; group 1 reads P keep back and forms dS = P keep (dP / (1 - p)) - P D' (or dS (1 - p) where that
@@ -30,12 +31,12 @@ the same flags, as before 2026-11-26, spent the Philox work twice per tile), in 
     bit carries the flag); group 1 takes that one tile, arrives on PREAD and forms dS from the signed P ps alone,
     ps (dP / (1 - p) - D') where ps >= 0, ps D' (= -P D') where not; group 0 then zeroes the negative lanes,
     rewrites sP as P keep for its dV and arrives on PZ, which group 1 passes only before its dS barrier (long
-    after group 0's arrival: d96 measured the same with and without it, session 44).
+    after group 0's arrival: d96 measures the same with and without it, H100, 2026-11-27).
 Each group passes the same number of bar.sync and the same number of bar.arrive per step (group 1 one bar.sync of its
 own after its reads; 5 and 2 each with dropout): compute-sanitizer's racecheck pairs barriers by count and reported
-hazards across the CTA barrier while the counts differed (session 28: 6 against 5 barriers; session 43: the signed
-protocol without PZ, 5 / 1 bar.sync / bar.arrive against 4 / 2, thousands of RAW hazards between ``store_dkv``'s
-staging stores and its row reads, which a ``bar.sync 0`` separates; with PZ 0 in 4 of 4 runs). Not with
+hazards across the CTA barrier when the counts differ (6 against 5 barriers; the signed protocol without PZ, 5 / 1
+bar.sync / bar.arrive against 4 / 2: thousands of RAW hazards between ``store_dkv``'s staging stores and its row
+reads, which a ``bar.sync 0`` separates; with PZ none in 4 of 4 runs). Not with
 softcap or a score_mod (the tanh tile and the pre-mod scores stay in group 0, dS is formed in group 1) nor with
 head_dim != head_dim_v (one accumulator per thread): ``bwd_config_problems`` says so.
 With ``kv_in_regs`` (d96's 64x128 and d128's 64x96 entries) S and dP run on 1x4 warps and each group keeps its B
@@ -50,8 +51,6 @@ in the next step, after dP (``pass_previous_turn``), when the reductions the ste
 completed: both in group 1's wait for P, off group 0's critical path.
 """
 
-from types import SimpleNamespace
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
@@ -60,6 +59,7 @@ from .. import flex
 from ..bwd_config import bwd_group_scores, bwd_sdp_n_step, bwd_tile_bytes
 from .block_walk import raw_entry
 from .bwd_multistage import FlashBwdMultistage
+from .bwd_state import BwdSmem, BwdTileState, MmaOperands
 from .dq_accum import pass_turn, read_turn, semaphore_ptr, wait_turn, warp_tiled_mma
 from .dropout_mask import DropoutMask, apply_keep_pairs, signed_to_keep_pairs
 from .flex_mods import FlexMods, apply_mods
@@ -108,7 +108,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         """Whether P passes from group 0 to group 1 warp by warp (``kv_in_regs`` without dropout): there both groups'
         S / dP GEMMs run on 1x4 warps with one partition, so group 1's warp w reads exactly the P that group 0's warp w
         wrote, and a barrier per warp pair (64 threads) lets it go on as soon as its partner has stored, rather than
-        when all four have (ncu, session 39: group 1's wait for P was 8.6% of the d96 kernel's warp samples)."""
+        when all four have (ncu, H100, 2026-11-27: group 1's wait for P, all four warps, is 8.6% of the d96 kernel's
+        warp samples)."""
         return self.config.kv_in_regs and not self.spec.dropout
 
     def lag_dk(self) -> bool:
@@ -117,11 +118,11 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         dP(i) group 1 reaches P with two GEMMs done against group 0's one and its exponentials. dK(i - 1) reads the
         previous step's Q stage and sdS, so group 1 loads the next Q tile (into that stage) itself, after a group
         barrier that ends every warp's dK, and the last step's dK runs after the walk (``main_loop``). Measured (H100,
-        SM120 occupancy): the ``kv_in_regs`` splits (session 40) d96 4x4096 32/8 backward +10-11%, d128 +4-7.5%,
-        full and causal; every other split (session 41, same-call A/B) d64's 64x128 entry +6.8% full, +3.5% causal,
+        SM120 occupancy, 2026-11-27): the ``kv_in_regs`` splits d96 4x4096 32/8 backward +10-11%, d128 +4-7.5%,
+        full and causal; every other split (same-call A/B) d64's 64x128 entry +6.8% full, +3.5% causal,
         forward + backward with dropout 0.1 (the smem-operand splits) d64 -6%, causal -4%, d128 causal -6%, d128
-        +1.5%. The deterministic mode lags dK in the ``kv_in_regs`` splits only: d64's deterministic backward ran
-        10% slower with it (4x4096 32/8, 5.72 -> 6.30 ms; causal +4%), and d96 / d128's gained 1-2%; nor where its
+        +1.5%. The deterministic mode lags dK in the ``kv_in_regs`` splits only: d64's deterministic backward runs
+        10% slower with it (4x4096 32/8, 5.72 -> 6.30 ms; causal +4%), and d96 / d128's gain 1-2%; nor where its
         highest-first turn and a mask's limits sit beside 64 S registers per thread (d96's 64x128 split, causal or
         windowed: 4-8 B of local memory on sm_120a)."""
         spec, cfg = self.spec, self.config
@@ -132,19 +133,19 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
     def signed_p(self) -> bool:
         """Dropout: whether P passes to group 1 signed, the keep flags in its sign bits (one tile, one read), rather
         than as the undropped P and then P keep (two tiles, barrier PZ between them). Signed in the ``kv_in_regs``
-        splits: there group 1 holding P and P keep beside dP, its V rows and dK spilled (d96's 64x128 split,
-        sm_120a: 176 B), and signed it runs without, d96 4x4096 32/8 fwd+bwd with dropout 10.63 -> 10.01 ms (H100,
-        SM120 occupancy, session 43, against the smem-operand split the predicate gave it before). Two tiles
-        elsewhere: signed, the smem-operand splits ran 3-13% slower (d64 / d128, full and causal, same splits; same
-        session, two rounds), with the Philox words held across the walk or read per step alike; why is not
-        established (the two-tile SASS draws the flags ahead of barrier PREAD too: ncu, session 43)."""
+        splits: there group 1 holding P and P keep beside dP, its V rows and dK spills (d96's 64x128 split,
+        sm_120a: 176 B), and signed it runs without, d96 4x4096 32/8 fwd+bwd with dropout 10.63 ms for the
+        smem-operand split, 10.01 signed (H100, SM120 occupancy, 2026-11-27). Two tiles elsewhere: signed, the
+        smem-operand splits run 3-13% slower (d64 / d128, full and causal, two rounds), with the Philox words held
+        across the walk or read per step alike; why is not established (the two-tile SASS draws the flags ahead of
+        barrier PREAD too: ncu)."""
         return self.spec.dropout and self.config.kv_in_regs
 
-    def dropout_words(self, ctx: SimpleNamespace) -> DropoutMask:
+    def dropout_words(self, ctx: BwdTileState) -> DropoutMask:
         """Group 0's dropout mask with its key, offset and threshold words read from the slot each step
         (``DropoutMask.reread``; the slot's four words sit in L1) rather than held across the walk beside the scales:
-        held, they spilled d96's ``kv_in_regs`` split (sm_120a, session 42: 44 B at 255 registers), and the whole
-        mask rebuilt per step (its scales a division) spilled d128's 64x64 split 20-112 B. The ``kv_in_regs``
+        held, they spill d96's ``kv_in_regs`` split (sm_120a gate: 44 B at 255 registers), and the whole mask rebuilt
+        per step (its scales a division) spills d128's 64x64 split 20-112 B. The ``kv_in_regs``
         splits only; the others hold them (``ctx.dropout``)."""
         return ctx.dropout.reread(ctx.rng_slot) if self.config.kv_in_regs else ctx.dropout
 
@@ -153,7 +154,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         and the dK epilogue taking the 1 / (1 - p), or dS itself (P keep (dP / (1 - p)) - P D'). The first moves a
         multiply per score of group 1 to a multiply per dQ fragment element on all 8 warps: taken where group 1's
         scores per thread are more than twice the dQ fragment's elements per thread (d64's 64x128 split: 64 against
-        16; d64's 64x64 split for varlen: 32 against 16, not taken). Measured (H100, SM120 occupancy, session 36,
+        16; d64's 64x64 split for varlen: 32 against 16, not taken). Measured (H100, SM120 occupancy, 2026-11-27,
         one round): d64 4x4096 32/8 fwd+bwd with dropout 8.44 -> 8.06 ms; d128's 64x64 split (32 against 32) 7.62 ->
         7.74 ms causal."""
         scores = bwd_group_scores(self.config)
@@ -161,14 +162,14 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return scores > 2 * dq_elems
 
     @cute.jit
-    def mma_context(self, tidx, sm: SimpleNamespace) -> SimpleNamespace:
+    def mma_context(self, tidx, sm: BwdSmem) -> BwdTileState:
         """As the 8-warp kernel's, with the S / dP and dK / dV partitions taken by the thread's index in its
         group; the role GEMMs' operands are made in the group's branch of ``step``."""
         dt = self.dtype
         wtid = tidx % _GROUP
         thr_sdp, thr_dkv, thr_dq = self.mma_sdp.get_slice(wtid), self.mma_dkv.get_slice(wtid), \
             self.mma_dq.get_slice(tidx)
-        ctx = SimpleNamespace(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
+        ctx = BwdTileState(thr_sdp=thr_sdp, thr_dkv=thr_dkv, thr_dq=thr_dq)
         ctx.dQ = self.operands(thr_dq, self.mma_dq, tidx, sm.sdS, sm.sdS, False, sm.sKt, sm.sKt, True)
         r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), dt,
                                                          num_bits_per_copy=2 * dt.width), self.mma_sdp)
@@ -187,13 +188,13 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         gX = cute.local_tile(mX_s[None, head, None], (self.tile_m, width), (m, 0))
         load_rows(tiled, group_ids()[1], gX, sX, (self.tile_m, width), real, seqlen_q - m * self.tile_m)
 
-    def dk_operands(self, ctx: SimpleNamespace, sm: SimpleNamespace, wtid) -> SimpleNamespace:
+    def dk_operands(self, ctx: BwdTileState, sm: BwdSmem, wtid) -> MmaOperands:
         """Group 1's dK += dS^T Q operands (sdS and Q's stages, read transposed)."""
         return self.operands(ctx.thr_dkv, self.mma_dkv, wtid, sm.sdSt, sm.sdSt, True, sm.sQt, sm.sQt[None, None, 0],
                              True)
 
     @cute.jit
-    def pass_previous_turn(self, ctx: SimpleNamespace, it, mSem, mCuSeqlensQ, release_tidx):
+    def pass_previous_turn(self, ctx: BwdTileState, it, mSem, mCuSeqlensQ, release_tidx):
         """Deterministic mode: the thread whose ``release_tidx`` is 0 releases the query block of step ``it - 1``
         (none at step 0): after the CTA barrier that ended step ``it - 1``, which orders every thread's
         reductions of that step before the release."""
@@ -202,7 +203,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             pass_turn(semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q), release_tidx)
 
     @cute.jit
-    def main_loop(self, ctx: SimpleNamespace, sm: SimpleNamespace, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
+    def main_loop(self, ctx: BwdTileState, sm: BwdSmem, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ):
         acc_kv = cute.make_rmem_tensor(ctx.thr_dkv.partition_shape_C((self.tile_n, self.head_dim)), Float32)
         acc_kv.fill(0.0)
         ctx.rB = self.kv_fragment(ctx, sm) if const_expr(self.config.kv_in_regs) else None
@@ -226,7 +227,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             self.pass_previous_turn(ctx, num_steps, mSem, mCuSeqlensQ, ctx.tidx - _RELEASE)  # the last step's
 
     @cute.jit
-    def zero_lag_operands(self, sm: SimpleNamespace):
+    def zero_lag_operands(self, sm: BwdSmem):
         """``lag_dk``: step 0's dK of "the previous step" reads sdS and Q's other stage, whose bytes nothing has
         written (possibly NaN patterns): zeros there make it add exactly 0 (a branch around that GEMM kept dK's 96
         accumulators in two copies and spilled 64-88 B on sm_120a), then a CTA barrier."""
@@ -240,7 +241,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         cute.arch.sync_threads()
 
     @cute.jit
-    def kv_fragment(self, ctx: SimpleNamespace, sm: SimpleNamespace) -> cute.Tensor:
+    def kv_fragment(self, ctx: BwdTileState, sm: BwdSmem) -> cute.Tensor:
         """``kv_in_regs``: the thread's B operand of its group's S / dP GEMM for the whole walk, group 0's from the K
         tile and group 1's from the V tile (V lies kv_gap elements after K; branch-free, as ``store_dkv``), then a
         CTA barrier, after which V's region takes P and dS."""
@@ -253,7 +254,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return ops.rB
 
     @cute.jit
-    def step(self, ctx: SimpleNamespace, sm: SimpleNamespace, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
+    def step(self, ctx: BwdTileState, sm: BwdSmem, it, num_steps, mLSE2, mD, mdQacc, mSem, mCuSeqlensQ,
              acc_kv, entries=None):
         """One step; ``entries``: a block-sparse walk's entries of steps ``it`` and ``it + 1`` (``main_loop``),
         returned with ``acc_kv`` as those of ``it + 1`` and ``it + 2``."""
@@ -369,8 +370,8 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
             if const_expr(turn is not None):
                 # deterministic: in group 1's wait for P (its slack), warp 5 releases the previous step's query
                 # block and thread 128 reads this one's counter: the release's MEMBAR and the acquire's L1
-                # invalidation stall warps that would wait anyway (at the step's ends they held group 0, the
-                # critical path: ncu, session 30)
+                # invalidation stall warps that would wait anyway (at the step's ends they hold group 0, the
+                # critical path: ncu, H100, 2026-11-26)
                 self.pass_previous_turn(ctx, it, mSem, mCuSeqlensQ, tidx - _RELEASE)
                 seen = read_turn(turn[0], tidx - _GROUP)
             if const_expr(self.pair_p()):
@@ -386,7 +387,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
                 # dS = ps (dP / (1 - p) - D') where kept, ps D' (= -P D') where dropped (dS (1 - p): dP - D' (1 - p))
                 cute.arch.barrier_arrive(barrier_id=_BAR_PREAD, number_of_threads=2 * _GROUP)
                 # group 1's own barrier: both groups pass the same number of barriers per step (racecheck, whose
-                # model pairs them by count, reported RAW hazards across the CTA barrier without it; session 28)
+                # model pairs them by count, reports RAW hazards across the CTA barrier without it)
                 cute.arch.barrier(barrier_id=_BAR_DS1, number_of_threads=_GROUP)
                 for r in cutlass.range_constexpr(cute.size(ds_rc, mode=[0])):
                     for c in cutlass.range_constexpr(cute.size(ds_rc, mode=[1])):
@@ -434,22 +435,22 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return acc_kv
 
     @cute.jit
-    def sign_dropped(self, ctx: SimpleNamespace, p16: cute.Tensor, head, m, n_block):
+    def sign_dropped(self, ctx: BwdTileState, p16: cute.Tensor, head, m, n_block):
         """Group 0, dropout: P in 16 bits with the dropped elements negated, call by call (``KeepFlags.sign_pair``),
         so group 1 reads P and the keep flags in one tile; after group 1's read ``signed_to_keep_pairs`` zeroes them
         (P keep, the forward's 16-bit P V operand, for dV). Unscaled, as the forward's P V (its 1 / (1 - p) on O): dV
         is scaled once in ``store_dkv`` and group 1 scales dP, so both gradients see the forward's P exactly (P z
-        rounded to 16 bits put a rounding of 1 / (1 - p) into dS that the forward never had; session 36). A method
+        rounded to 16 bits would put a rounding of 1 / (1 - p) into dS that the forward never has). A method
         of its own: its temporaries stay out of the group branch (which would carry them out as its results)."""
         apply_keep_pairs(self.tile_keep_flags(ctx, head, m, n_block), p16, sign=True)
 
-    def tile_keep_flags(self, ctx: SimpleNamespace, head, m, n_block):
+    def tile_keep_flags(self, ctx: BwdTileState, head, m, n_block):
         """Group 0's keep flags of step (query block ``m`` of ``head``, key block ``n_block``)."""
         return self.dropout_words(ctx).keep_flags(ctx.batch, head, ctx.num_heads, m * self.tile_m,
                                                   n_block * self.tile_n)
 
     @cute.jit
-    def dropped_p(self, ctx: SimpleNamespace, acc: cute.Tensor, head, m, n_block) -> cute.Tensor:
+    def dropped_p(self, ctx: BwdTileState, acc: cute.Tensor, head, m, n_block) -> cute.Tensor:
         """Group 0, dropout in two tiles: P keep in 16 bits for dV and for group 1's dS, the dropped pairs' lanes
         zeroed call by call (``KeepFlags.apply_pair``); unscaled, as ``sign_dropped`` says. A method of its own for
         the same reason."""
@@ -458,14 +459,14 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         return pk
 
     @cute.jit
-    def mask_mod_scores(self, ctx: SimpleNamespace, S_rc: cute.Tensor, tScS_rc: cute.Tensor, head, m, n_block):
+    def mask_mod_scores(self, ctx: BwdTileState, S_rc: cute.Tensor, tScS_rc: cute.Tensor, head, m, n_block):
         """The spec's mask_mod on group 0's (rows, cols) score view (the predicate admits mask_mods only here)."""
         _, _, mask_mod = flex.callables(self.spec.mods)
         apply_mods(S_rc, tScS_rc, FlexMods(None, mask_mod, 1), Float32(1.0), ctx.batch, head, m, n_block,
                    self.tile_m, self.tile_n, None, ctx.seqlen_info, self.aux_tensors)
 
     @cute.jit
-    def store_dkv(self, ctx: SimpleNamespace, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
+    def store_dkv(self, ctx: BwdTileState, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):
         """Group 0's dV and group 1's dK * scale in 16 bits through the (now free) V and K tiles, then both
         tiles' rows to global memory as in the 8-warp kernel; branch-free (the group picks the scale and the
         tile by arithmetic)."""

@@ -91,7 +91,7 @@ def load_fragment(acc: cute.Tensor, ptr: cute.Pointer, tidx, num_threads: cutlas
 # counter per (sequence, head, query block) starts at 0; key block n waits until it reads its rank,
 # adds, and increments it (the role split a step later, in a warp group's slack: the release waits for
 # the reductions and the acquire invalidates L1, each stalling its warp). Two orders (``BwdSpec.lowest_first``,
-# chosen per call by ``bwd_config.bwd_det_order``), each launching a CTA only after every CTA it waits on
+# chosen per call by ``bwd_schedule.bwd_det_order``), each launching a CTA only after every CTA it waits on
 # (forward progress) and walking so that a CTA never waits on a walk behind its own:
 #   highest first: rank = (last visiting key block) - n; a pair's key blocks launch highest first, one pair
 #     after another, and walk their query blocks first to last (heads outer): key block n reaches query
@@ -100,7 +100,7 @@ def load_fragment(acc: cute.Tensor, ptr: cute.Pointer, tidx, num_threads: cutlas
 #   lowest first: rank = n - (first visiting key block); key blocks launch lowest first (per pair, or the
 #     banded longest-first order) and walk their query blocks last to first with the heads inner: the key
 #     blocks of a causal pair, whose ranges end together, reach each (head, query block) at the same step of
-#     their walks, so each CTA trails its predecessor by one release (``bwd_config.DET_CHAIN_LAG``) where they
+#     their walks, so each CTA trails its predecessor by one release (``bwd_schedule.DET_CHAIN_LAG``) where they
 #     start together; the longest CTAs start first.
 # ------------------------------------------------------------------------------------------------
 def turn_rank(n_block, ranges, lowest_first: bool):

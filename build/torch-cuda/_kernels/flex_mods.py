@@ -1,6 +1,6 @@
-"""User score and mask modifications traced into the score step (arch-free; issue 20).
+"""User score and mask modifications traced into the score step (arch-free).
 
-Upstream FlashAttention-4's conventions (notes/flex_design.md, section 1):
+Upstream FlashAttention-4's conventions (docs/design-flex.md, "Contract"):
 
 * ``score_mod(score, b, h, q_idx=, kv_idx=, seqlen_info=, aux_tensors=)`` on ``TensorSSA`` vectors of
   ``vec`` adjacent columns (Float32 scores already times the softmax scale, Int32 indices), returning the

@@ -12,9 +12,9 @@ then every lane accumulates 4 consecutive columns (16-byte loads) of each split'
 shuffled from the lane that holds it, ``UNROLL_SPLITS`` splits' loads in flight at a time, and stores
 them in the output dtype. At most ``config.MAX_SPLITS`` splits (the host caps every call there). Rows
 are (position, head) pairs flattened so a CTA stays busy whether the queries are long or a single
-decode token. Until 2026-11-25 the merge re-read each split's LSE before its O load and branched on its
-weight, one dependent load pair per split: 5.5 us for 16 splits of 32 rows (H100), a tenth of a
-1 x 32768 decode.
+decode token. The LSEs are read once, ahead of the O loads: re-reading each split's LSE before its O load and
+branching on its weight costs a dependent load pair per split, 5.5 us for 16 splits of 32 rows (H100,
+2026-11-25), a tenth of a 1 x 32768 decode.
 
 Tensors: partial O (num_splits, *O's shape) fp32 and partial LSE (num_splits, *LSE's shape) fp32,
 O (batch, seqlen, heads, dv) or (total, heads, dv) with cu_seqlens_q, LSE like the forward's; the

@@ -18,8 +18,6 @@ under the other group's MMAs:
 Same per-block math, masks and TMA loads as ``fwd_tma`` (this class only adds the tile loop).
 """
 
-from types import SimpleNamespace
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
@@ -27,12 +25,12 @@ from cutlass.cute.nvgpu import cpasync
 
 from ..config import atom_cols
 from . import block_info
-from .fwd_multistage import g2s_tiled_copy
+from .fwd_state import EpilogueTarget, FwdTileState, NextTileLoad, PersistentArgs, TilePlan
 from .fwd_tma import FlashFwdTma
 from .kv_source import DenseKV
 from .seqlen_info import num_batches, num_heads, sequence_heads
 from .tile_scheduler import tile_coords
-from .tile_io import column_predicate, copy_rows, zero_masked_cols
+from .tile_io import column_predicate, copy_rows, g2s_tiled_copy, zero_masked_cols
 
 _BAR_GROUP = 4  # named barriers 4 and 5: one per warp group (its Q rows have landed / been read)
 
@@ -79,14 +77,15 @@ class FlashFwdPersistent(FlashFwdTma):
             cute.arch.cp_async_commit_group()
 
     @cute.jit
-    def tail_hook(self, ctx: SimpleNamespace):
+    def tail_hook(self, ctx: FwdTileState):
         """Group 0's tail turn: warp 0 starts the next tile's first K load (both groups' last S GEMMs,
         the buffer's last readers, are done once this turn is open)."""
         if ctx.next_k.go != 0 and self.turn_group(ctx) == 0:
             self.issue_first_k(ctx.next_k)
 
     @cute.jit
-    def tile_plan(self, p: SimpleNamespace, tile, num_m_blocks, heads, ratio, reverse_m: cutlass.Constexpr[bool]):
+    def tile_plan(self, p: PersistentArgs, tile, num_m_blocks, heads, ratio,
+                  reverse_m: cutlass.Constexpr[bool]) -> TilePlan:
         """What tile ``tile`` is: its coordinates, Q view and lengths, and its key-block ranges (the
         loop plans the current tile and, for the loads it starts early, the next one)."""
         m_block, head, batch = tile_coords(tile, num_m_blocks, heads, reverse_m)
@@ -98,12 +97,12 @@ class FlashFwdPersistent(FlashFwdTma):
             self.causal, self.spec.local, p.window_left, p.window_right,
         )
         head_kv = head // ratio
-        return SimpleNamespace(m_block=m_block, head=head, batch=batch, head_kv=head_kv, mQ_h=mQ_h, seqlen_q=seqlen_q,
-                               seqlen_k=kv_src.seqlen_k, ranges=ranges,
-                               kv_src=kv_src.head(head_kv).blocks(self.tile_n, self.head_dim, self.head_dim_v))
+        return TilePlan(m_block=m_block, head=head, batch=batch, head_kv=head_kv, mQ_h=mQ_h, seqlen_q=seqlen_q,
+                        seqlen_k=kv_src.seqlen_k, ranges=ranges,
+                        kv_src=kv_src.head(head_kv).blocks(self.tile_n, self.head_dim, self.head_dim_v))
 
     @cute.jit
-    def persistent_tiles(self, p: SimpleNamespace):
+    def persistent_tiles(self, p: PersistentArgs):
         """The kernel body for ``config.persistent`` (``p``: the kernel's parameters, see ``kernel``)."""
         mCuSeqlensQ, mSeqUsedQ = p.mCuSeqlensQ, p.mSeqUsedQ
         softmax_scale_log2, window_left, window_right = p.scale_log2, p.window_left, p.window_right
@@ -131,7 +130,7 @@ class FlashFwdPersistent(FlashFwdTma):
             if m_block * self.tile_m < seqlen_q:  # packed batches: tiles past a short sequence do nothing
                 n_start, n_unmasked_start, n_unmasked_end, n_end = cur.ranges
                 ctx = self.mma_context(tidx, sm, softmax_scale_log2)
-                ctx.__dict__.update(
+                ctx.update(
                     m_block=m_block, seqlen_q=seqlen_q, seqlen_k=cur.seqlen_k, n_start=n_start, n_end=n_end,
                     n_unmasked_start=n_unmasked_start, n_unmasked_end=n_unmasked_end, group=None,
                     tile_rows=seqlen_q, head_kv=head_kv, slot_base=slot_base, walk=None,
@@ -152,7 +151,7 @@ class FlashFwdPersistent(FlashFwdTma):
                 if nxt < total and nx.m_block * self.tile_m < nx.seqlen_q and n_total > 0:
                     if nx.ranges[3] > nx.ranges[0]:
                         k_loaded = Int32(1)
-                ctx.next_k = SimpleNamespace(
+                ctx.next_k = NextTileLoad(
                     go=k_loaded, n_start=nx.ranges[0], n_end=nx.ranges[3], bars=sm.bars, slot_base=slot_base + n_total + 1,
                     kv=self.kv_loader(nx.kv_src, tidx, sm),
                 )
@@ -168,8 +167,8 @@ class FlashFwdPersistent(FlashFwdTma):
                     self.group_barrier(group)
                     self.q_rows(sm.sQ, nx.mQ_h, nx.seqlen_q, nx.head, nx.m_block, group, gtid, zero_pad=False)
                     q_loaded = Int32(1)
-                out = SimpleNamespace(mO=p.mO, mLSE=p.mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch,
-                                      head=head, split=0)
+                out = EpilogueTarget(mO=p.mO, mLSE=p.mLSE, mCuSeqlensQ=mCuSeqlensQ, mSeqUsedQ=mSeqUsedQ, batch=batch,
+                                     head=head, split=0)
                 self.finish(ctx, p.mSink, head, None, out)
                 if n_total > 0:
                     slot_base = slot_base + n_total + 1

@@ -24,8 +24,6 @@ data, and the kernel must not rely on them being finite). Single-CTA TMA only: n
 clusters.
 """
 
-from types import SimpleNamespace
-
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32, const_expr
@@ -34,6 +32,7 @@ from ..config import atom_cols
 from ..execution_model import ExecutionModel
 from ..problem import FwdSpec
 from .fwd_multistage import FlashFwdMultistage
+from .fwd_state import FwdSmem, FwdTileState
 from .kv_source import DenseKV, TmaKV, make_tma_atoms
 
 _BAR_MMA = 1  # named barrier id of the MMA warps (0 is the CTA barrier)
@@ -78,7 +77,7 @@ class FlashFwdTma(FlashFwdMultistage):
     def make_tma_atoms(self, mK: cute.Tensor, mV: cute.Tensor):
         return make_tma_atoms(mK, mV, *self.tma_smem_layouts(), self.tile_n, self.head_dim, self.head_dim_v)
 
-    def kv_loader(self, kv_src: DenseKV, tidx, sm: SimpleNamespace) -> TmaKV:
+    def kv_loader(self, kv_src: DenseKV, tidx, sm: FwdSmem) -> TmaKV:
         """The K/V loader: TMA into the stage buffers, re-viewed with the pointer-swizzled layouts of
         ``tma_smem_layouts`` (same bytes)."""
         sK_tma, sV_tma = self.tma_smem_layouts()
@@ -107,14 +106,14 @@ class FlashFwdTma(FlashFwdMultistage):
 
     # -- loads --------------------------------------------------------------------------------
     @cute.jit
-    def issue_tile(self, ctx: SimpleNamespace, it: Int32, n_block: Int32):
+    def issue_tile(self, ctx: FwdTileState, it: Int32, n_block: Int32):
         """One whole warp (see ``kv_source.TmaKV``): key block ``n_block`` into stage it % stages,
         counted on its full barrier."""
         stage = it % self.config.num_stages
         ctx.kv.issue(n_block, stage, ctx.bars + stage)
 
     @cute.jit
-    def prologue(self, ctx: SimpleNamespace, walk=None):
+    def prologue(self, ctx: FwdTileState, walk=None):
         """Q, and warp 0's first stages - 1 key blocks (the dense range: the predicate keeps block-sparse walks,
         ``walk``, to the overlapped schedule)."""
         self.load_q(ctx)
@@ -128,7 +127,7 @@ class FlashFwdTma(FlashFwdMultistage):
         self.mma_barrier()
 
     @cute.jit
-    def producer(self, ctx: SimpleNamespace):
+    def producer(self, ctx: FwdTileState):
         """The producer warp: every key block, last first, into the stage its consumers freed."""
         stages = self.config.num_stages
         for it in cutlass.range(ctx.n_end - ctx.n_start, unroll=1):
@@ -138,7 +137,7 @@ class FlashFwdTma(FlashFwdMultistage):
             self.issue_tile(ctx, it, ctx.n_end - 1 - it)
 
     @cute.jit
-    def mainloop_step(self, ctx: SimpleNamespace, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
+    def mainloop_step(self, ctx: FwdTileState, it: Int32, n_block: Int32, masked: cutlass.Constexpr[bool]):
         stages = self.config.num_stages
         stage = it % stages
         per_warp_release = self.warp_specialized or self.config.mbarrier_release
@@ -163,7 +162,7 @@ class FlashFwdTma(FlashFwdMultistage):
     # -- overlapped mainloop (``config.overlap``; see ``FlashFwdMultistage.overlap_mainloop``) ----
     # Load slot s (K of step s's block, V of step s - 1's) is counted on full barrier s % 2.
     @cute.jit
-    def overlap_prologue(self, ctx: SimpleNamespace, walk=None):
+    def overlap_prologue(self, ctx: FwdTileState, walk=None):
         self.load_q(ctx)
         cute.arch.cp_async_commit_group()
         self.issue_first_k(ctx, walk)
@@ -171,7 +170,7 @@ class FlashFwdTma(FlashFwdMultistage):
         self.mma_barrier()
 
     @cute.jit
-    def issue_first_k(self, ctx: SimpleNamespace, walk=None):
+    def issue_first_k(self, ctx: FwdTileState, walk=None):
         """Warp 0: load slot ``ctx.slot_base`` (K of the range's first block, block n_end - 1, or a block-sparse
         ``walk``'s first tile) into its buffer, counted on its full barrier."""
         kv = ctx.kv
@@ -183,7 +182,7 @@ class FlashFwdTma(FlashFwdMultistage):
             kv.load_k(first, ctx.slot_base % 2, full)
 
     @cute.jit
-    def issue_slot(self, ctx: SimpleNamespace, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool], it: Int32,
+    def issue_slot(self, ctx: FwdTileState, slot: Int32, v_block: Int32, first: cutlass.Constexpr[bool], it: Int32,
                    k_next=None):
         """Warp 0 (converged, see ``issue_tile``): the next K (``next_k``) when there is one, V of ``v_block`` (TMA
         zero-fills rows past seqlen_k)."""
@@ -201,10 +200,10 @@ class FlashFwdTma(FlashFwdMultistage):
             kv.load_v(v_block, (slot + 1) % 2, full)
 
     @cute.jit
-    def wait_slot(self, ctx: SimpleNamespace, slot: Int32):
+    def wait_slot(self, ctx: FwdTileState, slot: Int32):
         cute.arch.mbarrier_wait(ctx.bars + slot % 2, (slot // 2) % 2)
 
     @cute.jit
-    def end_step(self, ctx: SimpleNamespace, slot: Int32):
+    def end_step(self, ctx: FwdTileState, slot: Int32):
         if const_expr(not self.config.pingpong):  # ping-pong: the turns hand the buffers back
             cute.arch.sync_threads()

@@ -1,7 +1,7 @@
 """What happens to a key block's scores between the S = Q K^T MMA and the online softmax (arch-free).
 
 In place on the fp32 accumulator of one (tile_m, tile_n) block, in this order:
-  0. user mods (``mods``, issue 20; ``flex_mods``): score_mod on S * softcap_scale (the host passes the
+  0. user mods (``mods``; ``flex_mods``): score_mod on S * softcap_scale (the host passes the
      softmax scale there and scale_log2 = log2(e): softcap and score_mod never meet), then mask_mod, on every
      block (a block-sparse full block skips the mask_mod);
   1. softcap (``softcap``): S = tanh(S * softcap_scale). The host passes softcap_scale = scale / c and
@@ -50,7 +50,7 @@ class ScoreStep:
     group: Any
     tScS_rc: cute.Tensor
     t0ScS_rc: cute.Tensor
-    #: issue 20: ``flex_mods.FlexMods`` (compile-time) or None, and what the mods read: the batch, the grid's
+    #: ``flex_mods.FlexMods`` (compile-time) or None, and what the mods read: the batch, the grid's
     #: head (the KV head when packed), ``flex_mods.SeqlenInfo``
     mods: Any = None
     batch: Any = None

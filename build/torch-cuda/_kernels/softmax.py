@@ -104,9 +104,9 @@ def softmax_step(row_max: cute.Tensor, row_sum: cute.Tensor, acc_S_rc: cute.Tens
         changed = changed | (m_new != m_old)
         p_row = cute.math.exp2(s_row * scale - m_new * scale, fastmath=True)
         # exactly 1 for a row whose reference stayed (a difference, then a product: nothing to contract into an
-        # FFMA, whose rounding error exp2(m_old * scale - m_new * scale) was: the warp vote below then applied
-        # ~1 +- 2^-20 to this row only when another row of the warp moved -- rows past the sequence end among
-        # them, whose scores come from unwritten shared memory: O differed between runs, H100, session 35)
+        # FFMA; written as exp2(m_old * scale - m_new * scale), the FFMA's rounding makes it ~1 +- 2^-20, which the
+        # warp vote below applies to this row only when another row of the warp moved -- rows past the sequence end
+        # among them, whose scores come from unwritten shared memory: O then differs between runs, H100, 2026-11-27)
         corr[r] = cute.math.exp2((m_old - m_new) * scale, fastmath=True)
         row_sum[r] = row_sum[r] * corr[r] + p_row.reduce(cute.ReductionOp.ADD, Float32.zero, 0)
         row_max[r] = m_new

@@ -1,7 +1,7 @@
-"""Block-sparse backward lists, refined by the mask_mod (issue 20, arch-free, no MMA).
+"""Block-sparse backward lists, refined by the mask_mod (arch-free, no MMA).
 
 The backward walks key tiles of ``tile_n`` keys over query tiles of ``tile_m`` rows, finer than the (128, 128)
-blocks of the forward's lists, so every tile of a partial block was a masked step, though many of them are
+blocks of the forward's lists, so every tile of a partial block would be a masked step, though many of them are
 wholly kept or wholly dropped (a causal or document diagonal block of 128 is two partial 64 x 64 tiles, one
 full, one empty). This kernel classifies them before the host compacts the lists
 (``block_sparse.backward_lists``): it reads a (batch, head, query tile, key tile) int8 class grid and rewrites

@@ -5,6 +5,9 @@ sequence are skipped (and, where the consumer would multiply them, zero-filled).
 thread 0's coordinate partition (``t0XcX``) is compile-time, and each thread's own row offset is
 folded into the limit once.
 
+Shared-memory tiles are built from swizzled 8-row atoms (``smem_layout_atom``) and filled by tiled copies of
+16-byte vectors (``g2s_tiled_copy``), shared by the forward and backward kernels.
+
 Head dims that are not a multiple of the MMA k-extent (16) are padded in shared memory: columns past
 the real head dim are never loaded (a column predicate, built once per CTA) and, for Q and K, zeroed
 once so the padded part of every dot product is exactly 0.
@@ -13,6 +16,30 @@ once so the padded part of every dot product is exactly 0.
 import cutlass
 import cutlass.cute as cute
 from cutlass import Int32
+
+from ..config import atom_cols
+
+
+_COPY_BITS = 128  # 16-byte cp.async / st.global vectors
+
+
+def smem_layout_atom(dtype, width: int) -> cute.ComposedLayout:
+    """A swizzled 8-row atom, ``width`` columns wide (16, 32 or 64 elements), bank-conflict free
+    for both cp.async writes and ldmatrix reads."""
+    cols = atom_cols(width)
+    swizzle_bits = {64: 3, 32: 2, 16: 1}[cols]
+    return cute.make_composed_layout(
+        cute.make_swizzle(swizzle_bits, 3, 3), 0, cute.make_layout((8, cols), stride=(cols, 1))
+    )
+
+
+def g2s_tiled_copy(dtype, atom_cols: int, num_threads: int, op) -> cute.TiledCopy:
+    """Threads tile rows of 16-byte vectors: ``atom_cols / 8`` threads per row."""
+    elems = _COPY_BITS // dtype.width
+    threads_per_row = atom_cols // elems
+    atom = cute.make_copy_atom(op, dtype, num_bits_per_copy=_COPY_BITS)
+    thr_layout = cute.make_ordered_layout((num_threads // threads_per_row, threads_per_row), order=(1, 0))
+    return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, elems)))
 
 
 @cute.jit

@@ -59,7 +59,7 @@ class KeyBlockScheduler:
     pair's CTAs run together and share its Q, dO and dQ accumulator in L2. Under a causal mask key block n is
     visited by the query blocks at and past its diagonal, so the first key block is the longest; ``banded``
     (``bwd_config.bwd_banded``): the forward's banded longest-first order, key block 0 of every pair of a band,
-    then key block 1, ..., in a one-dimensional grid (the band sized to the L2 by ``bwd_config.bwd_tile_band``)."""
+    then key block 1, ..., in a one-dimensional grid (the band sized to the L2 by ``bwd_schedule.bwd_tile_band``)."""
 
     def __init__(self, banded: cutlass.Constexpr[bool]):
         self.banded = banded
