@@ -1,9 +1,9 @@
 # Developer entry points. Times: a 2-core CPU machine without a GPU, after the one-time `make env`.
 #
 #   make env          create .venv and install requirements-dev.txt (re-runs only when that file changes)
-#   make test         the fast suite (~2 min): every test not marked `check`, one progress line per file.
+#   make test         the fast suite (~1.5 min): every test not marked `check`, one progress line per file.
 #                     Tests marked `gpu` skip without CUDA (on a GPU machine they run here too).
-#   make check        the slow CPU gate (~5 min): checks that build/torch-cuda, the generated README /
+#   make check        the slow CPU gate (~10 min): checks that build/torch-cuda, the generated README /
 #                     CONFLICTS_LOG regions and the performance tables match their sources, then the tests
 #                     marked `check`: sm_120a kernel compiles (most of the time: `tools/conformance.py --subset
 #                     ci`, the gate's CI subset, run by tests/test_conformance.py), the CPU precompile and
@@ -11,8 +11,8 @@
 #                     CI (.ci/run) runs `make test` then `make check`.
 #   make demo         load the bundle through kernels.get_kernel. With a GPU: attention against the fp32
 #                     reference, timed beside SDPA. Without: three representative kernels compiled for
-#                     sm_120a and checked against the SM120 rules (~30 s).
-#   make conformance  the whole sm_120a gate: every config the dispatcher can choose (~40 min)
+#                     sm_120a and checked against the SM120 rules (~20 s).
+#   make conformance  the whole sm_120a gate: every config the dispatcher can choose (~45 min)
 #   make build        regenerate build/torch-cuda from torch-ext (stdlib only, no env needed)
 #   make build-check  exit non-zero if build/torch-cuda is stale
 #

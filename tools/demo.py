@@ -155,7 +155,7 @@ def cpu_demo(fa) -> int:
 
     n_ci = sum(1 for c in cases if c.subset_ci)
     report = newest_full_report()
-    print(f"\nThe whole gate is `make conformance`: all {len(cases)} configs the dispatcher can choose (about 40 min "
+    print(f"\nThe whole gate is `make conformance`: all {len(cases)} configs the dispatcher can choose (about 45 min "
           f"on 2 cores);\n`make check` runs its CI subset ({n_ci} configs). Saved reports: "
           f"benchmarks/results/conformance_*{TARGET.replace('_', '')}_*.json.gz"
           + (f";\nthe newest full run: {report}." if report else "."))
