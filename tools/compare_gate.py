@@ -46,7 +46,7 @@ def load_reports(paths: Iterable[str]) -> tuple[dict, list]:
                         "configs": len(doc.get("configs", []))})
         for c in doc.get("configs", []):
             name = c["name"]
-            if name in configs and _facts(configs[name]) != _facts(c):
+            if name in configs and diff_config(configs[name], c):
                 raise ValueError(f"{name} appears twice with different results (in {path} and an earlier file)")
             configs[name] = c
     return configs, headers
@@ -54,10 +54,6 @@ def load_reports(paths: Iterable[str]) -> tuple[dict, list]:
 
 def _kernels(c: dict) -> list:
     return sorted(tuple(k.get(f) for f in KERNEL_FIELDS) for k in c.get("kernels", []))
-
-
-def _facts(c: dict) -> tuple:
-    return (tuple(c.get(f) for f in FIELDS), tuple(sorted((c.get("families") or {}).items())), tuple(_kernels(c)))
 
 
 def diff_config(base: dict, new: dict) -> dict:

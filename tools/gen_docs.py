@@ -56,9 +56,13 @@ SCHEMA_VERSION = 2
 NOTE_MAX, SUMMARY_MAX, REASON_MAX = 300, 120, 200
 TITLE_MAX, ITEM_MAX, ITEMS_MAX, VARIANT_MAX = 60, 160, 6, 120
 
-#: Words that tell how the code got here rather than what it is (they belong in git log).
+#: Numbered work sessions (also in a script name), this repository's issues (upstream ones are written
+#: "#1234" or linked) and numbered parts of a run: refused in every tracked text (tests/test_repo_text.py).
+PROCESS_WORD_CORE = r"sessions? ?\d+|issues? \d+|parts? \d+"
+#: Words that tell how the code got here rather than what it is (they belong in git log); the manifest also
+#: carries no dates and no before/after wording.
 PROCESS_WORDS = re.compile(
-    r"\b(?:sessions? ?\d+|issues? \d+|parts? \d+|\d{4}-\d{2}-\d{2}|formerly|previously|no longer|used to)\b",
+    r"\b(?:" + PROCESS_WORD_CORE + r"|\d{4}-\d{2}-\d{2}|formerly|previously|no longer|used to)\b",
     re.IGNORECASE,
 )
 
