@@ -17,6 +17,9 @@ import torch
 from .flex import ModKey
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+#: FP8 K/V element types (``FwdSpec.kv_dtype``): read as stored, dequantized in the kernel, scaled by the
+#: call's ``k_descale`` / ``v_descale`` (FlashAttention-3's convention)
+FP8_DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,11 @@ class FwdSpec:
     #: attention dropout (``dropout.py``'s mask; the seed, offset and threshold are runtime values in the
     #: kernels' dropout slot). False compiles exactly the kernel without dropout
     dropout: bool = False
+    #: FP8 K/V ("e4m3" | "e5m2"), None when K/V have ``dtype``: the kernel copies the FP8 tiles to shared
+    #: memory, widens each thread's own copies to ``dtype`` there (exact: every FP8 value is a bf16 / fp16
+    #: value) and runs the 16-bit MMAs; ``k_descale`` folds into the softmax scale, ``v_descale`` into O's
+    #: normalization, per (batch, KV head) (``_kernels/kv_dequant``)
+    kv_dtype: Optional[str] = None
 
     @property
     def mask(self) -> str:

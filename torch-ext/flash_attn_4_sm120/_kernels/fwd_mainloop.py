@@ -45,6 +45,8 @@ class StagedMainloop:
             if ctx.n_end - stages >= ctx.n_start:  # the first refill's pages (paged K/V), read while we wait
                 kv.lookahead(ctx.n_end - stages)
         cute.arch.cp_async_wait_group(stages - 2)
+        if const_expr(self.kv_dtype is not None):  # FP8 K/V: this thread's share of tile 0, widened (kv_dequant)
+            kv.widen(0, 0)
         cute.arch.sync_threads()
 
     @cute.jit
@@ -63,6 +65,7 @@ class StagedMainloop:
                         walk=None, mask_mod: cutlass.Constexpr[bool] = True):
         stages, kv = self.config.num_stages, ctx.kv
         stage = it % stages
+        staged = self.kv_dtype is not None  # FP8 K/V: stages are staging, the MMAs read 16-bit buffers (kv_dequant)
         # a. Refill the stage consumed last step (every warp passed the barrier after it).
         if const_expr(walk is None):
             n_ahead = n_block - (stages - 1)
@@ -79,9 +82,13 @@ class StagedMainloop:
                 kv.load_k(n_ahead, stage_ahead, bounded=True)
                 kv.load_v(n_ahead, stage_ahead, bounded=True)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
-        self.compute_block(ctx, n_block, stage, masked, mask_mod)
+        self.compute_block(ctx, n_block, kv.mma_buffer(it, stage) if const_expr(staged) else stage, masked, mask_mod)
         # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
         cute.arch.cp_async_wait_group(stages - 2)
+        if const_expr(staged):  # this thread's share of the next tile, widened into the buffer no warp reads now
+            has_next = n_block > ctx.n_start if const_expr(walk is None) else it + 1 < walk.count
+            if has_next:
+                kv.widen((it + 1) % stages, kv.mma_buffer(it + 1, 0))
         cute.arch.sync_threads()
 
     # ------------------------------------------------------------------------------------------
