@@ -33,7 +33,6 @@ def _tensors():
 @pytest.mark.parametrize("name,value,words", [
     ("alibi_slopes", torch.zeros(4), "ALiBi"),
     ("qv", torch.zeros(1), "qv"),
-    ("q_descale", torch.ones(1), "FP8"),
     ("scheduler_metadata", torch.zeros(1), "scheduler_metadata"),
     ("attention_chunk", 128, "window_size"),
     ("sm_margin", 4, "num_splits"),

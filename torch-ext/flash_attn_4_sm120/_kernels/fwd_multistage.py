@@ -350,7 +350,8 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         mFullCnt: Optional[cute.Tensor],
         mFullIdx: Optional[cute.Tensor],
         mRng: Optional[cute.Tensor],
-        mDescale: Optional[cute.Tensor],
+        mKDescale: Optional[cute.Tensor],
+        mVDescale: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
         out_dtype = Float32 if const_expr(self.spec.split_kv) else self.dtype
@@ -359,8 +360,8 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                            and mO.element_type == out_dtype)):
             raise TypeError("Q must have the spec's dtype, K and V its kv_dtype, O its dtype (fp32 partials with "
                             "split-KV)")
-        if const_expr((mDescale is None) != (self.kv_dtype is None)):
-            raise TypeError("the descale slot comes with FP8 K/V and only with them")
+        if const_expr((mKDescale is None or mVDescale is None) != (self.kv_dtype is None)):
+            raise TypeError("the descale slots come with FP8 K/V and only with them")
         self._setup()
         # Causal rows get longer down the sequence: start the long tiles first.
         if const_expr(self.config.persistent):
@@ -387,7 +388,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
             tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks, cutlass.max(tile_band, 1), mAux0, mAux1, mAux2, mAux3,
-            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng, mDescale,
+            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng, mKDescale, mVDescale,
         ).launch(
             grid=grid,
             block=[self.launch_threads, 1, 1],
@@ -448,7 +449,8 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         mFullCnt: Optional[cute.Tensor],
         mFullIdx: Optional[cute.Tensor],
         mRng: Optional[cute.Tensor],
-        mDescale: Optional[cute.Tensor],
+        mKDescale: Optional[cute.Tensor],
+        mVDescale: Optional[cute.Tensor],
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
@@ -477,10 +479,10 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                 # FP8 K/V: K's scale multiplies every score, so it joins the scale applied to S (inside tanh with a
                 # softcap); V's multiplies O, so it joins O's normalization (``finish``)
                 if const_expr(self.spec.softcap):
-                    softcap_scale = softcap_scale * mDescale[0, batch, head_kv]
+                    softcap_scale = softcap_scale * mKDescale[batch, head_kv]
                 else:
-                    softmax_scale_log2 = softmax_scale_log2 * mDescale[0, batch, head_kv]
-                v_descale = mDescale[1, batch, head_kv]
+                    softmax_scale_log2 = softmax_scale_log2 * mKDescale[batch, head_kv]
+                v_descale = mVDescale[batch, head_kv]
             # Q's (rows, heads, d) view of this sequence and its runtime length (dense or packed); K/V's
             # source for this sequence and KV head (``kv_source``).
             mQ_h, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)

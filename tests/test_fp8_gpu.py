@@ -1,0 +1,229 @@
+"""FP8 K/V on a GPU (FlashAttention-3's descale convention): every output against the fp32 reference computed on
+the dequantized inputs (``k.float() * k_descale[b, h_kv]``), within twice the error of the same attention in the
+input dtype plus atol (``max|out-ref| <= 2*max|pt-ref| + atol``).
+
+Covers e4m3 and e5m2 K/V beside bf16 and fp16 q, an FP8 q (widened exactly, its scale joining K's), per-(batch,
+KV head) scales and per-tensor ones (expanded views, strides 0) of 1, 2^-8 and 2^8; dense, packed (varlen) and
+paged K/V at page sizes 1, 16 and 64, empty sequences, odd lengths, GQA ratios 1-8 packed and not, split-KV,
+causal / window / softcap / sink; ``flash_attn_with_kvcache`` over a paged FP8 cache, also replayed in a CUDA
+graph; and outputs poisoned with NaN before the call.
+"""
+
+import math
+
+import pytest
+import torch
+
+from reference import attention_ref
+
+pytestmark = pytest.mark.gpu
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+FP8_MAX = {E4M3: 448.0, E5M2: 57344.0}
+
+
+def quantize(x, fp8, per_head=True, scale=None):
+    """(x in ``fp8``, fp32 descale (batch, heads_kv)) of x (batch, seqlen, heads_kv, d): amax scaling per (batch,
+    KV head) or per tensor; ``scale`` fixes the per-tensor scale (a power of two)."""
+    b, _, h, _ = x.shape
+    if scale is not None:
+        d = torch.full((b, h), scale, device=x.device)
+    elif per_head:
+        d = (x.float().abs().amax(dim=(1, 3)) / FP8_MAX[fp8]).clamp_min(1e-12)
+    else:
+        d = (x.float().abs().amax() / FP8_MAX[fp8]).clamp_min(1e-12).expand(b, h).contiguous()
+    q8 = (x.float() / d[:, None, :, None]).clamp(-FP8_MAX[fp8], FP8_MAX[fp8]).to(fp8)
+    return q8, d
+
+
+def dequantized(x8, d):
+    return x8.float() * d[:, None, :, None]
+
+
+def check(out, ref, pt, atol=1e-3):
+    assert not out.isnan().any(), "unwritten or NaN output"
+    err = (out.float() - ref.float()).abs().max().item() if out.numel() else 0.0
+    pt_err = (pt.float() - ref.float()).abs().max().item() if out.numel() else 0.0
+    assert err <= 2 * pt_err + atol, f"max|out-ref|={err:.3e} > 2*{pt_err:.3e} + {atol}"
+
+
+def reference(q, k, v, **kw):
+    """(fp32 reference, same attention in q's dtype) of q over dequantized fp32 k / v."""
+    ref, lse = attention_ref(q.float(), k, v, **kw)
+    pt, _ = attention_ref(q, k.to(q.dtype), v.to(q.dtype), upcast=False, **kw)
+    return ref, lse, pt
+
+
+@pytest.mark.parametrize("fp8", [E4M3, E5M2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_dense(fp8, dtype, d, causal):
+    from flash_attn_4_sm120 import flash_attn_func
+
+    torch.manual_seed(d + causal)
+    b, sq, sk, hq, hkv = 2, 77, 301, 8, 2
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=dtype)
+    k8, kd = quantize(torch.randn(b, sk, hkv, d, device="cuda") * 3, fp8)
+    v8, vd = quantize(torch.randn(b, sk, hkv, d, device="cuda"), fp8)
+    out, lse = flash_attn_func(q, k8, v8, causal=causal, k_descale=kd, v_descale=vd, return_lse=True)
+    assert out.dtype == dtype and out.shape == q.shape
+    ref, ref_lse, pt = reference(q, dequantized(k8, kd), dequantized(v8, vd), causal=causal)
+    check(out, ref, pt)
+    assert (lse - ref_lse).abs().max().item() <= 1e-3
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0 ** -8, 2.0 ** 8])
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 1), (32, 8)])
+def test_per_tensor_scales(scale, hq, hkv):
+    """A per-tensor scale as serving engines pass it: a one-element tensor expanded to (batch, heads_kv)."""
+    from flash_attn_4_sm120 import flash_attn_func
+
+    torch.manual_seed(hq)
+    b, sq, sk, d = 3, 5, 129, 128
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    k8, kd = quantize(torch.randn(b, sk, hkv, d, device="cuda") * scale, E4M3, scale=scale / 16)
+    v8, vd = quantize(torch.randn(b, sk, hkv, d, device="cuda") * scale, E4M3, scale=scale / 16)
+    one = torch.tensor([[scale / 16]], device="cuda")
+    out, _ = flash_attn_func(q, k8, v8, causal=True, k_descale=one.expand(b, hkv), v_descale=one.expand(b, hkv))
+    ref, _, pt = reference(q, dequantized(k8, kd), dequantized(v8, vd), causal=True)
+    check(out, ref, pt, atol=1e-3 * scale)
+
+
+def test_default_scales_and_fp8_q():
+    """Without scales FP8 K/V are read at scale 1; an FP8 q takes q_descale (joined with K's) and returns bf16."""
+    from flash_attn_4_sm120 import flash_attn_func
+
+    torch.manual_seed(1)
+    b, sq, sk, hq, hkv, d = 2, 33, 200, 6, 3, 96
+    q8, qd = quantize(torch.randn(b, sq, hq, d, device="cuda"), E4M3)
+    k8, kd = quantize(torch.randn(b, sk, hkv, d, device="cuda"), E4M3, scale=1.0)
+    v8, vd = quantize(torch.randn(b, sk, hkv, d, device="cuda"), E4M3, scale=1.0)
+    out, _ = flash_attn_func(torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16), k8, v8)
+    assert out.dtype == torch.bfloat16
+    # q's scale is per (batch, KV head) in FlashAttention-3: the query heads of one KV head share it
+    qd_kv = qd.view(b, hkv, hq // hkv).amax(dim=2)
+    q8, _ = quantize(torch.randn(b, sq, hq, d, device="cuda"), E4M3, scale=1.0)
+    q8 = (q8.float() * 1.0).to(E4M3)
+    out, _ = flash_attn_func(q8, k8, v8, q_descale=qd_kv, k_descale=kd, v_descale=vd)
+    assert out.dtype == torch.bfloat16
+    q_deq = q8.float() * qd_kv.repeat_interleave(hq // hkv, dim=1)[:, None, :, None]
+    ref, _, _ = attention_ref(q_deq, dequantized(k8, kd), dequantized(v8, vd))
+    pt, _ = attention_ref(q_deq.bfloat16(), dequantized(k8, kd).bfloat16(), dequantized(v8, vd).bfloat16(),
+                          upcast=False)
+    check(out, ref, pt)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("sq", [1, 4])
+@pytest.mark.parametrize("features", ["plain", "window_softcap_sink"])
+def test_paged_decode(page_size, sq, features):
+    """Decode and speculative decode (seqlen_q 1-4) over a paged FP8 cache, packed GQA, split-KV automatic, an
+    empty sequence among odd lengths."""
+    from flash_attn_4_sm120 import flash_attn_varlen_func
+
+    torch.manual_seed(page_size + sq)
+    lens = [0, 1, 67, 700, 2049]
+    b, hq, hkv, d = len(lens), 16, 4, 128
+    max_pages = max(-(-n // page_size) for n in lens)
+    num_pages = b * max_pages + 2
+    k8, kd_pages = quantize(torch.randn(1, num_pages * page_size, hkv, d, device="cuda"), E4M3)
+    v8, _ = quantize(torch.randn(1, num_pages * page_size, hkv, d, device="cuda"), E4M3)
+    k_cache, v_cache = k8.view(num_pages, page_size, hkv, d), v8.view(num_pages, page_size, hkv, d)
+    table = torch.randperm(num_pages, device="cuda")[:b * max_pages].view(b, max_pages).to(torch.int32)
+    kd = torch.rand(b, hkv, device="cuda") * 0.1 + 0.01
+    vd = torch.rand(b, hkv, device="cuda") * 0.1 + 0.01
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    kw = dict(causal=True)
+    if features != "plain":
+        kw.update(window_size=(300, 0), softcap=20.0)
+        sink = torch.randn(hq, device="cuda")
+    else:
+        sink = None
+    used = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    out = torch.full((b, sq, hq, d), float("nan"), device="cuda", dtype=torch.bfloat16)
+    res, lse = flash_attn_varlen_func(q, k_cache, v_cache, seqused_k=used, page_table=table, max_seqlen_q=sq,
+                                      k_descale=kd, v_descale=vd, learnable_sink=sink, return_lse=True, **kw)
+    out.copy_(res)
+    for i, n in enumerate(lens):
+        rows = torch.tensor([table[i, j // page_size].item() * page_size + j % page_size for j in range(n)],
+                            dtype=torch.long, device="cuda")
+        kk = k8[0, rows].float()[None] * kd[i][None, None, :, None]
+        vv = v8[0, rows].float()[None] * vd[i][None, None, :, None]
+        ref, ref_lse, pt = reference(q[i:i + 1], kk, vv, learnable_sink=sink, **kw)
+        check(out[i:i + 1], ref, pt)
+        finite = ~torch.isneginf(ref_lse[0])
+        assert torch.equal(torch.isneginf(lse[i]), ~finite)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+def test_varlen_packed_kv(splits):
+    """Packed (cu_seqlens) Q and FP8 K/V, chunked-prefill lengths, split-KV forced and off."""
+    from flash_attn_4_sm120 import flash_attn_varlen_func
+
+    torch.manual_seed(splits)
+    lq, lk = [3, 0, 130, 17], [300, 5, 130, 1000]
+    hq, hkv, d = 8, 8, 64
+    cq = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q = torch.randn(sum(lq), hq, d, device="cuda", dtype=torch.bfloat16)
+    k8, kd = quantize(torch.randn(1, sum(lk), hkv, d, device="cuda"), E5M2, per_head=False)
+    v8, vd = quantize(torch.randn(1, sum(lk), hkv, d, device="cuda"), E5M2, per_head=False)
+    b = len(lq)
+    out, _ = flash_attn_varlen_func(q, k8[0], v8[0], cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=max(lq),
+                                    max_seqlen_k=max(lk), causal=True, num_splits=splits,
+                                    k_descale=kd[:1].expand(b, hkv), v_descale=vd[:1].expand(b, hkv))
+    for i in range(b):
+        qs, ks = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        ref, _, pt = reference(q[qs][None], k8[:, ks].float() * kd[0, 0], v8[:, ks].float() * vd[0, 0], causal=True)
+        check(out[qs][None], ref, pt)
+
+
+def test_kvcache_decode_and_graph():
+    """``flash_attn_with_kvcache`` over a paged FP8 cache with scales; the same step replayed in a CUDA graph gives
+    the same bits."""
+    from flash_attn_4_sm120 import flash_attn_with_kvcache
+
+    torch.manual_seed(5)
+    b, hq, hkv, d, page = 4, 32, 8, 128, 16
+    lens = torch.tensor([1000, 1, 0, 513], dtype=torch.int32, device="cuda")
+    max_pages = 64
+    k8, _ = quantize(torch.randn(1, b * max_pages * page, hkv, d, device="cuda"), E4M3)
+    v8, _ = quantize(torch.randn(1, b * max_pages * page, hkv, d, device="cuda"), E4M3)
+    k_cache, v_cache = k8.view(-1, page, hkv, d), v8.view(-1, page, hkv, d)
+    table = torch.randperm(b * max_pages, device="cuda").view(b, max_pages).to(torch.int32)
+    kd, vd = torch.rand(b, hkv, device="cuda") + 0.5, torch.rand(b, hkv, device="cuda") + 0.5
+    q = torch.randn(b, 1, hq, d, device="cuda", dtype=torch.bfloat16)
+    args = dict(cache_seqlens=lens, page_table=table, causal=True, k_descale=kd, v_descale=vd)
+    out = flash_attn_with_kvcache(q, k_cache, v_cache, **args)
+    for i in range(b):
+        n = int(lens[i])
+        rows = torch.cat([torch.arange(page, device="cuda") + table[i, j] * page for j in range(-(-n // page))])[:n] \
+            if n else torch.zeros(0, dtype=torch.long, device="cuda")
+        kk = k8[0, rows.long()].float()[None] * kd[i][None, None, :, None]
+        vv = v8[0, rows.long()].float()[None] * vd[i][None, None, :, None]
+        ref, _, pt = reference(q[i:i + 1], kk, vv, causal=True)
+        check(out[i:i + 1], ref, pt)
+    static = torch.empty_like(out)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        flash_attn_with_kvcache(q, k_cache, v_cache, out=static, **args)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        flash_attn_with_kvcache(q, k_cache, v_cache, out=static, **args)
+    static.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(static, out)
+
+
+def test_backward_refused():
+    from flash_attn_4_sm120 import flash_attn_func
+
+    q = torch.randn(1, 8, 2, 64, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k8, _ = quantize(torch.randn(1, 8, 2, 64, device="cuda"), E4M3)
+    with pytest.raises(NotImplementedError, match="FP8"):
+        flash_attn_func(q, k8, k8)
+    assert math.isfinite(flash_attn_func(q.detach(), k8, k8)[0].float().abs().max().item())
