@@ -91,24 +91,24 @@ def test_per_tensor_scales(scale, hq, hkv):
 
 
 def test_default_scales_and_fp8_q():
-    """Without scales FP8 K/V are read at scale 1; an FP8 q takes q_descale (joined with K's) and returns bf16."""
+    """Without scales FP8 K/V are read at scale 1; an FP8 q takes q_descale (per (batch, KV head), joined with K's)
+    and the output is bf16."""
     from flash_attn_4_sm120 import flash_attn_func
 
     torch.manual_seed(1)
     b, sq, sk, hq, hkv, d = 2, 33, 200, 6, 3, 96
-    q8, qd = quantize(torch.randn(b, sq, hq, d, device="cuda"), E4M3)
-    k8, kd = quantize(torch.randn(b, sk, hkv, d, device="cuda"), E4M3, scale=1.0)
-    v8, vd = quantize(torch.randn(b, sk, hkv, d, device="cuda"), E4M3, scale=1.0)
-    out, _ = flash_attn_func(torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16), k8, v8)
+    k8, kd = quantize(torch.randn(b, sk, hkv, d, device="cuda"), E4M3)
+    v8, vd = quantize(torch.randn(b, sk, hkv, d, device="cuda"), E4M3)
+    q = torch.randn(b, sq, hq, d, device="cuda", dtype=torch.bfloat16)
+    out, _ = flash_attn_func(q, k8, v8)
+    ref, _, pt = reference(q, k8.float(), v8.float())
+    check(out, ref, pt)
+    q8 = torch.randn(b, sq, hq, d, device="cuda").clamp(-400, 400).to(E4M3)
+    qd = torch.rand(b, hkv, device="cuda") + 0.5
+    out, _ = flash_attn_func(q8, k8, v8, q_descale=qd, k_descale=kd, v_descale=vd)
     assert out.dtype == torch.bfloat16
-    # q's scale is per (batch, KV head) in FlashAttention-3: the query heads of one KV head share it
-    qd_kv = qd.view(b, hkv, hq // hkv).amax(dim=2)
-    q8, _ = quantize(torch.randn(b, sq, hq, d, device="cuda"), E4M3, scale=1.0)
-    q8 = (q8.float() * 1.0).to(E4M3)
-    out, _ = flash_attn_func(q8, k8, v8, q_descale=qd_kv, k_descale=kd, v_descale=vd)
-    assert out.dtype == torch.bfloat16
-    q_deq = q8.float() * qd_kv.repeat_interleave(hq // hkv, dim=1)[:, None, :, None]
-    ref, _, _ = attention_ref(q_deq, dequantized(k8, kd), dequantized(v8, vd))
+    q_deq = q8.float() * qd.repeat_interleave(hq // hkv, dim=1)[:, None, :, None]
+    ref, _ = attention_ref(q_deq, dequantized(k8, kd), dequantized(v8, vd))
     pt, _ = attention_ref(q_deq.bfloat16(), dequantized(k8, kd).bfloat16(), dequantized(v8, vd).bfloat16(),
                           upcast=False)
     check(out, ref, pt)

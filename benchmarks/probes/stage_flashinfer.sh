@@ -12,8 +12,9 @@
 #
 # Modules built (bf16, int32 page indices, no rotary / window / softcap): the CUDA-core decode kernel at head
 # dims 64, 128, 256 and the fa2 paged prefill kernel (primary and stride-independent) at 64 and 128 (the decode
-# wrapper uses them with use_tensor_cores=True). bench_serving.flashinfer_paged asks for backend="fa2", the
-# backend FlashInfer runs on SM120 (its fa3 backend is SM90 wgmma, not an SM120 peer).
+# wrapper uses them with use_tensor_cores=True); both again with e4m3 K/V at d128 (bench_fp8.py).
+# bench_serving.flashinfer_paged asks for backend="fa2", the backend FlashInfer runs on SM120 (its fa3 backend is
+# SM90 wgmma, not an SM120 peer).
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 PY=${PY:-$ROOT/.venv/bin/python}
@@ -38,6 +39,13 @@ for d in (64, 128):
     args = (bf16, bf16, bf16, i32, d, d, 0, False, False, False)
     _gen_batch_prefill_primary_module("fa2", *args).build()
     _gen_batch_prefill_independent_paged_module("fa2", *args).build()
+# FP8 (e4m3) K/V beside bf16 q at d128: bench_fp8.py's FP8-KV decode peer (CUDA-core decode; the fa2 prefill
+# kernel for query groups above 4)
+e4m3 = torch.float8_e4m3fn
+gen_batch_decode_module(bf16, e4m3, bf16, i32, 128, 128, 0, False, False).build()
+args = (bf16, e4m3, bf16, i32, 128, 128, 0, False, False, False)
+_gen_batch_prefill_primary_module("fa2", *args).build()
+_gen_batch_prefill_independent_paged_module("fa2", *args).build()
 EOF
 # Python files and csrc's top-level templates and sources, which module specs read even when AOT (the
 # headers and the other kernels' sources are what the AOT modules replace), plus the modules
