@@ -73,6 +73,24 @@ def test_dense(fp8, dtype, d, causal):
     assert (lse - ref_lse).abs().max().item() <= 1e-3
 
 
+@pytest.mark.parametrize("fp8", [E4M3, E5M2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_widening_exact(fp8, dtype):
+    """Every finite FP8 code, subnormals and zeros included, reaches the MMAs as exactly its value: with one key
+    per sequence the output is V's row itself."""
+    from flash_attn_4_sm120 import flash_attn_func
+
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(fp8).float()
+    codes = torch.where(codes.isfinite(), codes, torch.zeros_like(codes))
+    if dtype == torch.float16:
+        codes = codes.clamp(-65504, 65504)
+    v = codes.view(2, 1, 1, 128).to(fp8).cuda()
+    q = torch.randn(2, 3, 2, 128, device="cuda", dtype=dtype)
+    k = torch.randn(2, 1, 1, 128, device="cuda").to(fp8)
+    out, _ = flash_attn_func(q, k, v)
+    assert torch.equal(out.float(), v.float().expand(2, 3, 2, 128))
+
+
 @pytest.mark.parametrize("scale", [1.0, 2.0 ** -8, 2.0 ** 8])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 1), (32, 8)])
 def test_per_tensor_scales(scale, hq, hkv):

@@ -37,6 +37,7 @@ DEFAULTS = {
     "dropout": RESULTS / "dropout_h100_2026-11-27.json",
     "step": RESULTS / "step_h200_2026-11-28.json",
     "step_graphs": RESULTS / "step_cudagraphs_h200_2026-11-28.json",
+    "fp8": RESULTS / "bench_fp8_h200_2026-11-29.json",
 }
 
 #: Forward peers in table order (``tools/plot_bench.py`` draws its bars in the same order).
@@ -392,6 +393,35 @@ def step_full(step: dict, step_source: str, graphs: dict, graphs_source: str) ->
 
 # -------------------------------------------------------------------------------------------------------------- main
 
+FP8_LABELS = ("ours bf16 dense", "ours fp8 dense", "ours bf16 paged16", "ours fp8 paged16", "flashinfer bf16 paged16",
+              "flashinfer fp8 paged16")
+
+
+def fp8_full(result: dict, source: str) -> str:
+    """The FP8-KV decode table (``bench_fp8.py``): microseconds per call replayed from a CUDA graph and the K/V bytes'
+    fraction of the copy bandwidth, then the ratios that count, and the accuracy line."""
+    lines = [f"`benchmarks/bench_fp8.py`, {result['device']}, {result['date']}, every call replayed from a CUDA graph "
+             f"at an SM120's CTAs per SM (`{source}`). Cells: microseconds per call (the K/V bytes read over the call's "
+             f"time as a fraction of the device's {result['copy_gbps']:.0f} GB/s copy rate). FP8 K/V are e4m3 beside a "
+             "bf16 q; FlashInfer runs its fa2 decode on the same page-16 caches.", ""]
+    lines += _header(["case", *FP8_LABELS, "fp8 / bf16 (dense, paged16)", "fp8 / FlashInfer fp8 (paged16)"])
+    for row in result["rows"]:
+        res = row["results"]
+        cells = [f"{res[k]['ms'] * 1e3:.1f} ({res[k]['copy_fraction']:.2f})" if "ms" in res.get(k, {}) else "-"
+                 for k in FP8_LABELS]
+        ratio = " / ".join(_fmt(row.get(f"fp8_over_bf16_{k}"), 2) for k in ("dense", "paged16"))
+        lines.append(f"| {row['case']} | " + " | ".join(cells)
+                     + f" | {ratio} | {_fmt(row.get('fp8_over_flashinfer_fp8_paged16'), 2)} |")
+    acc = result.get("accuracy")
+    if acc:
+        pub = acc["fa3_published_rmse"]
+        lines += ["", f"Accuracy on FlashAttention-3's outlier inputs ({acc['distribution']}, {acc['shape']}): RMSE "
+                  f"against fp32 {acc['ours_fp8_kv_rmse']:.2e} with e4m3 K/V (per-(batch, KV head) amax scales), "
+                  f"{acc['ours_bf16_rmse']:.2e} in bf16; FlashAttention-3 publishes {pub['fa3_fp8']:.1e} for its "
+                  f"all-FP8 kernel and {pub['baseline_fp8_per_tensor']:.1e} for per-tensor FP8."]
+    return "\n".join(lines)
+
+
 def regions(paths: dict) -> dict:
     """{file: {marker name: table text}} from the result files in ``paths``."""
     data = {name: json.loads(path.read_text()) for name, path in paths.items()}
@@ -410,6 +440,7 @@ def regions(paths: dict) -> dict:
             "perf-flex-full": flex_full(data["flex"], src["flex"]),
             "perf-dropout-full": dropout_full(data["dropout"], src["dropout"]),
             "perf-step-full": step_full(data["step"], src["step"], data["step_graphs"], src["step_graphs"]),
+            "perf-fp8-full": fp8_full(data["fp8"], src["fp8"]),
         },
     }
 

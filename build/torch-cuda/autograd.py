@@ -45,8 +45,11 @@ def run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deter
     if needs_grad(q, k, v, sink) if grad is None else grad:
         if spec.page_size:
             raise NotImplementedError(refusal(("paged_kv", "backward")))
+        if spec.kv_dtype:
+            raise NotImplementedError(refusal(("fp8", "backward")))
         return _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, plan, deterministic)
-    out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux, sparse=params.sparse, rng=params.rng)
+    out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux, sparse=params.sparse, rng=params.rng,
+                        descale=params.descale)
     return out, (lse if return_lse else None)
 
 

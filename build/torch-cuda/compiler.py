@@ -119,13 +119,14 @@ def _fake_fwd_args(spec: FwdSpec):
         return _fake_vector(cutlass.Int32, n)
 
     q = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim)
+    kv_dtype = CUTLASS_DTYPES[spec.kv_dtype] if spec.kv_dtype else dtype
     if spec.page_size:  # (num_pages, page_size, heads_kv, d) caches, the page size static
         num_pages = cute.sym_int()
-        k = _fake_tensor(dtype, (num_pages, spec.page_size, heads_kv, spec.head_dim))
-        v = _fake_tensor(dtype, (num_pages, spec.page_size, heads_kv, spec.head_dim_v))
+        k = _fake_tensor(kv_dtype, (num_pages, spec.page_size, heads_kv, spec.head_dim))
+        v = _fake_tensor(kv_dtype, (num_pages, spec.page_size, heads_kv, spec.head_dim_v))
     else:
-        k = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim)
-        v = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim_v)
+        k = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim, kv_dtype)
+        v = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim_v, kv_dtype)
     # split-KV: fp32 partial O and LSE with a leading (num_splits,) dimension
     splits = (cute.sym_int(),) if spec.split_kv else ()
     o = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim_v,
@@ -147,7 +148,20 @@ def _fake_fwd_args(spec: FwdSpec):
     scalars = (cutlass.Float32(1.0), cutlass.Float32(0.0), cutlass.Int32(0), cutlass.Int32(0))
     return (q, k, v, o, lse, *scalars, sink, cu_q, cu_k, used_q, used_k, page_table, cutlass.Int32(0), cutlass.Int32(1),
             cutlass.Int32(0), cutlass.Int32(1), *_fake_aux(spec.mods), *_fake_sparse(spec.block_sparse),
-            _fake_rng(spec.dropout), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+            _fake_rng(spec.dropout), *_fake_descales(spec.kv_dtype), cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
+
+
+def _fake_descales(kv_dtype) -> tuple:
+    """The FP8 K/V descale slots' fakes: fp32 (batch, heads_kv) of K and of V, any strides (FlashAttention-3's
+    per-tensor scales come as expanded views, strides 0); (None, None) for 16-bit K/V."""
+    import cutlass
+    import cutlass.cute as cute
+
+    if kv_dtype is None:
+        return None, None
+    return tuple(cute.runtime.make_fake_tensor(cutlass.Float32, (cute.sym_int(), cute.sym_int()),
+                                               stride=(cute.sym_int64(), cute.sym_int64()), assumed_align=4)
+                 for _ in range(2))
 
 
 def fwd_kernel_class(config: FwdConfig):
@@ -170,7 +184,7 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
     """Trace and compile the forward kernel for ``target``; returns the JIT-compiled callable
     ``fn(q, k, v, out, lse, scale_log2, softcap_scale, window_left, window_right, sink, cu_seqlens_q,
     cu_seqlens_k, seqused_q, seqused_k, page_table, max_seqlen_q, num_splits, max_ctas, tile_band, aux0, aux1,
-    aux2, aux3, the four sparse slots, rng)`` taking torch tensors (TVM FFI, current stream; ``*aux_args(params.aux)`` fills the aux slots);
+    aux2, aux3, the four sparse slots, rng, k_descale, v_descale)`` taking torch tensors (TVM FFI, current stream; ``*aux_args(params.aux)`` fills the aux slots);
     the optional tensors are None unless the spec's matching flag is set
     (``page_table`` with ``spec.page_size``: k / v are then (num_pages, page_size, heads_kv, d) caches). With
     ``spec.split_kv`` out/lse are the fp32 (num_splits, ...) partial workspaces. ``max_ctas`` caps the

@@ -20,6 +20,11 @@ from pathlib import Path
 from typing import Optional
 
 BYTES_PER_ELEM = 2  # bf16 / fp16 operands
+#: 16-bit K/V buffers the MMAs read beside FP8 K/V's staging stages (``_kernels/kv_dequant.MMA_BUFFERS``)
+FP8_KV_MMA_BUFFERS = 2
+#: Most FP8 staging stages: a decode CTA is alone on its SM, and the keys its copies keep in flight set its
+#: bandwidth (``_kernels/kv_dequant``)
+FP8_KV_MAX_STAGES = 8
 #: Head-dim classes of the tile table: a spec uses the smallest class >= max(head_dim, head_dim_v).
 #: 96 splits the head dims 65-128 where the ping-pong tile's K/V block can double: at <= 96 columns a
 #: 256x64 tile fits 99 KB (d80 284 / d96 399 TFLOPS full vs 238 / 307 for the best 4-warp tile, H100 at
@@ -140,8 +145,12 @@ def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
 
     q_or_o = max(cfg.tile_m * d, cfg.tile_m * dv) * BYTES_PER_ELEM
     stages = cfg.num_stages
+    staging = 0
+    if spec.kv_dtype:  # FP8 K/V: the stages the copies land in (a byte per element), two 16-bit buffers for the MMAs
+        staging = aligned(stages * cfg.tile_n * d) + aligned(stages * cfg.tile_n * dv)
+        stages = FP8_KV_MMA_BUFFERS
     return ((MBARRIER_BYTES if cfg.uses_tma else 0) + aligned(q_or_o) + aligned(stages * cfg.tile_n * d * BYTES_PER_ELEM)
-            + aligned(stages * cfg.tile_n * dv * BYTES_PER_ELEM))
+            + aligned(stages * cfg.tile_n * dv * BYTES_PER_ELEM) + staging)
 
 
 @lru_cache(maxsize=None)
@@ -198,6 +207,8 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         out += block_sparse_problems(spec, cfg)
     if spec.dropout:
         out += dropout_problems(spec, cfg)
+    if spec.kv_dtype is not None:
+        out += fp8_kv_problems(spec, cfg)
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if cfg.tile_m % rows_per_pass:
@@ -215,7 +226,7 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     if spec.split_kv and spec.has_sink:
         out.append("split-KV forward with a learnable sink: the sink enters once, in the combine kernel "
                    "(build the split spec without it)")
-    if cfg.num_stages not in (1, 2, 3):
+    if spec.kv_dtype is None and cfg.num_stages not in (1, 2, 3):
         out.append(f"num_stages={cfg.num_stages} (1, 2 or 3 supported)")
     elif cfg.num_stages == 1 and (cfg.uses_tma or cfg.overlap):
         out.append(f"num_stages=1 (one K and one V buffer) is a cp_async schedule without overlap "
@@ -272,6 +283,39 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         out.append(f"q_in_regs with {'packed GQA' if spec.pack_gqa else 'varlen Q'}: {acc_regs} accumulator + "
                    f"{q_regs} Q registers per thread beside the row gather leave too few for operands")
     return tuple(out)
+
+
+def fp8_kv_copy(spec: FwdSpec, cfg: FwdConfig) -> tuple[int, int]:
+    """(elements per vector, threads per row) of FP8 K/V's copies into the staging stages (``_kernels/kv_dequant``).
+    16-byte vectors (cp.async.cg, past L1) where both head dims are multiples of 16 and the thread rows tile the key
+    block: ``threads per row`` is the largest power of two up to 8 that divides the 16-byte vectors of a row, and
+    ``num_threads / threads per row`` rows must divide tile_n. Else 8-byte vectors in the 16-bit copies' thread
+    layout (cp.async.ca, through L1: on an H200, 16x8192 32/8 d128 decode ran at 0.25 of the copy bandwidth with
+    them, L1 the busiest unit, against 0.96 for bf16 K/V in 16-byte vectors)."""
+    if spec.head_dim % 16 == 0 and spec.head_dim_v % 16 == 0:
+        widths = [padded_head_dim(d, cfg) // 16 for d in (spec.head_dim, spec.head_dim_v)]
+        per_row = min(8, *(w & -w for w in widths))
+        if cfg.tile_n % (cfg.num_threads // per_row) == 0:
+            return 16, per_row
+    return 8, 0
+
+
+def fp8_kv_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
+    """Why ``cfg`` cannot run ``spec``'s FP8 K/V (``_kernels/kv_dequant``): each thread widens the FP8 bytes its own
+    cp.async copies brought, between the wait for a tile and the CTA barrier that publishes it, into the 16-bit
+    buffer the MMAs read next; that needs the cp.async multistage step (``num_stages`` FP8 staging stages, two
+    16-bit buffers: the one written is the one no warp still reads), not the TMA loaders (no thread owns a TMA tile's bytes), the one-stage step
+    or the overlapped one (their buffers are read while the next tile lands)."""
+    out = []
+    if spec.kv_dtype not in ("e4m3", "e5m2"):
+        out.append(f"kv_dtype={spec.kv_dtype!r} (e4m3 or e5m2)")
+    if cfg.uses_tma or cfg.overlap or not 2 <= cfg.num_stages <= FP8_KV_MAX_STAGES:
+        out.append(f"FP8 K/V are widened by the threads that copy them: they need mainloop=cp_async, num_stages 2 to "
+                   f"{FP8_KV_MAX_STAGES} without overlap (got mainloop={cfg.mainloop}, num_stages={cfg.num_stages}, overlap={cfg.overlap})")
+    if spec.mods is not None or spec.block_sparse is not None or spec.dropout:
+        out.append("FP8 K/V with score_mod / mask_mod, block sparsity or dropout: not built (FP8 K/V serve inference "
+                   "attention; run these with bf16 / fp16 K/V)")
+    return out
 
 
 #: Block sizes a block-sparse call may use: multiples of these, so that every forward tile the table
@@ -496,6 +540,8 @@ def table_keys(spec: FwdSpec) -> list[str]:
     cp.async entry (for specs or models the class entry's mainloop cannot serve: varlen / seqused K,
     parts without TMA); specs with mods or block sparsity try the class's 64-row alternate before that."""
     key = table_key(spec)
+    if spec.kv_dtype:  # FP8 K/V: the class's staging tile (two 16-bit buffers beside the FP8 stages)
+        return [f"d{head_dim_class(spec)}_fp8kv"]
     keys = [f"d{head_dim_class(spec)}_packgqa"] if spec.pack_gqa else []
     if spec.page_size:
         keys.append(f"d{head_dim_class(spec)}_paged")
@@ -688,6 +734,24 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
         for page_size in (1, 256):
             specs.append(replace(_spec("bf16", d, dv, "causal"), seqused_k=True, page_size=page_size,
                                  pack_gqa=True, split_kv=True))
+    # FP8 K/V (the class's staging tile) at each class's largest head dim: decode (packed GQA, split, over a dense
+    # cache in every mask and a paged one with softcap + sink), chunked prefill (packed Q over a paged cache) and
+    # prefill over dense or packed K/V; e5m2 K/V and fp16 q; at the class's other head dims, the paged decode
+    for dims in REPRESENTATIVE_HEAD_DIMS.values():
+        d, dv = dims[0]
+        specs += [replace(_spec("bf16", d, dv, mask), kv_dtype="e4m3", seqused_k=True, pack_gqa=True, split_kv=True)
+                  for mask in MASKS]
+        specs += [replace(_spec("bf16", d, dv, mask, True, True), kv_dtype="e4m3", seqused_k=True, page_size=16,
+                          pack_gqa=True) for mask in MASKS]
+        specs.append(replace(_spec("bf16", d, dv, "causal"), kv_dtype="e4m3", varlen_q=True, seqused_k=True,
+                             page_size=16))
+        specs += [replace(_spec("bf16", d, dv, mask), kv_dtype="e4m3") for mask in ("full", "causal")]
+        specs.append(replace(_spec("bf16", d, dv, "causal"), kv_dtype="e4m3", varlen_q=True, varlen_k=True))
+        for dtype, kv in (("bf16", "e5m2"), ("fp16", "e4m3")):
+            specs.append(replace(_spec(dtype, d, dv, "causal"), kv_dtype=kv, seqused_k=True, page_size=16,
+                                 pack_gqa=True, split_kv=True))
+        specs += [replace(_spec("bf16", d2, dv2, "causal"), kv_dtype="e4m3", seqused_k=True, page_size=16,
+                          pack_gqa=True, split_kv=True) for d2, dv2 in dims]
     # exact-head-dims entries: both dtypes, with and without the sink (the features their key omits)
     for key in fwd_table():
         m = EXACT_KEY.match(key)

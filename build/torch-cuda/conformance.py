@@ -56,6 +56,8 @@ class Case:
             mask += "_splitkv"
         if s.page_size:
             mask += f"_paged{s.page_size}"
+        if s.kv_dtype:
+            mask += f"_kv{s.kv_dtype}"
         if s.block_sparse is not None:
             mask += "_sparse{}x{}{}".format(*s.block_sparse[:2], "" if s.block_sparse[2] else "_nofull")
         mask += "_dropout" if s.dropout else ""

@@ -31,9 +31,13 @@ there (``rotary_seqlens[b] + i`` when given). q row i is rotated at ``cache_seql
 ``causal`` or a window, else every q row at ``cache_seqlens[b]``. Keys that would land past the cache's
 end (or past a table row's pages) are not written: size the cache for the steps ahead.
 
-Not supported (raise, naming the alternative): ``alibi_slopes``, ``qv``, FP8 descales,
-``attention_chunk``, ``scheduler_metadata``, ``sm_margin``, dropout; gradients (a KV-cache call is
-inference: nothing is recorded for autograd).
+FP8 caches (``torch.float8_e4m3fn`` / ``float8_e5m2``, FlashAttention-3's ``q_descale`` / ``k_descale`` /
+``v_descale``, ``FwdSpec.kv_dtype``) are read in place; the call does not write them (no ``k`` / ``v``, rotary or
+per-sequence starts: the append kernel writes 16-bit caches).
+
+Not supported (raise, naming the alternative): ``alibi_slopes``, ``qv``, ``attention_chunk``,
+``scheduler_metadata``, ``sm_margin``, dropout; gradients (a KV-cache call is inference: nothing is recorded
+for autograd).
 """
 
 from __future__ import annotations
@@ -46,7 +50,7 @@ import torch
 from . import compiler
 from .launch import call_key, launch_env, launch_on, model_and_target, plan_for, remember, remembered, with_packing
 from .problem import AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
-from .validation import check_options, plain_sink
+from .validation import check_options, fp8_scales, is_fp8, plain_sink, widened_q
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,7 +69,7 @@ class _KVCachePlan:
     return_lse: bool
 
     def run(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, sink, out):
+            page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, sink, out, descale=()):
         device = q.device
         used_k = cache_seqlens
         key_start = None
@@ -85,7 +89,7 @@ class _KVCachePlan:
         if self.packed_cache is not None:
             k_cache, v_cache = k_cache.view(self.packed_cache[0]), v_cache.view(self.packed_cache[1])
         varlen = (cu_seqlens_q, key_start, None, used_k, page_table)
-        o, lse = self.attention.run(q_att, k_cache, v_cache, sink, varlen, out)
+        o, lse = self.attention.run(q_att, k_cache, v_cache, sink, varlen, out, descale=descale)
         return (o, lse) if self.return_lse else o
 
 
@@ -93,9 +97,6 @@ _UNSUPPORTED = {
     "alibi_slopes": ("ALiBi slopes are not supported by flash_attn_with_kvcache; flash_attn_func and "
                      "flash_attn_varlen_func (paged K/V included) take ALiBi as a score_mod: flex_examples.alibi_slopes"),
     "qv": "qv (a second query for MLA-style head dims) is not supported",
-    "q_descale": "FP8 attention is not supported in this version; pass bf16 / fp16 tensors",
-    "k_descale": "FP8 attention is not supported in this version; pass bf16 / fp16 tensors",
-    "v_descale": "FP8 attention is not supported in this version; pass bf16 / fp16 tensors",
     "scheduler_metadata": "scheduler_metadata (FA3's precomputed schedule) is not used; drop the argument: "
                           "launch plans are cached per shape",
 }
@@ -162,8 +163,7 @@ def flash_attn_with_kvcache(
     """
     if kwargs:
         raise TypeError(f"flash_attn_with_kvcache got unexpected arguments: {sorted(kwargs)}")
-    given = {"alibi_slopes": alibi_slopes, "qv": qv, "q_descale": q_descale, "k_descale": k_descale,
-             "v_descale": v_descale, "scheduler_metadata": scheduler_metadata}
+    given = {"alibi_slopes": alibi_slopes, "qv": qv, "scheduler_metadata": scheduler_metadata}
     for name, value in given.items():
         if value is not None:
             raise NotImplementedError(f"flash_attn_with_kvcache({name}=...): {_UNSUPPORTED[name]}")
@@ -178,6 +178,13 @@ def flash_attn_with_kvcache(
             raise ValueError("pass page_table or block_table (FA2's name for it), not both")
         page_table = block_table
     check_options(num_splits, pack_gqa)
+    descales = (q_descale, k_descale, v_descale) if any(d is not None for d in (q_descale, k_descale, v_descale)) \
+        else None
+    fp8 = descales is not None or is_fp8(k_cache) or is_fp8(q)
+    fp8_q = is_fp8(q)
+    if fp8:
+        _refuse_fp8_append(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad)
+        q = widened_q(q, k_cache, descales)
     tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, learnable_sink, out)
     if isinstance(cache_seqlens, int):  # FA2: one length for every sequence
@@ -195,8 +202,24 @@ def flash_attn_with_kvcache(
                                    cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, plain_max_q,
                                    rotary_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved,
                                    learnable_sink, num_splits, pack_gqa, return_softmax_lse))
+    descale = fp8_scales(descales, fp8_q, plan.batch, k_cache.shape[-2], q.device) if fp8 else ()
     return plan.run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-                    page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, plain_sink(learnable_sink), out)
+                    page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, plain_sink(learnable_sink), out,
+                    descale)
+
+
+def _refuse_fp8_append(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad) -> None:
+    """FP8 caches are read, not written: the append kernel (new keys, rotary, per-sequence starts) writes
+    16-bit caches only."""
+    given = [name for name, t in (("k / v", k if k is not None else v), ("rotary_cos / rotary_sin", rotary_cos
+             if rotary_cos is not None else rotary_sin), ("cache_batch_idx", cache_batch_idx),
+             ("cache_leftpad", cache_leftpad)) if t is not None]
+    if given:
+        raise NotImplementedError(
+            f"flash_attn_with_kvcache({', '.join(given)}=...) with an FP8 cache: the append kernel (new keys, "
+            "rotary, per-sequence starts) writes 16-bit caches only. Quantize and write new keys yourself "
+            "(k_cache[...] = (k / k_descale).to(k_cache.dtype), rotated first), then attend without k / v, "
+            "as serving engines do")
 
 
 def _full_lengths(q, k_cache, page_table, cu_seqlens_q, length: Optional[int]) -> torch.Tensor:

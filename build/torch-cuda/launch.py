@@ -111,7 +111,8 @@ def launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, co
     walks several tiles)."""
     return plan_for(q, v, spec, shape, params, config, num_splits, max_ctas).run(q, k, v, params.sink, varlen,
                                                                                     out, lse, params.aux,
-                                                                                    params.sparse, params.rng)
+                                                                                    params.sparse, params.rng,
+                                                                                    params.descale)
 
 
 def plan_for(q, v, spec, shape, params, config, num_splits, max_ctas) -> "LaunchPlan":
@@ -148,7 +149,7 @@ class LaunchPlan:
     #: replays them (its sink re-read), through autograd when a gradient is required
     call: Optional[tuple] = None
 
-    def run(self, q, k, v, sink, varlen, out=None, lse=None, aux=(), sparse=(), rng=None):
+    def run(self, q, k, v, sink, varlen, out=None, lse=None, aux=(), sparse=(), rng=None, descale=()):
         device = q.device
         if out is None:
             out = (torch.zeros if self.zero_fill else torch.empty)(self.out_shape, dtype=self.dtype, device=device)
@@ -171,7 +172,7 @@ class LaunchPlan:
             kernel, = self.launches
             calls = ((kernel, (q, k, v, out, lse, *self.scalars, sink, cu_q, cu_k, used_q, used_k, pages,
                                self.seqlen_q, 1, self.max_ctas, self.band, *compiler.aux_args(aux),
-                               *compiler.sparse_args(sparse), rng)),)
+                               *compiler.sparse_args(sparse), rng, *(descale or (None, None)))),)
         else:
             # Every split writes all its rows (a split without keys: O = 0, LSE = -inf): no fill needed.
             o_part = torch.empty((self.splits, *self.out_shape), dtype=torch.float32, device=device)
@@ -179,7 +180,7 @@ class LaunchPlan:
             split_kernel, combine_kernel = self.launches
             calls = ((split_kernel, (q, k, v, o_part, lse_part, *self.scalars, None, cu_q, cu_k, used_q, used_k, pages,
                                      self.seqlen_q, self.splits, 0, self.band, *compiler.aux_args(aux),
-                                     *compiler.sparse_args(sparse), rng)),
+                                     *compiler.sparse_args(sparse), rng, *(descale or (None, None)))),
                      (combine_kernel, (o_part, lse_part, out, lse, sink, cu_q, used_q, self.seqlen_q)))
         launch_on(device, calls)
         return out, lse

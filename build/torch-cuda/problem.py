@@ -17,6 +17,9 @@ import torch
 from .flex import ModKey
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+#: FP8 K/V element types (``FwdSpec.kv_dtype``): read as stored, dequantized in the kernel, scaled by the
+#: call's ``k_descale`` / ``v_descale`` (FlashAttention-3's convention)
+FP8_DTYPES = {torch.float8_e4m3fn: "e4m3", torch.float8_e5m2: "e5m2"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,11 @@ class FwdSpec:
     #: attention dropout (``dropout.py``'s mask; the seed, offset and threshold are runtime values in the
     #: kernels' dropout slot). False compiles exactly the kernel without dropout
     dropout: bool = False
+    #: FP8 K/V ("e4m3" | "e5m2"), None when K/V have ``dtype``: the kernel copies the FP8 tiles to shared
+    #: memory, widens each thread's own copies to ``dtype`` there (exact: every FP8 value is a bf16 / fp16
+    #: value) and runs the 16-bit MMAs; ``k_descale`` folds into the softmax scale, ``v_descale`` into O's
+    #: normalization, per (batch, KV head) (``_kernels/kv_dequant``)
+    kv_dtype: Optional[str] = None
 
     @property
     def mask(self) -> str:
@@ -189,14 +197,16 @@ def check_head_dim(name: str, d: int) -> None:
                          "(16-byte rows); pad the head dim with zeros to the next multiple of 8")
 
 
-def _check_tensor(name: str, t, expected_rank: int = 4) -> None:
+def _check_tensor(name: str, t, expected_rank: int = 4, fp8: bool = False) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dim() != expected_rank:
         layout = "(batch, seqlen, heads, head_dim)" if expected_rank == 4 else "(total_tokens, heads, head_dim) with cu_seqlens"
         raise ValueError(f"{name} must have rank {expected_rank} {layout}, got shape {tuple(t.shape)}")
-    if t.dtype not in _DTYPES:
-        raise TypeError(f"{name} has dtype {t.dtype}; flash_attn_4_sm120 supports torch.bfloat16 and torch.float16")
+    if t.dtype not in _DTYPES and not (fp8 and t.dtype in FP8_DTYPES):
+        also = " (k and v also torch.float8_e4m3fn / torch.float8_e5m2)" if fp8 else ""
+        raise TypeError(f"{name} has dtype {t.dtype}; flash_attn_4_sm120 supports torch.bfloat16 and torch.float16"
+                        f"{also}")
     shape, stride = t.shape, t.stride()
     check_head_dim(f"{name} head dim", shape[-1])
     if stride[-1] != 1:
@@ -222,7 +232,8 @@ def kernel_layout(t):
     of 16 bytes. Upstream FlashAttention-4 copies such inputs too; the copy costs one pass over the
     tensor (and its memory), so callers that care pass contiguous tensors. Anything else is returned
     as is and left to validation."""
-    if not isinstance(t, torch.Tensor) or t.dtype not in _DTYPES or t.dim() == 0 or t.numel() == 0:
+    if (not isinstance(t, torch.Tensor) or (t.dtype not in _DTYPES and t.dtype not in FP8_DTYPES) or t.dim() == 0
+            or t.numel() == 0):
         return t
     if t.data_ptr() % 16 == 0 and t.is_contiguous():  # the common case, decided in two cheap calls
         return t  # (contiguous rows of 8-multiple head dims are 16-byte multiples)
@@ -262,6 +273,9 @@ class FwdParams:
     #: dropout: the kernels' int32 (seed low, seed high, offset, threshold) slot
     #: (``dropout.rng_tensor``); None without dropout
     rng: Optional[torch.Tensor] = None
+    #: FP8 K/V: fp32 (batch, heads_kv) scales of K (times q's, for FP8 q) and of V, any strides
+    #: (``validation.fp8_scales``); () for 16-bit K/V
+    descale: tuple = ()
 
 
 #: log2(e): natural-log quantities times this are exp2 / log2 quantities (host and kernels)
@@ -308,8 +322,9 @@ def resolve_window(causal: bool, window_size) -> tuple[bool, bool, Optional[int]
 
 
 def _check_heads_and_dims(q, k, v, heads_q: int, heads_kv: int) -> None:
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if k.dtype != v.dtype or (q.dtype != k.dtype and k.dtype not in FP8_DTYPES):
+        raise TypeError(f"q, k, v must share a dtype (or k and v be FP8 beside a bf16 / fp16 q), got {q.dtype}, "
+                        f"{k.dtype}, {v.dtype}")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape[-1] != q.shape[-1]:
@@ -361,7 +376,7 @@ def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool, window_s
                  softcap: float = 0.0, learnable_sink=None) -> tuple[FwdSpec, FwdShape, FwdParams]:
     """Check dense (batch, seqlen, heads, d) inputs; return the compile spec, runtime shape and parameters."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t)
+        _check_tensor(name, t, fp8=name != "q")
     batch, seqlen_q, num_heads, head_dim = q.shape
     bk, seqlen_k, num_heads_kv, _ = k.shape
     if tuple(v.shape[:3]) != (bk, seqlen_k, num_heads_kv):
@@ -372,7 +387,7 @@ def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool, window_s
     params, local, causal_mask, capped = _runtime_params(q, num_heads, softmax_scale, causal, window_size, softcap,
                                                          learnable_sink, seqlen_q + seqlen_k)
     spec = FwdSpec(dtype=_DTYPES[q.dtype], head_dim=head_dim, head_dim_v=v.shape[3], causal=causal_mask,
-                   local=local, softcap=capped, has_sink=params.sink is not None)
+                   local=local, softcap=capped, has_sink=params.sink is not None, kv_dtype=FP8_DTYPES.get(k.dtype))
     return spec, FwdShape(batch, seqlen_q, seqlen_k, num_heads, num_heads_kv), params
 
 
@@ -401,8 +416,8 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
                          "caches whose per-sequence lengths come from seqused_k; pass seqused_k instead of cu_seqlens_k")
     packed_q, packed_k = cu_seqlens_q is not None, cu_seqlens_k is not None
     _check_tensor("q", q, 3 if packed_q else 4)
-    _check_tensor("k", k, 3 if packed_k else 4)
-    _check_tensor("v", v, 3 if packed_k else 4)
+    _check_tensor("k", k, 3 if packed_k else 4, fp8=True)
+    _check_tensor("v", v, 3 if packed_k else 4, fp8=True)
     heads_q, heads_kv = q.shape[-2], k.shape[-2]
     if v.shape[:-1] != k.shape[:-1]:
         raise ValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree in all but the head dim")
@@ -444,7 +459,7 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     spec = FwdSpec(dtype=_DTYPES[q.dtype], head_dim=q.shape[-1], head_dim_v=v.shape[-1], causal=causal_mask,
                    local=local, softcap=capped, has_sink=params.sink is not None, varlen_q=packed_q,
                    varlen_k=packed_k, seqused_q=seqused_q is not None, seqused_k=seqused_k is not None,
-                   page_size=k.shape[1] if paged else 0)
+                   page_size=k.shape[1] if paged else 0, kv_dtype=FP8_DTYPES.get(k.dtype))
     return spec, FwdShape(batch, max_q, max_k, heads_q, heads_kv), params
 
 

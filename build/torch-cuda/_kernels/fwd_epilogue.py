@@ -32,8 +32,12 @@ class FwdEpilogue:
             sink_log2 = cute.make_rmem_tensor(num_rows, Float32)
             for r in cutlass.range_constexpr(num_rows):
                 sink_log2[r] = Float32(mSink[self.row_head(ctx, head, ctx.tScS_rc[r, 0][0])]) * Float32(LOG2_E)
-        ctx.softmax.finalize(ctx.acc_O_rc, lse, sink_log2,
-                             ctx.dropout.scale if const_expr(self.spec.dropout) else None)
+        o_scale = None  # dropout's 1 / (1 - p), or FP8 V's descale (the two never meet: config.fp8_kv_problems)
+        if const_expr(self.spec.dropout):
+            o_scale = ctx.dropout.scale
+        elif const_expr(self.spec.kv_dtype is not None):
+            o_scale = ctx.v_descale
+        ctx.softmax.finalize(ctx.acc_O_rc, lse, sink_log2, o_scale)
         if const_expr(self.spec.split_kv):
             self.epilogue_partial(ctx, lse, out)
         elif const_expr(self.config.persistent):

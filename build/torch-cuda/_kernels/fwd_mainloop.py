@@ -45,6 +45,8 @@ class StagedMainloop:
             if ctx.n_end - stages >= ctx.n_start:  # the first refill's pages (paged K/V), read while we wait
                 kv.lookahead(ctx.n_end - stages)
         cute.arch.cp_async_wait_group(stages - 2)
+        if const_expr(self.kv_dtype is not None):  # FP8 K/V: this thread's share of tile 0, widened (kv_dequant)
+            kv.widen(0, 0)
         cute.arch.sync_threads()
 
     @cute.jit
@@ -63,6 +65,7 @@ class StagedMainloop:
                         walk=None, mask_mod: cutlass.Constexpr[bool] = True):
         stages, kv = self.config.num_stages, ctx.kv
         stage = it % stages
+        staged = self.kv_dtype is not None  # FP8 K/V: stages are staging, the MMAs read 16-bit buffers (kv_dequant)
         # a. Refill the stage consumed last step (every warp passed the barrier after it).
         if const_expr(walk is None):
             n_ahead = n_block - (stages - 1)
@@ -79,10 +82,30 @@ class StagedMainloop:
                 kv.load_k(n_ahead, stage_ahead, bounded=True)
                 kv.load_v(n_ahead, stage_ahead, bounded=True)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
-        self.compute_block(ctx, n_block, stage, masked, mask_mod)
+        # FP8 K/V: this thread's share of the next tile is widened into the 16-bit buffer no warp reads now (every
+        # warp finished reading it before the last barrier). With three or more stages the next tile has landed
+        # once all but the newest stages - 2 groups have, so the widening goes ahead of this block's math, whose
+        # dependency chains it fills; with two, that wait would be on the copy just issued, so it goes after.
+        early = staged and stages >= 3
+        if const_expr(early):
+            cute.arch.cp_async_wait_group(stages - 2)
+            self.widen_next(ctx, it, n_block, walk)
+        self.compute_block(ctx, n_block, kv.mma_buffer(it, stage) if const_expr(staged) else stage, masked, mask_mod)
         # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
-        cute.arch.cp_async_wait_group(stages - 2)
+        if const_expr(not early):
+            cute.arch.cp_async_wait_group(stages - 2)
+            if const_expr(staged):
+                self.widen_next(ctx, it, n_block, walk)
         cute.arch.sync_threads()
+
+    @cute.jit
+    def widen_next(self, ctx: FwdTileState, it: Int32, n_block: Int32, walk=None):
+        """FP8 K/V: this thread's share of step ``it + 1``'s tile (landed), widened into its 16-bit buffer, when
+        there is a next block (``kv_dequant``)."""
+        stages, kv = self.config.num_stages, ctx.kv
+        has_next = n_block > ctx.n_start if const_expr(walk is None) else it + 1 < walk.count
+        if has_next:
+            kv.widen((it + 1) % stages, kv.mma_buffer(it + 1, 0))
 
     # ------------------------------------------------------------------------------------------
     # One K and one V buffer (``num_stages == 1``, cp.async): K of the next block loads while this

@@ -57,8 +57,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..config import (FwdConfig, banded_tile_order, dropout_on_pairs, fwd_config_problems, fwd_min_ctas_per_sm,
-                      fwd_smem_bytes, padded_head_dim)
+from ..config import (FwdConfig, banded_tile_order, dropout_on_pairs, fp8_kv_copy, fwd_config_problems,
+                      fwd_min_ctas_per_sm, fwd_smem_bytes, padded_head_dim)
 from .. import flex
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
@@ -72,6 +72,7 @@ from .fwd_epilogue import FwdEpilogue
 from .fwd_mainloop import StagedMainloop
 from .fwd_overlap import OverlappedMainloop
 from .fwd_state import EpilogueTarget, FwdSmem, FwdTileState, PersistentArgs
+from .kv_dequant import MMA_BUFFERS, staged_loader
 from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
 from .softmax import OnlineSoftmax
@@ -88,6 +89,10 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         self.config = config
         self.model = model
         self.dtype = CUTLASS_DTYPES[spec.dtype]
+        #: FP8 K/V (``kv_dequant``): the staging element type, None when K/V have ``dtype``
+        self.kv_dtype = CUTLASS_DTYPES[spec.kv_dtype] if spec.kv_dtype else None
+        #: K/V buffers the MMAs read: the stages, or with FP8 K/V the two 16-bit buffers beside the staging
+        self.mma_stages = MMA_BUFFERS if spec.kv_dtype else config.num_stages
         self.head_dim = padded_head_dim(spec.head_dim, config)
         self.head_dim_v = padded_head_dim(spec.head_dim_v, config)
         # Padded head dims need column predicates (and zeroed Q/K padding); exact ones compile without.
@@ -137,7 +142,23 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
 
     def kv_loader(self, kv_src, tidx, sm: FwdSmem) -> CpAsyncKV:
         """This thread's K/V loader (``kv_source``; ``kv_src`` narrowed to one KV head and cut into key
-        blocks): cp.async into the stages of sK / sV."""
+        blocks): cp.async into the stages of sK / sV, or with FP8 K/V into the staging stages, widened
+        into sK / sV (``kv_dequant``)."""
+        if const_expr(self.kv_dtype is not None):
+            elems, per_row = fp8_kv_copy(self.spec, self.config)
+            if const_expr(elems == 16):  # 16-byte vectors past L1; the 16-bit side in the same thread layout
+                cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
+                g2s_k8 = g2s_v8 = g2s_tiled_copy(self.kv_dtype, per_row * 16, self.num_threads, cp_async, elems=16)
+                widen_k = widen_v = g2s_tiled_copy(self.dtype, per_row * 16, self.num_threads,
+                                                   cute.nvgpu.CopyUniversalOp(), elems=16, bits=128)
+            else:  # 8-byte vectors (.ca: .cg copies 16 bytes only) in the 16-bit copies' thread layout
+                cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.ALWAYS)
+                g2s_k8, g2s_v8 = (g2s_tiled_copy(self.kv_dtype, smem_layout_atom(self.dtype, width).outer.shape[1],
+                                                 self.num_threads, cp_async, elems=8)
+                                  for width in (self.head_dim, self.head_dim_v))
+                widen_k, widen_v = self.g2s_qk, self.g2s_v
+            inner = kv_src.cp_async(tidx, sm.sK8, sm.sV8, g2s_k8, g2s_v8)
+            return staged_loader(inner, tidx, sm.sK, sm.sV, widen_k, widen_v, self.dtype, self.config.num_stages)
         return kv_src.cp_async(tidx, sm.sK, sm.sV, self.g2s_qk, self.g2s_v)
 
     @cute.jit
@@ -149,12 +170,16 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
     # Host-side (trace-time) setup
     # ------------------------------------------------------------------------------------------
     def _setup(self):
-        dt, stages = self.dtype, self.config.num_stages
+        dt, stages = self.dtype, self.mma_stages
         atom_qk = smem_layout_atom(dt, self.head_dim)
         atom_v = smem_layout_atom(dt, self.head_dim_v)
         self.sQ_layout = cute.tile_to_shape(atom_qk, (self.tile_m, self.head_dim), (0, 1))
         self.sK_layout = cute.tile_to_shape(atom_qk, (self.tile_n, self.head_dim, stages), (0, 1, 2))
         self.sV_layout = cute.tile_to_shape(atom_v, (self.tile_n, self.head_dim_v, stages), (0, 1, 2))
+        staged = self.kv_dtype is not None
+        if staged:
+            kt = self.kv_dtype
+            sK8_layout, sV8_layout = self.staging_layouts()
         self.sO_layout = cute.tile_to_shape(atom_v, (self.tile_m, self.head_dim_v), (0, 1))
         cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
         self.g2s_qk = g2s_tiled_copy(dt, atom_qk.outer.shape[1], self.num_threads, cp_async)
@@ -171,10 +196,21 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         num_bars = self.num_mbarriers()
 
         @cute.struct
-        class Tiles:
+        class Tiles16:
             sQ: cute.struct.Align[cute.struct.MemRange[dt, q_o_elems], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
             sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
+
+        Tiles = Tiles16
+        if staged:
+
+            @cute.struct
+            class Tiles:
+                sQ: cute.struct.Align[cute.struct.MemRange[dt, q_o_elems], 1024]
+                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
+                sK8: cute.struct.Align[cute.struct.MemRange[kt, cute.cosize(sK8_layout)], 1024]
+                sV8: cute.struct.Align[cute.struct.MemRange[kt, cute.cosize(sV8_layout)], 1024]
 
         if self.config.pingpong:  # + the softmax scale the turns reload (within the barriers' 1024 B)
 
@@ -203,6 +239,17 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             )
         self.SharedStorage = SharedStorage
 
+    def staging_layouts(self):
+        """FP8 K/V's staging stages (tile_n, d | dv, num_stages): the 16-bit tiles' swizzled atoms in elements
+        (``kv_dequant``). Built where they are used, on the host (sizes) and in the kernel (views)."""
+        if const_expr(fp8_kv_copy(self.spec, self.config)[0] == 16):  # rows of whole 16-byte vectors, unswizzled
+            return tuple(cute.make_layout((self.tile_n, width, self.config.num_stages),
+                                          stride=(width, 1, self.tile_n * width))
+                         for width in (self.head_dim, self.head_dim_v))
+        return tuple(cute.tile_to_shape(smem_layout_atom(self.kv_dtype, width),
+                                        (self.tile_n, width, self.config.num_stages), (0, 1, 2))
+                     for width in (self.head_dim, self.head_dim_v))
+
     @cute.jit
     def shared_tiles(self, tidx, softmax_scale_log2, sQ_layout, sK_layout, sV_layout, sO_layout) -> FwdSmem:
         """Allocate the CTA's shared storage and initialize its barriers: bars, sScale (ping-pong),
@@ -218,11 +265,16 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         sQ = storage.tiles.sQ.get_tensor(sQ_layout)
         sV = storage.tiles.sV.get_tensor(sV_layout)
         sVt = cute.composition(
-            sV, cute.make_layout((self.head_dim_v, self.tile_n, self.config.num_stages),
+            sV, cute.make_layout((self.head_dim_v, self.tile_n, self.mma_stages),
                                  stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
         )
+        sK8 = sV8 = None
+        if const_expr(self.kv_dtype is not None):
+            sK8_layout, sV8_layout = self.staging_layouts()
+            sK8 = storage.tiles.sK8.get_tensor(sK8_layout)
+            sV8 = storage.tiles.sV8.get_tensor(sV8_layout)
         return FwdSmem(bars=bars, sScale=sScale, sQ=sQ, sK=storage.tiles.sK.get_tensor(sK_layout), sV=sV,
-                       sO=cute.make_tensor(sQ.iterator, sO_layout), sVt=sVt)
+                       sO=cute.make_tensor(sQ.iterator, sO_layout), sVt=sVt, sK8=sK8, sV8=sV8)
 
     @cute.jit
     def mma_context(self, tidx, sm: FwdSmem, softmax_scale_log2) -> FwdTileState:
@@ -309,12 +361,18 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         mFullCnt: Optional[cute.Tensor],
         mFullIdx: Optional[cute.Tensor],
         mRng: Optional[cute.Tensor],
+        mKDescale: Optional[cute.Tensor],
+        mVDescale: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
         out_dtype = Float32 if const_expr(self.spec.split_kv) else self.dtype
-        if const_expr(not (mQ.element_type == mK.element_type == mV.element_type == self.dtype
+        kv_dtype = self.kv_dtype if const_expr(self.kv_dtype is not None) else self.dtype
+        if const_expr(not (mQ.element_type == self.dtype and mK.element_type == mV.element_type == kv_dtype
                            and mO.element_type == out_dtype)):
-            raise TypeError("Q, K, V must have the spec's dtype, O too (fp32 partials with split-KV)")
+            raise TypeError("Q must have the spec's dtype, K and V its kv_dtype, O its dtype (fp32 partials with "
+                            "split-KV)")
+        if const_expr((mKDescale is None or mVDescale is None) != (self.kv_dtype is None)):
+            raise TypeError("the descale slots come with FP8 K/V and only with them")
         self._setup()
         # Causal rows get longer down the sequence: start the long tiles first.
         if const_expr(self.config.persistent):
@@ -341,7 +399,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
             tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks, cutlass.max(tile_band, 1), mAux0, mAux1, mAux2, mAux3,
-            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng,
+            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng, mKDescale, mVDescale,
         ).launch(
             grid=grid,
             block=[self.launch_threads, 1, 1],
@@ -402,6 +460,8 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         mFullCnt: Optional[cute.Tensor],
         mFullIdx: Optional[cute.Tensor],
         mRng: Optional[cute.Tensor],
+        mKDescale: Optional[cute.Tensor],
+        mVDescale: Optional[cute.Tensor],
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
@@ -425,6 +485,15 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             # Packed GQA: ``head`` is the KV head and tile row p is (query row p // group, query head
             # head * group + p % group). Unpacked: ``head`` is the query head.
             head_kv = head if const_expr(pack) else head // group
+            v_descale = None
+            if const_expr(self.kv_dtype is not None):
+                # FP8 K/V: K's scale multiplies every score, so it joins the scale applied to S (inside tanh with a
+                # softcap); V's multiplies O, so it joins O's normalization (``finish``)
+                if const_expr(self.spec.softcap):
+                    softcap_scale = softcap_scale * mKDescale[batch, head_kv]
+                else:
+                    softmax_scale_log2 = softmax_scale_log2 * mKDescale[batch, head_kv]
+                v_descale = mVDescale[batch, head_kv]
             # Q's (rows, heads, d) view of this sequence and its runtime length (dense or packed); K/V's
             # source for this sequence and KV head (``kv_source``).
             mQ_h, seqlen_q = sequence_heads(mQ, batch, mCuSeqlensQ, mSeqUsedQ)
@@ -478,6 +547,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                 ctx.score = self.score_step(ctx, softcap_scale, window_left, window_right, batch, head,
                                             mCuSeqlensQ, mCuSeqlensK)
                 ctx.dropout = None  # the keep mask of P (``dropout_mask``), drawn after the softmax
+                ctx.v_descale = v_descale
                 if const_expr(self.spec.dropout):
                     check_cells(self.tiled_mma, self.tile_m, self.tile_n)
                     ctx.dropout = DropoutMask.of(mRng, ctx.tScS_rc, ctx.t0ScS_rc)

@@ -26,6 +26,9 @@ class FwdSmem:
     sV: cute.Tensor  # (tile_n, dv, stages)
     sO: cute.Tensor  # (tile_m, dv), over sQ's bytes
     sVt: cute.Tensor  # (dv, tile_n, stages): V^T, the B operand of P V
+    #: FP8 K/V: the staging stages the copies land in, (tile_n, d | dv, stages) (``kv_dequant``); else None
+    sK8: Optional[cute.Tensor] = None
+    sV8: Optional[cute.Tensor] = None
 
 
 @dataclass(eq=False)
@@ -77,6 +80,7 @@ class FwdTileState:
     walk: Any = None  # a block-sparse walk (``block_walk``), None for the dense range
     score: Any = None  # what S goes through before the softmax (``score_step.ScoreStep``)
     dropout: Any = None  # the keep mask of P (``dropout_mask.DropoutMask``), None without dropout
+    v_descale: Any = None  # FP8 K/V: V's scale for this (batch, KV head), applied with O's normalization
     batch: Optional[Int32] = None  # (dropout: the mask's coordinates)
     head: Optional[Int32] = None
     num_heads: Optional[Int32] = None

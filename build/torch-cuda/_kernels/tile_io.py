@@ -33,11 +33,12 @@ def smem_layout_atom(dtype, width: int) -> cute.ComposedLayout:
     )
 
 
-def g2s_tiled_copy(dtype, atom_cols: int, num_threads: int, op) -> cute.TiledCopy:
-    """Threads tile rows of 16-byte vectors: ``atom_cols / 8`` threads per row."""
-    elems = _COPY_BITS // dtype.width
+def g2s_tiled_copy(dtype, atom_cols: int, num_threads: int, op, elems: int = 0, bits: int = 0) -> cute.TiledCopy:
+    """Threads tile rows of 16-byte vectors: ``atom_cols / 8`` threads per row. ``elems``: elements per thread
+    instead, ``bits`` per copy instruction (FP8 K/V's staging copies and their 16-bit side; ``kv_dequant``)."""
+    elems = elems or _COPY_BITS // dtype.width
     threads_per_row = atom_cols // elems
-    atom = cute.make_copy_atom(op, dtype, num_bits_per_copy=_COPY_BITS)
+    atom = cute.make_copy_atom(op, dtype, num_bits_per_copy=bits or elems * dtype.width)
     thr_layout = cute.make_ordered_layout((num_threads // threads_per_row, threads_per_row), order=(1, 0))
     return cute.make_tiled_copy_tv(atom, thr_layout, cute.make_layout((1, elems)))
 

@@ -82,14 +82,30 @@ class StagedMainloop:
                 kv.load_k(n_ahead, stage_ahead, bounded=True)
                 kv.load_v(n_ahead, stage_ahead, bounded=True)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
+        # FP8 K/V: this thread's share of the next tile is widened into the 16-bit buffer no warp reads now (every
+        # warp finished reading it before the last barrier). With three or more stages the next tile has landed
+        # once all but the newest stages - 2 groups have, so the widening goes ahead of this block's math, whose
+        # dependency chains it fills; with two, that wait would be on the copy just issued, so it goes after.
+        early = staged and stages >= 3
+        if const_expr(early):
+            cute.arch.cp_async_wait_group(stages - 2)
+            self.widen_next(ctx, it, n_block, walk)
         self.compute_block(ctx, n_block, kv.mma_buffer(it, stage) if const_expr(staged) else stage, masked, mask_mod)
         # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
-        cute.arch.cp_async_wait_group(stages - 2)
-        if const_expr(staged):  # this thread's share of the next tile, widened into the buffer no warp reads now
-            has_next = n_block > ctx.n_start if const_expr(walk is None) else it + 1 < walk.count
-            if has_next:
-                kv.widen((it + 1) % stages, kv.mma_buffer(it + 1, 0))
+        if const_expr(not early):
+            cute.arch.cp_async_wait_group(stages - 2)
+            if const_expr(staged):
+                self.widen_next(ctx, it, n_block, walk)
         cute.arch.sync_threads()
+
+    @cute.jit
+    def widen_next(self, ctx: FwdTileState, it: Int32, n_block: Int32, walk=None):
+        """FP8 K/V: this thread's share of step ``it + 1``'s tile (landed), widened into its 16-bit buffer, when
+        there is a next block (``kv_dequant``)."""
+        stages, kv = self.config.num_stages, ctx.kv
+        has_next = n_block > ctx.n_start if const_expr(walk is None) else it + 1 < walk.count
+        if has_next:
+            kv.widen((it + 1) % stages, kv.mma_buffer(it + 1, 0))
 
     # ------------------------------------------------------------------------------------------
     # One K and one V buffer (``num_stages == 1``, cp.async): K of the next block loads while this

@@ -57,8 +57,8 @@ import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
-from ..config import (FwdConfig, banded_tile_order, dropout_on_pairs, fwd_config_problems, fwd_min_ctas_per_sm,
-                      fwd_smem_bytes, padded_head_dim)
+from ..config import (FwdConfig, banded_tile_order, dropout_on_pairs, fp8_kv_copy, fwd_config_problems,
+                      fwd_min_ctas_per_sm, fwd_smem_bytes, padded_head_dim)
 from .. import flex
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
@@ -145,13 +145,20 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         blocks): cp.async into the stages of sK / sV, or with FP8 K/V into the staging stages, widened
         into sK / sV (``kv_dequant``)."""
         if const_expr(self.kv_dtype is not None):
-            # 8-byte vectors (.ca: .cg copies 16 bytes only) in the 16-bit copies' thread layout
-            cp_async8 = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.ALWAYS)
-            g2s_k8, g2s_v8 = (g2s_tiled_copy(self.kv_dtype, smem_layout_atom(self.dtype, width).outer.shape[1],
-                                             self.num_threads, cp_async8, elems=8)
-                              for width in (self.head_dim, self.head_dim_v))
+            elems, per_row = fp8_kv_copy(self.spec, self.config)
+            if const_expr(elems == 16):  # 16-byte vectors past L1; the 16-bit side in the same thread layout
+                cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
+                g2s_k8 = g2s_v8 = g2s_tiled_copy(self.kv_dtype, per_row * 16, self.num_threads, cp_async, elems=16)
+                widen_k = widen_v = g2s_tiled_copy(self.dtype, per_row * 16, self.num_threads,
+                                                   cute.nvgpu.CopyUniversalOp(), elems=16, bits=128)
+            else:  # 8-byte vectors (.ca: .cg copies 16 bytes only) in the 16-bit copies' thread layout
+                cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.ALWAYS)
+                g2s_k8, g2s_v8 = (g2s_tiled_copy(self.kv_dtype, smem_layout_atom(self.dtype, width).outer.shape[1],
+                                                 self.num_threads, cp_async, elems=8)
+                                  for width in (self.head_dim, self.head_dim_v))
+                widen_k, widen_v = self.g2s_qk, self.g2s_v
             inner = kv_src.cp_async(tidx, sm.sK8, sm.sV8, g2s_k8, g2s_v8)
-            return staged_loader(inner, tidx, sm.sK, sm.sV, self.g2s_qk, self.g2s_v, self.dtype, self.config.num_stages)
+            return staged_loader(inner, tidx, sm.sK, sm.sV, widen_k, widen_v, self.dtype, self.config.num_stages)
         return kv_src.cp_async(tidx, sm.sK, sm.sV, self.g2s_qk, self.g2s_v)
 
     @cute.jit
@@ -235,6 +242,10 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
     def staging_layouts(self):
         """FP8 K/V's staging stages (tile_n, d | dv, num_stages): the 16-bit tiles' swizzled atoms in elements
         (``kv_dequant``). Built where they are used, on the host (sizes) and in the kernel (views)."""
+        if const_expr(fp8_kv_copy(self.spec, self.config)[0] == 16):  # rows of whole 16-byte vectors, unswizzled
+            return tuple(cute.make_layout((self.tile_n, width, self.config.num_stages),
+                                          stride=(width, 1, self.tile_n * width))
+                         for width in (self.head_dim, self.head_dim_v))
         return tuple(cute.tile_to_shape(smem_layout_atom(self.kv_dtype, width),
                                         (self.tile_n, width, self.config.num_stages), (0, 1, 2))
                      for width in (self.head_dim, self.head_dim_v))

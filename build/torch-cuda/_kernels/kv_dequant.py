@@ -1,0 +1,146 @@
+"""FP8 K/V: a loader whose copies land in FP8 staging stages and are widened to 16 bits in shared memory
+(arch-free building blocks).
+
+The MMAs of an FP8 K/V tile are the 16-bit ones (q stays bf16 / fp16): every e4m3 and e5m2 value is exactly a
+bf16 and an fp16 value, so widening loses nothing, and the scales stay out of the mainloop (``k_descale`` folds
+into the softmax scale, ``v_descale`` into O's normalization; ``FlashFwdMultistage.kernel``). What changes is
+where a tile's bytes go:
+
+  * the cp.async copies of ``kv_source`` (dense, packed or paged: any source) move 8-byte vectors of FP8 into
+    the staging stages ``(tile_n, d, num_stages)`` at one byte per element. Their thread layout is the 16-bit
+    copy's (8 elements a vector either way), so a thread's FP8 vectors and its 16-bit vectors of the MMAs'
+    stages cover the same elements;
+  * after the wait for a tile (``cp.async.wait_group``, which makes a thread's own copies visible to it) and
+    before the CTA barrier that publishes the tile, each thread widens its own vectors into the 16-bit buffer
+    of the step that reads them (``widen``). No thread reads another's staging bytes, so no barrier is added.
+    The 16-bit buffers are two: step ``it`` reads buffer it % 2 while a warp that reached the end of the step
+    widens the next tile into the other, which every warp finished reading before the previous barrier.
+
+Bounded loads zero-fill V rows past the sequence in the staging stage (widened to zeros), and the K columns
+past a padded head dim are zeroed once there (``zero_k_padding``), so the 16-bit tiles hold exactly what the
+16-bit loaders would have written.
+"""
+
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import cutlass
+import cutlass.cute as cute
+from cutlass import Int32, Uint32, const_expr
+from cutlass._mlir.dialects import llvm
+from cutlass.cutlass_dsl import dsl_user_op
+
+from ..config import FP8_KV_MMA_BUFFERS
+from .kv_source import CpAsyncKV
+
+#: 16-bit buffers the MMAs read (``widen``): the one of this step and the one being filled for the next
+MMA_BUFFERS = FP8_KV_MMA_BUFFERS
+
+
+@dataclass(frozen=True)
+class DequantKV:
+    """A cp.async loader (``inner``, built on the FP8 staging stages) plus this thread's partitions of the
+    16-bit buffers the MMAs read, ``tKsK`` / ``tVsV`` (CPY, CPY_ROWS, CPY_COLS, ``MMA_BUFFERS``), formed by
+    the 16-bit copy of the same thread layout; ``dtype`` the 16-bit element type, ``num_stages`` the staging
+    stages."""
+
+    inner: CpAsyncKV
+    tKsK: cute.Tensor
+    tVsV: cute.Tensor
+    dtype: Any
+    num_stages: int
+
+    def padded(self, k_cols: Optional[int], v_cols: Optional[int]) -> "DequantKV":
+        return replace(self, inner=self.inner.padded(k_cols, v_cols))
+
+    @cute.jit
+    def zero_k_padding(self, num_stages: cutlass.Constexpr[int]):
+        """Zero the K columns past the head dim in every staging stage (widened into zeros)."""
+        self.inner.zero_k_padding(self.num_stages)
+
+    @cute.jit
+    def lookahead(self, n_block: Int32):
+        self.inner.lookahead(n_block)
+
+    @cute.jit
+    def load_k(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool],
+               looked_up: cutlass.Constexpr[bool] = False):
+        self.inner.load_k(n_block, stage, bounded, looked_up)
+
+    @cute.jit
+    def load_v(self, n_block: Int32, stage: Int32, bounded: cutlass.Constexpr[bool],
+               looked_up: cutlass.Constexpr[bool] = False):
+        self.inner.load_v(n_block, stage, bounded, looked_up)
+
+    def mma_buffer(self, it: Int32, stage: Int32):
+        """The 16-bit buffer step ``it`` reads (its staging stage is ``stage``)."""
+        return it % MMA_BUFFERS
+
+    @cute.jit
+    def widen(self, stage: Int32, buffer: Int32):
+        """This thread's FP8 vectors of staging stage ``stage`` (landed: the caller waited for their group),
+        widened into 16-bit buffer ``buffer``: one 8-byte shared load, the conversions and one 16-byte shared
+        store per vector."""
+        for src_all, dst_all in ((self.inner.tKsK, self.tKsK), (self.inner.tVsV, self.tVsV)):
+            src, dst = src_all[None, None, None, stage], dst_all[None, None, None, buffer]
+            for m in cutlass.range_constexpr(cute.size(src, mode=[1])):
+                for k in cutlass.range_constexpr(cute.size(src, mode=[2])):
+                    raw = cute.make_rmem_tensor_like(src[None, m, k])
+                    cute.autovec_copy(src[None, m, k], raw)
+                    wide = cute.make_rmem_tensor_like(dst[None, m, k], self.dtype)
+                    widen_words(raw, wide, WIDENING[(raw.element_type.width, raw.element_type.__name__,
+                                                     self.dtype.__name__)])
+                    cute.autovec_copy(wide, dst[None, m, k])
+
+
+#: How a byte becomes a 16-bit value with integer operations (full-rate ALU work, where the hardware conversions
+#: run on a quarter-rate pipe): PRMT puts two bytes of a word at the top of two 16-bit lanes (``s eeee mmm`` then
+#: eight zeros), a right shift and a mask move exponent and mantissa under the 16-bit type's, the sign stays, and a
+#: multiply by 2^(bias difference) rebiases the exponent (exact: a power of two, and the results are normal,
+#: FP8's subnormals included). Per (FP8 type, 16-bit type): (shift, mask of the moved bits, the multiplier as a
+#: 16-bit pair, the multiply; None: the bytes already are the 16-bit values).
+WIDENING = {
+    (8, "Float8E4M3FN", "BFloat16"): (4, 0x07F007F0, 0x7B807B80, "mul.rn.bf16x2"),  # x 2^120
+    (8, "Float8E5M2", "BFloat16"): (3, 0x0FE00FE0, 0x77807780, "mul.rn.bf16x2"),  # x 2^112
+    (8, "Float8E4M3FN", "Float16"): (1, 0x3F803F80, 0x5C005C00, "mul.rn.f16x2"),  # x 2^8
+    (8, "Float8E5M2", "Float16"): None,  # e5m2 is the top byte of an fp16
+}
+
+
+@dsl_user_op
+def widen_word(word, high: bool, rule, *, loc=None, ip=None) -> Uint32:
+    """Two FP8 bytes of ``word`` (bytes 0 and 1, or 2 and 3 when ``high``) as a pair of 16-bit values (``WIDENING``
+    ``rule``); the lower byte lands in the lower lane."""
+    select = 0x3424 if high else 0x1404  # the bytes in lanes' top bytes, zeros below
+    if rule is None:
+        body = f"prmt.b32 $0, $1, 0, {select:#x};"
+    else:
+        shift, mask, scale, mul = rule
+        body = ("{\n\t.reg .b32 h, s, t, c;\n\t"
+                f"prmt.b32 h, $1, 0, {select:#x};\n\t"
+                f"shr.b32 s, h, {shift};\n\t"
+                f"and.b32 s, s, {mask:#x};\n\t"
+                "lop3.b32 t, s, h, 0x80008000, 0xf8;\n\t"  # s | (h & sign bits)
+                f"mov.b32 c, {scale:#x};\n\t"
+                f"{mul} $0, t, c;\n\t}}")
+    return Uint32(llvm.inline_asm(
+        Uint32.mlir_type, [Uint32(word).ir_value(loc=loc, ip=ip)], body, "=r,r",
+        has_side_effects=False, is_align_stack=False, asm_dialect=llvm.AsmDialect.AD_ATT,
+    ))
+
+
+def widen_words(raw: cute.Tensor, wide: cute.Tensor, rule) -> None:
+    """``wide`` (16-bit, a register vector) = ``raw`` (FP8, as many elements) widened, four bytes a word."""
+    src = cute.recast_tensor(raw, Uint32)
+    dst = cute.recast_tensor(wide, Uint32)
+    for w in range(cute.size(src)):
+        dst[2 * w] = widen_word(src[w], False, rule)
+        dst[2 * w + 1] = widen_word(src[w], True, rule)
+
+
+def staged_loader(inner: CpAsyncKV, tidx, sK: cute.Tensor, sV: cute.Tensor, g2s_k: cute.TiledCopy,
+                  g2s_v: cute.TiledCopy, dtype, num_stages: int) -> DequantKV:
+    """``inner`` (loading into the staging stages) with thread ``tidx``'s partitions of the 16-bit buffers
+    ``sK`` / ``sV`` (tile_n, d, ``MMA_BUFFERS``) by the 16-bit copies ``g2s_k`` / ``g2s_v``."""
+    return DequantKV(inner=inner, tKsK=g2s_k.get_slice(tidx).partition_D(sK),
+                     tVsV=g2s_v.get_slice(tidx).partition_D(sV), dtype=dtype, num_stages=num_stages)
