@@ -21,9 +21,11 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     # fp16 causal and causal over packed Q/K; split-KV: 2 x masks (unpacked, packed GQA), fp16 packed
     # causal over packed Q/K; plus each exact-head-dims entry in both dtypes with and without the sink
     # (those not already listed); paged K/V: 3 x masks per class (prefill, packed GQA with softcap +
-    # sink, packed GQA split) plus chunked prefill and page sizes 1 and 256
+    # sink, packed GQA split) plus chunked prefill and page sizes 1 and 256; FP8 K/V per class: decode over a dense
+    # cache per mask, over a paged one with softcap + sink per mask, chunked prefill, dense prefill full and causal,
+    # packed Q/K, e5m2 and fp16 q, plus the paged decode at each representative head dim
     base = (2 * masks * dims + 3 * masks * classes + 3 * masks * classes + (2 * masks + 2) * classes
-            + (2 * masks + 2) * classes + (3 * masks + 3) * classes)
+            + (2 * masks + 2) * classes + (3 * masks + 3) * classes + (2 * masks + 6) * classes + dims)
     assert len(set(pairs)) == len(pairs)
     # every spec with each config the tile-efficiency rule may pick for it
     assert all([cfg for s2, cfg in pairs if s2 == s] == list(config.dispatch_candidates(s, model))
@@ -47,7 +49,7 @@ def test_table_records_device_and_date():
     base = {f"d{c}_{m}" for c in config.HEAD_DIM_CLASSES for m in ("full", "causal")}
     assert base <= set(data["table"])
     suffixes = ("bf16", "fp16", "local", "cp_async", "m128", "m64", "mha")
-    packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES for kind in ("packgqa", "paged", "paged_m64")}
+    packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES for kind in ("packgqa", "paged", "paged_m64", "fp8kv")}
     exact = config.EXACT_KEY
     assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
                for k in data["table"])

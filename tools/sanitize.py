@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
+                 "paged_fp8",
                  "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "bwd_det_orders", "flex", "sparse", "dropout")
 
 
@@ -201,10 +202,11 @@ def _decode_run():
     torch.cuda.synchronize()
 
 
-def _paged_runs():
+def _paged_runs(fp8: bool = False):
     """Paged K/V through the page table (dense and packed q, decode with splits and prefill tiles, page sizes
     1, 16 and 48), with good and corrupt tables: pages past the pool, negative pages, seqused_k past the
-    table row's capacity or negative."""
+    table row's capacity or negative. ``fp8``: e4m3 caches with per-(batch, KV head) scales (the staging
+    stages and the widening, ``_kernels/kv_dequant``)."""
     import torch
 
     import flash_attn_4_sm120 as fa
@@ -217,6 +219,10 @@ def _paged_runs():
     for page_size in (16, 1, 48):
         num_pages, max_pages = -(-2000 // page_size) * 3, -(-2000 // page_size)
         kc = torch.randn(num_pages, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
+        scales = {}
+        if fp8:
+            kc = kc.to(torch.float8_e4m3fn)
+            scales = dict(k_descale=torch.rand(3, hkv, device="cuda"), v_descale=torch.rand(3, hkv, device="cuda"))
         good = torch.randperm(num_pages, device="cuda")[: 3 * max_pages].view(3, max_pages).to(torch.int32)
         past, negative = good.clone(), good.clone()
         past[0, 1], past[2, -1] = num_pages, 2**30
@@ -231,10 +237,10 @@ def _paged_runs():
         for label, table, seqused in tables:
             for splits in (0, 1, 5):
                 fa.flash_attn_varlen_func(qd, kc, kc, seqused_k=seqused, page_table=table, num_splits=splits,
-                                          return_lse=True)
-            fa.flash_attn_varlen_func(qp, kc, kc, seqused_k=seqused, page_table=table, causal=True)
+                                          return_lse=True, **scales)
+            fa.flash_attn_varlen_func(qp, kc, kc, seqused_k=seqused, page_table=table, causal=True, **scales)
             fa.flash_attn_varlen_func(q_packed, kc, kc, cu_seqlens_q=cu_q, max_seqlen_q=300, seqused_k=seqused,
-                                      page_table=table, causal=True, window_size=(256, 0))
+                                      page_table=table, causal=True, window_size=(256, 0), **scales)
     torch.cuda.synchronize()
 
 
@@ -439,6 +445,7 @@ FAMILIES = {
     "varlen_splitkv": lambda: _varlen_runs(4, True),
     "decode": _decode_run,
     "paged": _paged_runs,
+    "paged_fp8": lambda: _paged_runs(fp8=True),
     "kvcache": _kvcache_runs,
     "combine": _combine_run,
     "bwd": _bwd_runs,
