@@ -116,9 +116,10 @@ def test_refusals_name_the_combination():
         fa.flash_attn_func(_fp8(1, 4, 2, 64), q.detach(), q.detach())
 
 
-def test_kvcache_does_not_write_fp8_caches():
+def test_kvcache_new_rows_for_fp8_caches_come_in_qs_dtype():
+    """New keys / values go into an FP8 cache quantized from q's 16-bit dtype (``AppendSpec.cache_dtype``)."""
     q = torch.zeros(2, 1, 4, 64, dtype=torch.bfloat16)
     cache = _fp8(2, 32, 2, 64)
-    new = torch.zeros(2, 1, 2, 64, dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="FP8 cache"):
-        fa.flash_attn_with_kvcache(q, cache, cache, new, new, cache_seqlens=torch.zeros(2, dtype=torch.int32))
+    for new in (torch.zeros(2, 1, 2, 64, dtype=torch.float16), _fp8(2, 1, 2, 64)):
+        with pytest.raises(TypeError, match="k / v must be torch.bfloat16"):
+            fa.flash_attn_with_kvcache(q, cache, cache, new, new, cache_seqlens=torch.zeros(2, dtype=torch.int32))

@@ -6,7 +6,8 @@ Covers e4m3 and e5m2 K/V beside bf16 and fp16 q, an FP8 q (widened exactly, its 
 KV head) scales and per-tensor ones (expanded views, strides 0) of 1, 2^-8 and 2^8; dense, packed (varlen) and
 paged K/V at page sizes 1, 16 and 64, empty sequences, odd lengths, GQA ratios 1-8 packed and not, split-KV,
 causal / window / softcap / sink; ``flash_attn_with_kvcache`` over a paged FP8 cache, also replayed in a CUDA
-graph; and outputs poisoned with NaN before the call.
+graph, and appending (rotated, quantized) keys into dense and paged FP8 caches; and outputs poisoned with NaN
+before the call.
 """
 
 import math
@@ -245,3 +246,63 @@ def test_backward_refused():
     with pytest.raises(NotImplementedError, match="FP8"):
         flash_attn_func(q, k8, k8)
     assert math.isfinite(flash_attn_func(q.detach(), k8, k8)[0].float().abs().max().item())
+
+
+def neox(x, cos, sin, pos):
+    """GPT-NeoX rotary of x (batch, n, heads, d) at positions pos (batch, n), cos / sin (seqlen_ro, d / 2)."""
+    c, s = cos[pos][:, :, None].float(), sin[pos][:, :, None].float()
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * c - x2 * s, x1 * s + x2 * c], dim=-1)
+
+
+@pytest.mark.parametrize("paged", [False, True])
+@pytest.mark.parametrize("rotary", [False, True])
+@pytest.mark.parametrize("fp8", [E4M3, E5M2])
+def test_kvcache_append_into_fp8_cache(paged, rotary, fp8):
+    """New bf16 keys / values (rotated first) are quantized into the FP8 cache with their scales (value / scale,
+    rounded to nearest), the rest of the cache untouched, and the step attends over the cache as it now is."""
+    from flash_attn_4_sm120 import flash_attn_with_kvcache
+
+    torch.manual_seed(7 + paged + 2 * rotary)
+    b, hq, hkv, d, n_new, page, cap = 3, 8, 2, 128, 3, 16, 256
+    lens = torch.tensor([0, 37, 200], dtype=torch.int32, device="cuda")
+    dense8, _ = quantize(torch.randn(b, cap, hkv, d, device="cuda"), fp8, scale=1 / 64)
+    dense_v8, _ = quantize(torch.randn(b, cap, hkv, d, device="cuda"), fp8, scale=1 / 64)
+    kd = torch.rand(b, hkv, device="cuda") * 0.02 + 0.005
+    vd = torch.rand(b, hkv, device="cuda") * 0.02 + 0.005
+    kn = torch.randn(b, n_new, hkv, d, device="cuda", dtype=torch.bfloat16)
+    vn = torch.randn(b, n_new, hkv, d, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(b, n_new, hq, d, device="cuda", dtype=torch.bfloat16)
+    kw = dict(cache_seqlens=lens, causal=True, k_descale=kd, v_descale=vd)
+    if rotary:
+        cos, sin = (f(torch.rand(cap, d // 2, device="cuda") * 6).to(torch.bfloat16) for f in (torch.cos, torch.sin))
+        kw.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=False)
+    if paged:
+        table = torch.randperm(b * cap // page, device="cuda").view(b, cap // page).to(torch.int32)
+        kc = torch.empty(b * cap // page, page, hkv, d, device="cuda", dtype=fp8)
+        vc = torch.empty_like(kc)
+        rows = (table.long()[:, :, None] * page + torch.arange(page, device="cuda")).view(b, cap)
+        kc.view(-1, hkv, d)[rows] = dense8
+        vc.view(-1, hkv, d)[rows] = dense_v8
+        kw["page_table"] = table
+    else:
+        kc, vc = dense8.clone(), dense_v8.clone()
+    out = flash_attn_with_kvcache(q, kc, vc, kn, vn, **kw)
+    k_now = kc.view(-1, hkv, d)[rows] if paged else kc
+    v_now = vc.view(-1, hkv, d)[rows] if paged else vc
+    pos = lens[:, None].long() + torch.arange(n_new, device="cuda")
+    k_rot = neox(kn, cos, sin, pos) if rotary else kn.float()
+    for i in range(b):
+        n = int(lens[i])
+        assert torch.equal(k_now[i, :n].view(torch.uint8), dense8[i, :n].view(torch.uint8))  # untouched
+        assert torch.equal(k_now[i, n + n_new:].view(torch.uint8), dense8[i, n + n_new:].view(torch.uint8))
+        for got, new, scale in ((k_now[i, n:n + n_new], k_rot[i], kd[i]), (v_now[i, n:n + n_new], vn[i].float(), vd[i])):
+            want = (new * (1.0 / scale)[None, :, None]).clamp(-FP8_MAX[fp8], FP8_MAX[fp8]).to(fp8)
+            same = got.view(torch.uint8) == want.view(torch.uint8)
+            assert same.float().mean().item() >= 0.99  # rounding of new * (1 / scale): ties may differ by a code
+            assert ((got.float() - want.float()).abs() <= want.float().abs() * 0.26 + 2 ** -16).all()
+        kk = k_now[i:i + 1, :n + n_new].float() * kd[i][None, None, :, None]
+        vv = v_now[i:i + 1, :n + n_new].float() * vd[i][None, None, :, None]
+        qi = neox(q[i:i + 1], cos, sin, pos[i:i + 1]).bfloat16() if rotary else q[i:i + 1]
+        ref, _, pt = reference(qi, kk, vv, causal=True)
+        check(out[i:i + 1], ref, pt)

@@ -289,8 +289,9 @@ def _fake_append_args(spec: AppendSpec):
     k_new = rows(spec.varlen_new, heads_kv, spec.head_dim) if spec.new_kv else None
     v_new = rows(spec.varlen_new, heads_kv, spec.head_dim_v) if spec.new_kv else None
     slots = (cute.sym_int(), spec.page_size or cute.sym_int())  # (num_pages, page_size) or (batch_cache, seqlen)
-    k_cache = _fake_tensor(dtype, (*slots, heads_kv, spec.head_dim))
-    v_cache = _fake_tensor(dtype, (*slots, heads_kv, spec.head_dim_v))
+    cache_dtype = CUTLASS_DTYPES[spec.cache_dtype] if spec.cache_dtype else dtype
+    k_cache = _fake_tensor(cache_dtype, (*slots, heads_kv, spec.head_dim))
+    v_cache = _fake_tensor(cache_dtype, (*slots, heads_kv, spec.head_dim_v))
     page_table = (cute.runtime.make_fake_tensor(cutlass.Int32, (batch, cute.sym_int()), stride=(cute.sym_int64(), 1),
                                                 assumed_align=4) if spec.page_size else None)
     # cos / sin (seqlen_ro, rotary_dim / 2): rows of whole 16-byte vectors
@@ -301,13 +302,15 @@ def _fake_append_args(spec: AppendSpec):
             int_vector(batch) if spec.rotary_seqlens else None, cos, sin,
             int_vector() if spec.varlen_q and rotary else None, int_vector() if spec.varlen_new and spec.new_kv else None,
             int_vector(batch), int_vector() if spec.key_starts else None, cutlass.Int32(0),
+            *_fake_descales(spec.cache_dtype if spec.new_kv else None),
             cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True))
 
 
 def compile_append(spec: AppendSpec, model: ExecutionModel, target: str, extra_options: str = ""):
     """Trace and compile the KV-cache append kernel; returns ``fn(q, q_out, k_new, v_new, k_cache, v_cache,
     page_table, cache_seqlens, cache_batch_idx, cache_leftpad, rotary_seqlens, cos, sin, cu_seqlens_q,
-    cu_seqlens_k_new, used_k, key_start, max_rows)`` taking torch tensors (TVM FFI, current stream)."""
+    cu_seqlens_k_new, used_k, key_start, max_rows, k_descale, v_descale)`` taking torch tensors (TVM FFI, current
+    stream); the descales (fp32 (batch, heads_kv)) only when new keys go into FP8 caches."""
     from ._kernels.kv_append import KVCacheAppend
 
     return _compile_small(KVCacheAppend, "append", spec, model, target, _fake_append_args, extra_options)

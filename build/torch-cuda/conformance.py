@@ -106,7 +106,8 @@ class AppendCase:
         s = self.spec
         flags = (f"_rot{s.rotary_dim}" + ("i" if s.rotary_interleaved else "") if s.rotary_dim else "") + \
             ("_new" if s.new_kv else "") + ("_varlen" if s.varlen_q or s.varlen_new else "") + \
-            (f"_paged{s.page_size}" if s.page_size else "") + ("_starts" if s.key_starts else "")
+            (f"_paged{s.page_size}" if s.page_size else "") + ("_starts" if s.key_starts else "") + \
+            (f"_cache{s.cache_dtype}" if s.cache_dtype else "")
         return f"append_{s.dtype}_d{s.head_dim}x{s.head_dim_v}{flags}"
 
     def describe(self) -> dict:
@@ -200,6 +201,12 @@ def append_specs() -> list[AppendSpec]:
                                             rotary_q_per_row=True, rotary_seqlens=bool(rotary and starts),
                                             new_kv=True, varlen_q=varlen, varlen_new=varlen, page_size=paged,
                                             batch_idx=starts, leftpad=starts))
+    # FP8 caches: new rows quantized (rotated first) into e4m3 / e5m2, paged and dense, at each head dim
+    for cache_dtype in ("e4m3", "e5m2"):
+        for d, dv in ((64, 64), (128, 128), (192, 128), (256, 256)):
+            for paged in (16, 0):
+                specs.append(AppendSpec("bf16", d, dv, rotary_dim=d, rotary_interleaved=False, rotary_q_per_row=True,
+                                        new_kv=True, page_size=paged, cache_dtype=cache_dtype))
     return specs
 
 

@@ -32,8 +32,8 @@ there (``rotary_seqlens[b] + i`` when given). q row i is rotated at ``cache_seql
 end (or past a table row's pages) are not written: size the cache for the steps ahead.
 
 FP8 caches (``torch.float8_e4m3fn`` / ``float8_e5m2``, FlashAttention-3's ``q_descale`` / ``k_descale`` /
-``v_descale``, ``FwdSpec.kv_dtype``) are read in place; the call does not write them (no ``k`` / ``v``, rotary or
-per-sequence starts: the append kernel writes 16-bit caches).
+``v_descale``, ``FwdSpec.kv_dtype``) are read in place; new keys / values (in q's 16-bit dtype) are quantized into
+them with ``k_descale`` / ``v_descale`` (``AppendSpec.cache_dtype``: value / scale, rounded, saturating).
 
 Not supported (raise, naming the alternative): ``alibi_slopes``, ``qv``, ``attention_chunk``,
 ``scheduler_metadata``, ``sm_margin``, dropout; gradients (a KV-cache call is inference: nothing is recorded
@@ -49,7 +49,7 @@ import torch
 
 from . import compiler
 from .launch import call_key, launch_env, launch_on, model_and_target, plan_for, remember, remembered, with_packing
-from .problem import AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
+from .problem import FP8_DTYPES, AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
 from .validation import check_options, fp8_scales, is_fp8, plain_sink, widened_q
 
 
@@ -69,7 +69,7 @@ class _KVCachePlan:
     return_lse: bool
 
     def run(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, sink, out, descale=()):
+            page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, sink, out, descale=(), cache_descale=()):
         device = q.device
         used_k = cache_seqlens
         key_start = None
@@ -82,7 +82,7 @@ class _KVCachePlan:
             args = (q if q_out is not None else None, q_out, k, v, k_cache, v_cache, page_table, cache_seqlens,
                     cache_batch_idx, cache_leftpad, rotary_seqlens, rotary_cos, rotary_sin,
                     cu_seqlens_q if q_out is not None else None, cu_seqlens_k_new if k is not None else None, used_k,
-                    key_start, self.max_rows)
+                    key_start, self.max_rows, *(cache_descale or (None, None)))
             launch_on(device, ((self.append, args),))
             if q_out is not None:
                 q_att = q_out
@@ -183,7 +183,6 @@ def flash_attn_with_kvcache(
     fp8 = descales is not None or is_fp8(k_cache) or is_fp8(q)
     fp8_q = is_fp8(q)
     if fp8:
-        _refuse_fp8_append(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad)
         q = widened_q(q, k_cache, descales)
     tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, learnable_sink, out)
@@ -202,24 +201,13 @@ def flash_attn_with_kvcache(
                                    cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, plain_max_q,
                                    rotary_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved,
                                    learnable_sink, num_splits, pack_gqa, return_softmax_lse))
-    descale = fp8_scales(descales, fp8_q, plan.batch, k_cache.shape[-2], q.device) if fp8 else ()
+    descale = cache_descale = ()
+    if fp8:  # the attention's scales (q's joined to K's), and the cache's own for the rows appended
+        descale = fp8_scales(descales, fp8_q, plan.batch, k_cache.shape[-2], q.device)
+        cache_descale = fp8_scales(descales, False, plan.batch, k_cache.shape[-2], q.device) if k is not None else ()
     return plan.run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                     page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, plain_sink(learnable_sink), out,
-                    descale)
-
-
-def _refuse_fp8_append(k, v, rotary_cos, rotary_sin, cache_batch_idx, cache_leftpad) -> None:
-    """FP8 caches are read, not written: the append kernel (new keys, rotary, per-sequence starts) writes
-    16-bit caches only."""
-    given = [name for name, t in (("k / v", k if k is not None else v), ("rotary_cos / rotary_sin", rotary_cos
-             if rotary_cos is not None else rotary_sin), ("cache_batch_idx", cache_batch_idx),
-             ("cache_leftpad", cache_leftpad)) if t is not None]
-    if given:
-        raise NotImplementedError(
-            f"flash_attn_with_kvcache({', '.join(given)}=...) with an FP8 cache: the append kernel (new keys, "
-            "rotary, per-sequence starts) writes 16-bit caches only. Quantize and write new keys yourself "
-            "(k_cache[...] = (k / k_descale).to(k_cache.dtype), rotated first), then attend without k / v, "
-            "as serving engines do")
+                    descale, cache_descale)
 
 
 def _full_lengths(q, k_cache, page_table, cu_seqlens_q, length: Optional[int]) -> torch.Tensor:
@@ -277,8 +265,11 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
         if k.shape[-2:] != k_cache.shape[-2:] or v.shape[-2:] != v_cache.shape[-2:] or k.shape[:-1] != v.shape[:-1]:
             raise ValueError(f"k {tuple(k.shape)} / v {tuple(v.shape)} must match the caches' (heads_kv, head_dim): "
                              f"{tuple(k_cache.shape[-2:])} / {tuple(v_cache.shape[-2:])}")
-        if k.dtype != k_cache.dtype or v.dtype != v_cache.dtype or k.device != device or v.device != device:
-            raise TypeError("k / v must have the caches' dtype and q's device")
+        fp8_cache = k_cache.dtype in FP8_DTYPES
+        want = (q.dtype, q.dtype) if fp8_cache else (k_cache.dtype, v_cache.dtype)
+        if (k.dtype, v.dtype) != want or k.device != device or v.device != device:
+            raise TypeError(f"k / v must be {want[0]} on q's device (the caches' dtype, or q's beside FP8 caches, which "
+                            f"they are quantized into), got {k.dtype} / {v.dtype}")
     elif cu_seqlens_k_new is not None:
         raise ValueError("cu_seqlens_k_new describes new k / v; pass them too")
     rotary_dim = 0
@@ -300,7 +291,7 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
                       rotary_q_per_row=False, rotary_seqlens=rotary_seqlens is not None, new_kv=new_kv,
                       varlen_q=cu_seqlens_q is not None, varlen_new=cu_seqlens_k_new is not None,
                       page_size=k_cache.shape[1] if paged else 0, batch_idx=cache_batch_idx is not None,
-                      leftpad=cache_leftpad is not None)
+                      leftpad=cache_leftpad is not None, cache_dtype=FP8_DTYPES.get(k_cache.dtype))
     # The attention over the cache, validated as a varlen call (the caches are its K/V).
     packed_cache = None
     att_k, att_v, starts = k_cache, v_cache, None

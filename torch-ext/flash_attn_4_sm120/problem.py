@@ -512,6 +512,9 @@ class AppendSpec:
     #: dense cache rows of sequence b are ``cache_batch_idx[b]``'s; keys start at ``cache_leftpad[b]``
     batch_idx: bool = False
     leftpad: bool = False
+    #: FP8 caches ("e4m3" | "e5m2"; None: the caches have ``dtype``): new keys / values are divided by their
+    #: (batch, KV head) scale and rounded to the cache's type, saturating (``_kernels/kv_append``)
+    cache_dtype: Optional[str] = None
 
     @property
     def key_starts(self) -> bool:

@@ -27,6 +27,10 @@ Cache addressing: dense (batch_cache, seqlen_cache, heads_kv, d), sequence b in 
 ``cache_batch_idx[b]`` (else b); paged (num_pages, page_size, heads_kv, d), key j of sequence b in row
 ``j % page_size`` of page ``page_table[b, j // page_size]``.
 
+FP8 caches (``AppendSpec.cache_dtype``): a new key / value is multiplied by the reciprocal of its (batch, KV
+head) scale (``k_descale`` / ``v_descale``, FlashAttention-3's convention: the cache holds value / scale) in fp32,
+after the rotary embedding, and rounded to the cache's type, saturating at its largest finite value.
+
 Bounds safety, as in the attention (``seqlen_info``): metadata is never trusted. Key positions outside
 the cache (negative, at or past seqlen_cache, past the table row's pages) are not written; batch
 indices and page entries are clamped into the cache; rotary positions into cos/sin's rows; packed
@@ -49,6 +53,13 @@ from .seqlen_info import clamp, num_heads, sequence_heads
 
 #: elements one lane moves: a 16-byte vector of bf16 / fp16
 VEC = 8
+#: the largest finite value of each FP8 cache type (quantized rows saturate there)
+FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+
+
+def _saturated(x, top):
+    """``x`` (fp32 TensorSSA) clamped into [-top, top]."""
+    return cute.where(x > top, cute.full_like(x, top), cute.where(x < -top, cute.full_like(x, -top), x))
 
 
 class KVCacheAppend:
@@ -61,6 +72,8 @@ class KVCacheAppend:
         self.spec = spec
         self.model = model
         self.dtype = CUTLASS_DTYPES[spec.dtype]
+        #: the caches' element type: ``dtype``, or the FP8 type new rows are quantized to
+        self.cache_dtype = CUTLASS_DTYPES[spec.cache_dtype] if spec.cache_dtype else self.dtype
 
     @staticmethod
     def can_implement(spec: AppendSpec, model: ExecutionModel) -> tuple[str, ...]:
@@ -94,13 +107,17 @@ class KVCacheAppend:
         mUsedK: cute.Tensor,
         mKeyStart: Optional[cute.Tensor],
         max_rows: Int32,
+        mKDescale: Optional[cute.Tensor],
+        mVDescale: Optional[cute.Tensor],
         stream: cuda.CUstream,
     ):
-        """``max_rows``: the most (row, head) pairs any job has in one sequence (the grid's x extent in warps)."""
-        if const_expr(mKcache.element_type != self.dtype):
-            raise TypeError("the caches must have the spec's dtype")
+        """``max_rows``: the most (row, head) pairs any job has in one sequence (the grid's x extent in warps);
+        ``mKDescale`` / ``mVDescale``: the FP8 caches' scales of new rows, (batch, heads_kv) fp32."""
+        if const_expr(mKcache.element_type != self.cache_dtype):
+            raise TypeError("the caches must have the spec's cache dtype")
         self.kernel(mQ, mQout, mKnew, mVnew, mKcache, mVcache, mPageTable, mCacheSeqlens, mBatchIdx, mLeftpad,
-                    mRotarySeqlens, mCos, mSin, mCuSeqlensQ, mCuSeqlensNew, mUsedK, mKeyStart).launch(
+                    mRotarySeqlens, mCos, mSin, mCuSeqlensQ, mCuSeqlensNew, mUsedK, mKeyStart, mKDescale,
+                    mVDescale).launch(
             grid=(cute.ceil_div(max_rows, self.num_warps), 3, mCacheSeqlens.shape[0]),
             block=[self.num_warps * 32, 1, 1],
             use_pdl=self.model.has_pdl,
@@ -127,6 +144,8 @@ class KVCacheAppend:
         mCuSeqlensNew: Optional[cute.Tensor],
         mUsedK: cute.Tensor,
         mKeyStart: Optional[cute.Tensor],
+        mKDescale: Optional[cute.Tensor],
+        mVDescale: Optional[cute.Tensor],
     ):
         tidx, _, _ = cute.arch.thread_idx()
         bx, job, batch = cute.arch.block_idx()
@@ -153,10 +172,10 @@ class KVCacheAppend:
         if const_expr(self.spec.new_kv):
             if job == 1:
                 self.append_row(mKnew, mKcache, mPageTable, mBatchIdx, mCuSeqlensNew, mCos, mSin, batch, row,
-                                cache_end, rotary_base, lane, self.spec.head_dim, True)
+                                cache_end, rotary_base, lane, self.spec.head_dim, True, mKDescale)
             if job == 2:
                 self.append_row(mVnew, mVcache, mPageTable, mBatchIdx, mCuSeqlensNew, mCos, mSin, batch, row,
-                                cache_end, rotary_base, lane, self.spec.head_dim_v, False)
+                                cache_end, rotary_base, lane, self.spec.head_dim_v, False, mVDescale)
 
     @cute.jit
     def write_metadata(self, mKnew, mKcache, mCacheSeqlens, mBatchIdx, mLeftpad, mCuSeqlensNew, mUsedK, mKeyStart,
@@ -183,59 +202,66 @@ class KVCacheAppend:
     @cute.jit
     def append_row(self, mNew: cute.Tensor, mCache: cute.Tensor, mPageTable, mBatchIdx, mCuSeqlensNew, mCos, mSin,
                    batch, row, cache_end, rotary_base, lane, width: cutlass.Constexpr[int],
-                   rotate: cutlass.Constexpr[bool]):
+                   rotate: cutlass.Constexpr[bool], mDescale=None):
         """Row ``row`` ((new token, head) flattened) of sequence ``batch``'s new keys or values into its
-        cache slot, rotated when ``rotate``; a slot outside the cache is skipped."""
+        cache slot, rotated when ``rotate``, divided by ``mDescale[batch, head]`` for an FP8 cache; a slot outside
+        the cache is skipped."""
         mNew_b, new_len = sequence_heads(mNew, batch, mCuSeqlensNew, None)
         heads = num_heads(mNew, self.spec.varlen_new)
         i, head = row // heads, row % heads
         pos = cache_end + i
+        inv = None  # FP8 caches: 1 / scale, once per row (head < heads_kv: in bounds for every row)
+        if const_expr(self.spec.cache_dtype is not None):
+            inv = Float32(1.0) / Float32(mDescale[batch, head])
         if i < new_len and pos >= 0:
             if const_expr(self.spec.page_size > 0):
                 slot = pos // self.spec.page_size
                 if slot < mPageTable.shape[1]:
                     page = clamp(mPageTable[batch, slot], 0, mCache.shape[0] - 1)
                     self.move_row(mNew_b[i, head, None], mCache[page, pos % self.spec.page_size, head, None], mCos,
-                                  mSin, rotary_base + i, lane, width, rotate)
+                                  mSin, rotary_base + i, lane, width, rotate, inv)
             else:
                 if pos < mCache.shape[1]:
                     row0 = batch
                     if const_expr(self.spec.batch_idx):
                         row0 = clamp(mBatchIdx[batch], 0, mCache.shape[0] - 1)
                     self.move_row(mNew_b[i, head, None], mCache[row0, pos, head, None], mCos, mSin, rotary_base + i,
-                                  lane, width, rotate)
+                                  lane, width, rotate, inv)
 
     @cute.jit
     def move_row(self, src: cute.Tensor, dst: cute.Tensor, mCos, mSin, pos, lane, width: cutlass.Constexpr[int],
-                 rotate: cutlass.Constexpr[bool]):
+                 rotate: cutlass.Constexpr[bool], inv=None):
         """One (width,) row from ``src`` to ``dst`` by a warp, rotated at position ``pos`` when ``rotate``
-        and the spec has a rotary embedding."""
+        and the spec has a rotary embedding; ``inv``: an FP8 ``dst``'s 1 / scale (``store_vec``)."""
         r = self.spec.rotary_dim if const_expr(rotate) else 0
         if const_expr(r == 0):
             if lane < width // VEC:
-                self.copy_vec(src, dst, lane)
+                self.copy_vec(src, dst, lane, inv)
         else:
             p = clamp(pos, 0, mCos.shape[0] - 1)
             if const_expr(self.spec.rotary_interleaved):
                 if lane < r // VEC:
-                    self.rotate_pairs(src, dst, mCos[p, None], mSin[p, None], lane)
+                    self.rotate_pairs(src, dst, mCos[p, None], mSin[p, None], lane, inv)
                 else:
                     if lane < width // VEC:
-                        self.copy_vec(src, dst, lane)
+                        self.copy_vec(src, dst, lane, inv)
             else:
                 half = r // 2 // VEC  # vectors per half of the rotated columns
                 if lane < half:
-                    self.rotate_halves(src, dst, mCos[p, None], mSin[p, None], lane, half)
+                    self.rotate_halves(src, dst, mCos[p, None], mSin[p, None], lane, half, inv)
                 else:
                     if lane >= 2 * half and lane < width // VEC:
-                        self.copy_vec(src, dst, lane)
+                        self.copy_vec(src, dst, lane, inv)
 
     @cute.jit
-    def copy_vec(self, src: cute.Tensor, dst: cute.Tensor, v):
-        """Vector ``v`` (16 bytes) of a row, unchanged."""
-        frag = cute.make_rmem_tensor(VEC, self.dtype)
-        cute.autovec_copy(cute.local_tile(src, (VEC,), (v,)), frag)
-        cute.autovec_copy(frag, cute.local_tile(dst, (VEC,), (v,)))
+    def copy_vec(self, src: cute.Tensor, dst: cute.Tensor, v, inv=None):
+        """Vector ``v`` (16 bytes) of a row, unchanged (or quantized into an FP8 ``dst``: ``store_vec``)."""
+        if const_expr(inv is not None):
+            self.store_vec(self.load_f32(src, VEC, v), dst, v, inv)
+        else:
+            frag = cute.make_rmem_tensor(VEC, self.dtype)
+            cute.autovec_copy(cute.local_tile(src, (VEC,), (v,)), frag)
+            cute.autovec_copy(frag, cute.local_tile(dst, (VEC,), (v,)))
 
     @cute.jit
     def load_f32(self, src: cute.Tensor, n: cutlass.Constexpr[int], v):
@@ -247,14 +273,20 @@ class KVCacheAppend:
         return out
 
     @cute.jit
-    def store_vec(self, x, dst: cute.Tensor, v):
-        """fp32 registers ``x`` (VEC,) rounded into vector ``v`` of ``dst``."""
-        frag = cute.make_rmem_tensor(VEC, self.dtype)
-        frag.store(x.load().to(self.dtype))
+    def store_vec(self, x, dst: cute.Tensor, v, inv=None):
+        """fp32 registers ``x`` (VEC,) rounded into vector ``v`` of ``dst``; with ``inv`` (an FP8 ``dst``), ``x *
+        inv`` rounded to FP8, saturating at the largest finite value."""
+        if const_expr(inv is not None):
+            frag = cute.make_rmem_tensor(VEC, self.cache_dtype)
+            top = Float32(FP8_MAX[self.spec.cache_dtype])
+            frag.store(_saturated(x.load() * inv, top).to(self.cache_dtype))
+        else:
+            frag = cute.make_rmem_tensor(VEC, self.dtype)
+            frag.store(x.load().to(self.dtype))
         cute.autovec_copy(frag, cute.local_tile(dst, (VEC,), (v,)))
 
     @cute.jit
-    def rotate_halves(self, src: cute.Tensor, dst: cute.Tensor, cos: cute.Tensor, sin: cute.Tensor, v, half):
+    def rotate_halves(self, src: cute.Tensor, dst: cute.Tensor, cos: cute.Tensor, sin: cute.Tensor, v, half, inv=None):
         """GPT-NeoX: vector ``v`` of the first half with vector ``v + half`` of the second."""
         x1, x2 = self.load_f32(src, VEC, v), self.load_f32(src, VEC, v + half)
         c, s = self.load_f32(cos, VEC, v), self.load_f32(sin, VEC, v)
@@ -262,11 +294,11 @@ class KVCacheAppend:
         y2 = cute.make_rmem_tensor(VEC, Float32)
         y1.store(x1.load() * c.load() - x2.load() * s.load())
         y2.store(x1.load() * s.load() + x2.load() * c.load())
-        self.store_vec(y1, dst, v)
-        self.store_vec(y2, dst, v + half)
+        self.store_vec(y1, dst, v, inv)
+        self.store_vec(y2, dst, v + half, inv)
 
     @cute.jit
-    def rotate_pairs(self, src: cute.Tensor, dst: cute.Tensor, cos: cute.Tensor, sin: cute.Tensor, v):
+    def rotate_pairs(self, src: cute.Tensor, dst: cute.Tensor, cos: cute.Tensor, sin: cute.Tensor, v, inv=None):
         """GPT-J: the VEC // 2 adjacent pairs of vector ``v``, with cos/sin entries ``v * VEC // 2 + j``."""
         x = self.load_f32(src, VEC, v)
         c, s = self.load_f32(cos, VEC // 2, v), self.load_f32(sin, VEC // 2, v)
@@ -274,4 +306,4 @@ class KVCacheAppend:
         for j in cutlass.range_constexpr(VEC // 2):
             y[2 * j] = x[2 * j] * c[j] - x[2 * j + 1] * s[j]
             y[2 * j + 1] = x[2 * j] * s[j] + x[2 * j + 1] * c[j]
-        self.store_vec(y, dst, v)
+        self.store_vec(y, dst, v, inv)
