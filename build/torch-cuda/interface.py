@@ -12,18 +12,17 @@ namespaced custom ops instead (``custom_ops``). A repeated call replays its reme
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import torch
 
 from .autograd import dtype_of, gradients, needs_grad, replay, run_call
-from .custom_ops import CompiledFwd, CompiledVarlenFwd, distinct
+from .custom_ops import CompiledFwd, CompiledVarlenFwd, distinct, fp8_call
 from .launch import dispatch_model, launch_fwd, varlen_rememberable, with_packing
 from .problem import kernel_layout
-from .validation import (check_options, fp8_args, fp8_refusals, fp8_scales, has_mods, is_fp8, mods_of,
-                         refuse_unimplemented, rng_of, validate_varlen_call, validated, widened_q, window_entries,
-                         with_block_sparse, with_mods)
+from .fp8 import fp8_args, is_fp8
+from .validation import (check_options, has_mods, mods_of, refuse_unimplemented, rng_of, validate_varlen_call,
+                         validated, window_entries, with_block_sparse, with_mods)
 
 
 def flash_attn_func(
@@ -73,7 +72,7 @@ def flash_attn_func(
     descales = fp8_args(kwargs)
     refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
     if descales is not None or is_fp8(k) or is_fp8(q):
-        return _fp8_call(q, k, v, None, descales, mods, softmax_scale=softmax_scale, causal=causal,
+        return fp8_call(q, k, v, None, descales, mods, softmax_scale=softmax_scale, causal=causal,
                          window_size=window_size, learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits,
                          pack_gqa=pack_gqa, return_lse=return_lse)
     if has_mods(mods):
@@ -156,7 +155,7 @@ def flash_attn_varlen_func(
                       max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
                       check_metadata=check_metadata)
     if fp8:
-        return _fp8_call(q, k, v, varlen, descales, mods, softmax_scale=softmax_scale, causal=causal,
+        return fp8_call(q, k, v, varlen, descales, mods, softmax_scale=softmax_scale, causal=causal,
                          window_size=window_size, learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits,
                          pack_gqa=pack_gqa, return_lse=return_lse)
     if has_mods(mods):
@@ -216,31 +215,6 @@ def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causa
         pack_gqa, num_splits = False, 1  # the lists are per query head and walked whole (config.block_sparse_problems)
     return run_call(q, k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
                     learnable_sink, bool(deterministic))
-
-
-@torch.compiler.disable
-def _fp8_call(q, k, v, varlen: Optional[dict], descales: Optional[tuple], mods: dict, softmax_scale, causal,
-              window_size, learnable_sink, softcap, num_splits, pack_gqa, return_lse):
-    """A forward over FP8 K/V (``FwdSpec.kv_dtype``), dense (``varlen`` None) or varlen (its keyword arguments), with
-    FlashAttention-3's ``descales`` (q, k, v; ``validation.fp8_scales``); an FP8 q is widened first
-    (``validation.widened_q``). Eager under torch.compile (a graph break) and never remembered as a launch plan:
-    the scales are per-call tensors."""
-    fp8_refusals(mods, needs_grad(q, k, v, learnable_sink))
-    fp8_q = is_fp8(q)
-    q = widened_q(q, k, descales)
-    if varlen is None:
-        q, k, v, spec, shape, params = validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
-        tensors = None
-    else:
-        q, k, v = (kernel_layout(t) for t in (q, k, v))
-        spec, shape, params, tensors = validate_varlen_call(
-            q, k, v, varlen["cu_seqlens_q"], varlen["cu_seqlens_k"], varlen["max_seqlen_q"], varlen["max_seqlen_k"],
-            varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
-            varlen["check_metadata"], varlen["page_table"])
-    params = dataclasses.replace(params, descale=fp8_scales(descales, fp8_q, shape.batch, shape.num_heads_kv,
-                                                              q.device))
-    return run_call(q, k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
-                    learnable_sink, False)
 
 
 def flash_attn_fwd(

@@ -15,10 +15,11 @@ from typing import Optional
 import torch
 
 from ._ops import add_op_namespace_prefix
-from .autograd import dtype_of, gradients, per_call, replay, run_call
+from .autograd import dtype_of, gradients, needs_grad, per_call, replay, run_call
+from .fp8 import fp8_forward, fp8_refusals, is_fp8
 from .launch import call_key, remember, remembered, varlen_rememberable, with_packing
 from .problem import kernel_layout
-from .validation import check_options, refusal, validate_varlen_call, validated
+from .validation import check_options, refusal, validate_varlen_call, validated, window_entries
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
@@ -81,6 +82,31 @@ def _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_
     heads = q.shape[-2]
     lse_shape = (heads, q.shape[0]) if cu_seqlens_q is not None else (q.shape[0], heads, q.shape[1])
     return out, q.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _fp8_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: Optional[torch.Tensor],
+              cu_seqlens_k: Optional[torch.Tensor], seqused_q: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor],
+              max_seqlen_q: Optional[int], max_seqlen_k: Optional[int], softmax_scale: Optional[float], causal: bool,
+              window_left: Optional[int], window_right: Optional[int], softcap: float,
+              learnable_sink: Optional[torch.Tensor], num_splits: int, pack_gqa: Optional[bool],
+              check_metadata: Optional[bool], page_table: Optional[torch.Tensor], q_descale: Optional[torch.Tensor],
+              k_descale: Optional[torch.Tensor], v_descale: Optional[torch.Tensor],
+              dense: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP8 K/V forward op (inference: no autograd; ``fp8.fp8_forward``), dense or varlen."""
+    varlen = None if dense else dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                                     max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
+                                     page_table=page_table, check_metadata=check_metadata)
+    return fp8_forward(q, k, v, varlen, (q_descale, k_descale, v_descale), {}, softmax_scale, causal,
+                       (window_left, window_right), learnable_sink, softcap, num_splits or None, pack_gqa, True)
+
+
+def _fp8_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+              causal, window_left, window_right, softcap, learnable_sink, num_splits, pack_gqa, check_metadata,
+              page_table, q_descale, k_descale, v_descale, dense):
+    out, lse = _varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                            softmax_scale, causal, window_left, window_right, softcap, learnable_sink, num_splits,
+                            pack_gqa, check_metadata, page_table, False, None)
+    return (out.to(torch.bfloat16) if is_fp8(q) else out), lse
 
 
 def _bwd_impl(dout: torch.Tensor, dlse: Optional[torch.Tensor], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -227,6 +253,25 @@ _fwd_op = _register_op("fwd", _fwd_impl, _fwd_fake)
 
 
 _varlen_op = _register_op("varlen_fwd", _varlen_impl, _varlen_fake)
+
+
+_fp8_op = _register_op("fp8_fwd", _fp8_impl, _fp8_fake)
+
+
+def fp8_call(q, k, v, varlen: Optional[dict], descales: Optional[tuple], mods: dict, softmax_scale, causal, window_size,
+             learnable_sink, softcap, num_splits, pack_gqa, return_lse):
+    """An entry's FP8 K/V forward (``fp8.fp8_forward``): eager, or under ``torch.compile`` the FP8 op (inference: the
+    refusals, a gradient's included, are raised while tracing)."""
+    if not torch.compiler.is_compiling():
+        return fp8_forward(q, k, v, varlen, descales, mods, softmax_scale, causal, window_size, learnable_sink, softcap,
+                           num_splits, pack_gqa, return_lse)
+    fp8_refusals(mods, needs_grad(q, k, v, learnable_sink))
+    vl = varlen or {}
+    out, lse = _fp8_op(q, k, v, vl.get("cu_seqlens_q"), vl.get("cu_seqlens_k"), vl.get("seqused_q"), vl.get("seqused_k"),
+                       vl.get("max_seqlen_q"), vl.get("max_seqlen_k"), softmax_scale, bool(causal),
+                       *window_entries(window_size), float(softcap or 0.0), learnable_sink, num_splits or 0, pack_gqa,
+                       vl.get("check_metadata"), vl.get("page_table"), *(descales or (None, None, None)), varlen is None)
+    return out, (lse if return_lse else None)
 
 
 def distinct(*tensors) -> tuple:

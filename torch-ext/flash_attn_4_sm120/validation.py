@@ -15,7 +15,7 @@ import torch
 
 from . import block_sparse, compiler, dropout, flex, manifest
 from .metadata import check_requested, check_varlen_metadata
-from .problem import FP8_DTYPES, LOG2_E, kernel_layout, misaligned_row_dim, validate_fwd, validate_varlen
+from .problem import LOG2_E, kernel_layout, misaligned_row_dim, validate_fwd, validate_varlen
 
 
 def check_options(num_splits, pack_gqa) -> None:
@@ -216,81 +216,3 @@ def with_block_sparse(spec, shape, params, sparse, needs_grad: bool, num_splits,
 def plain_sink(learnable_sink):
     """The sink as the kernels read it (``problem._runtime_params`` does the same on the first call)."""
     return None if learnable_sink is None else learnable_sink.detach().to(torch.float32).contiguous()
-
-
-#: FlashAttention-3's FP8 scale arguments, taken out of an entry's keyword arguments (``fp8_args``)
-DESCALE_ARGS = ("q_descale", "k_descale", "v_descale")
-
-
-def fp8_args(kwargs: dict) -> Optional[tuple]:
-    """``(q_descale, k_descale, v_descale)`` taken out of ``kwargs``, or None when the call passes none."""
-    if not any(name in kwargs for name in DESCALE_ARGS):
-        return None
-    return tuple(kwargs.pop(name, None) for name in DESCALE_ARGS)
-
-
-def is_fp8(t) -> bool:
-    return isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES
-
-
-def widened_q(q, k, descales: Optional[tuple]):
-    """An FP8 q as the kernels take it: widened to bf16 (exact: every e4m3 / e5m2 value is a bf16 value; the
-    output is bf16, as FlashAttention-3 returns for FP8 inputs), its scale joining K's (``fp8_scales``). Raises
-    for an FP8 q beside 16-bit K/V, and for scales given with 16-bit inputs."""
-    if is_fp8(q):
-        if not is_fp8(k):
-            raise TypeError(f"q is {q.dtype} but k is {getattr(k, 'dtype', type(k).__name__)}: an FP8 q needs FP8 "
-                            "K/V (FlashAttention-3's convention); pass q in bfloat16 / float16 beside 16-bit K/V")
-        return q.to(torch.bfloat16)
-    if descales is not None and any(d is not None for d in descales) and not is_fp8(k):
-        raise ValueError("q_descale / k_descale / v_descale scale FP8 inputs, but k and v are "
-                         f"{getattr(k, 'dtype', type(k).__name__)}: drop the scales or pass FP8 K/V")
-    if descales is not None and descales[0] is not None:
-        raise ValueError(f"q_descale scales an FP8 q, but q is {q.dtype}: drop q_descale (a 16-bit q holds its values)")
-    return q
-
-
-def fp8_scales(descales: Optional[tuple], fp8_q: bool, batch: int, heads_kv: int, device) -> tuple:
-    """The kernels' descale slots ``(k, v)``: fp32 (batch, heads_kv) views (``expand``: a per-tensor scale of one
-    element broadcasts, strides 0), 1 where a scale is not given; an FP8 q's scale multiplies K's (both scale
-    every score)."""
-    q_descale, k_descale, v_descale = descales or (None, None, None)
-    out = []
-    for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if d is None:
-            out.append(None)
-            continue
-        if not isinstance(d, torch.Tensor) or not d.is_floating_point() or d.device != device:
-            raise TypeError(f"{name} must be a floating-point tensor on {device} of shape (batch, heads_kv) = "
-                            f"({batch}, {heads_kv}) (FlashAttention-3's convention), got {getattr(d, 'dtype', d)!r}")
-        try:
-            out.append(d.to(torch.float32).expand(batch, heads_kv))
-        except RuntimeError:
-            raise ValueError(f"{name} of shape {tuple(d.shape)} does not broadcast to (batch, heads_kv) = "
-                             f"({batch}, {heads_kv})") from None
-    q_scale, k_scale, v_scale = out
-    if fp8_q and q_scale is not None:
-        k_scale = q_scale * k_scale if k_scale is not None else q_scale
-    one = _one(device).expand(batch, heads_kv)
-    return (one if k_scale is None else k_scale), (one if v_scale is None else v_scale)
-
-
-_ONES: dict = {}
-
-
-def _one(device) -> torch.Tensor:
-    """A 1.0 fp32 scale on ``device``, made once (the default descale of FP8 K/V)."""
-    if device not in _ONES:
-        _ONES[device] = torch.ones((1, 1), dtype=torch.float32, device=device)
-    return _ONES[device]
-
-
-def fp8_refusals(mods: dict, needs_grad: bool) -> None:
-    """Raise the manifest's message for what an FP8 call cannot combine with (mods, block sparsity, dropout, a
-    gradient)."""
-    flags = (("score_mod", mods.get("score_mod") is not None or mods.get("mask_mod") is not None),
-             ("block_sparsity", mods.get("block_sparse_tensors") is not None),
-             ("dropout", mods.get("dropout") is not None), ("backward", needs_grad))
-    message = refusal(("fp8", *(name for name, on in flags if on)))
-    if message is not None:
-        raise NotImplementedError(message)

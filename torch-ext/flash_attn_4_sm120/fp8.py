@@ -1,0 +1,119 @@
+"""FP8 K/V on the host: FlashAttention-3's scale arguments, the widening of an FP8 q, the kernels' descale slots,
+the refusals, and the forward every FP8 entry runs (eager, and inside the FP8 custom op under ``torch.compile``).
+
+The kernels read FP8 K/V as stored and widen them on chip (``_kernels/kv_dequant``); the scales are per-call tensors,
+so an FP8 call is never replayed from a remembered plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from .autograd import needs_grad, run_call
+from .launch import with_packing
+from .problem import FP8_DTYPES, kernel_layout
+from .validation import refusal, validate_varlen_call, validated
+
+
+#: FlashAttention-3's FP8 scale arguments, taken out of an entry's keyword arguments (``fp8_args``)
+DESCALE_ARGS = ("q_descale", "k_descale", "v_descale")
+
+
+def fp8_args(kwargs: dict) -> Optional[tuple]:
+    """``(q_descale, k_descale, v_descale)`` taken out of ``kwargs``, or None when the call passes none."""
+    if not any(name in kwargs for name in DESCALE_ARGS):
+        return None
+    return tuple(kwargs.pop(name, None) for name in DESCALE_ARGS)
+
+
+def is_fp8(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES
+
+
+def widened_q(q, k, descales: Optional[tuple]):
+    """An FP8 q as the kernels take it: widened to bf16 (exact: every e4m3 / e5m2 value is a bf16 value; the
+    output is bf16, as FlashAttention-3 returns for FP8 inputs), its scale joining K's (``fp8_scales``). Raises
+    for an FP8 q beside 16-bit K/V, and for scales given with 16-bit inputs."""
+    if is_fp8(q):
+        if not is_fp8(k):
+            raise TypeError(f"q is {q.dtype} but k is {getattr(k, 'dtype', type(k).__name__)}: an FP8 q needs FP8 "
+                            "K/V (FlashAttention-3's convention); pass q in bfloat16 / float16 beside 16-bit K/V")
+        return q.to(torch.bfloat16)
+    if descales is not None and any(d is not None for d in descales) and not is_fp8(k):
+        raise ValueError("q_descale / k_descale / v_descale scale FP8 inputs, but k and v are "
+                         f"{getattr(k, 'dtype', type(k).__name__)}: drop the scales or pass FP8 K/V")
+    if descales is not None and descales[0] is not None:
+        raise ValueError(f"q_descale scales an FP8 q, but q is {q.dtype}: drop q_descale (a 16-bit q holds its values)")
+    return q
+
+
+def fp8_scales(descales: Optional[tuple], fp8_q: bool, batch: int, heads_kv: int, device) -> tuple:
+    """The kernels' descale slots ``(k, v)``: fp32 (batch, heads_kv) views (``expand``: a per-tensor scale of one
+    element broadcasts, strides 0), 1 where a scale is not given; an FP8 q's scale multiplies K's (both scale
+    every score)."""
+    q_descale, k_descale, v_descale = descales or (None, None, None)
+    out = []
+    for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if d is None:
+            out.append(None)
+            continue
+        if not isinstance(d, torch.Tensor) or not d.is_floating_point() or d.device != device:
+            raise TypeError(f"{name} must be a floating-point tensor on {device} of shape (batch, heads_kv) = "
+                            f"({batch}, {heads_kv}) (FlashAttention-3's convention), got {getattr(d, 'dtype', d)!r}")
+        try:
+            out.append(d.to(torch.float32).expand(batch, heads_kv))
+        except RuntimeError:
+            raise ValueError(f"{name} of shape {tuple(d.shape)} does not broadcast to (batch, heads_kv) = "
+                             f"({batch}, {heads_kv})") from None
+    q_scale, k_scale, v_scale = out
+    if fp8_q and q_scale is not None:
+        k_scale = q_scale * k_scale if k_scale is not None else q_scale
+    one = _one(device).expand(batch, heads_kv)
+    return (one if k_scale is None else k_scale), (one if v_scale is None else v_scale)
+
+
+_ONES: dict = {}
+
+
+def _one(device) -> torch.Tensor:
+    """A 1.0 fp32 scale on ``device``, made once (the default descale of FP8 K/V)."""
+    if device not in _ONES:
+        _ONES[device] = torch.ones((1, 1), dtype=torch.float32, device=device)
+    return _ONES[device]
+
+
+def fp8_refusals(mods: dict, needs_grad: bool) -> None:
+    """Raise the manifest's message for what an FP8 call cannot combine with (mods, block sparsity, dropout, a
+    gradient)."""
+    flags = (("score_mod", mods.get("score_mod") is not None or mods.get("mask_mod") is not None),
+             ("block_sparsity", mods.get("block_sparse_tensors") is not None),
+             ("dropout", mods.get("dropout") is not None), ("backward", needs_grad))
+    message = refusal(("fp8", *(name for name, on in flags if on)))
+    if message is not None:
+        raise NotImplementedError(message)
+
+
+def fp8_forward(q, k, v, varlen: Optional[dict], descales: Optional[tuple], mods: dict, softmax_scale, causal,
+                window_size, learnable_sink, softcap, num_splits, pack_gqa, return_lse):
+    """A forward over FP8 K/V (``FwdSpec.kv_dtype``), dense (``varlen`` None) or varlen (its keyword arguments), with
+    FlashAttention-3's ``descales`` (q, k, v; ``fp8_scales``); an FP8 q is widened first (``widened_q``). Returns
+    ``(out, lse or None)``."""
+    fp8_refusals(mods, needs_grad(q, k, v, learnable_sink))
+    fp8_q = is_fp8(q)
+    q = widened_q(q, k, descales)
+    if varlen is None:
+        q, k, v, spec, shape, params = validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
+        tensors = None
+    else:
+        q, k, v = (kernel_layout(t) for t in (q, k, v))
+        spec, shape, params, tensors = validate_varlen_call(
+            q, k, v, varlen["cu_seqlens_q"], varlen["cu_seqlens_k"], varlen["max_seqlen_q"], varlen["max_seqlen_k"],
+            varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
+            varlen["check_metadata"], varlen["page_table"])
+    params = dataclasses.replace(params, descale=fp8_scales(descales, fp8_q, shape.batch, shape.num_heads_kv,
+                                                              q.device))
+    return run_call(q, k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
+                    learnable_sink, False, grad=False)
