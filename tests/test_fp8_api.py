@@ -1,6 +1,5 @@
-"""FP8 K/V on the host (no GPU): the integer widening rules bit for bit against torch's conversions, the config
-predicate and table over every head dim, the shared-memory formula, and the refusals that name the combination.
-The numerics on a device are ``test_fp8_gpu.py``'s."""
+"""FP8 K/V on the host (no GPU): the config predicate and table over every head dim, the shared-memory formula, the
+copy rule, and the refusals that name the combination. The numerics on a device are ``test_fp8_gpu.py``'s."""
 
 import dataclasses
 
@@ -13,36 +12,6 @@ from flash_attn_4_sm120.execution_model import SM120
 from flash_attn_4_sm120.problem import FwdSpec
 
 E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
-RULES = {  # (FP8 type, 16-bit type) -> the kernels' WIDENING key (no cutlass import on the host side)
-    (E4M3, torch.bfloat16): (8, "Float8E4M3FN", "BFloat16"),
-    (E5M2, torch.bfloat16): (8, "Float8E5M2", "BFloat16"),
-    (E4M3, torch.float16): (8, "Float8E4M3FN", "Float16"),
-    (E5M2, torch.float16): (8, "Float8E5M2", "Float16"),
-}
-
-
-def widen_on_host(codes: torch.Tensor, rule, wide) -> torch.Tensor:
-    """The kernels' PRMT / shift / mask / LOP3 / multiply on 16-bit lanes, one byte per lane."""
-    h = codes.to(torch.int32) << 8
-    if rule is not None:
-        shift, mask, scale, _ = rule
-        t = ((h >> shift) & (mask & 0xFFFF)) | (h & 0x8000)
-        scale16 = torch.tensor([scale & 0xFFFF], dtype=torch.int16).view(wide)
-        return (t.to(torch.int16).view(wide).float() * scale16.float()).to(wide)
-    return h.to(torch.int16).view(wide)
-
-
-@pytest.mark.parametrize("fp8,wide", list(RULES))
-def test_widening_rules_exact(fp8, wide):
-    pytest.importorskip("cutlass")
-    from flash_attn_4_sm120._kernels.kv_dequant import WIDENING
-
-    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8)
-    want = codes.view(fp8).to(wide)
-    got = widen_on_host(codes, WIDENING[RULES[(fp8, wide)]], wide)
-    finite = want.float().isfinite()
-    assert torch.equal(got[finite].float(), want[finite].float())
-    assert torch.equal(torch.signbit(got[finite]), torch.signbit(want[finite]))  # -0 stays -0
 
 
 def _spec(d, dv=None, **kw):

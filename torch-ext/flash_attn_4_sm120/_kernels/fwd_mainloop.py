@@ -82,20 +82,13 @@ class StagedMainloop:
                 kv.load_k(n_ahead, stage_ahead, bounded=True)
                 kv.load_v(n_ahead, stage_ahead, bounded=True)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
-        # FP8 K/V: this thread's share of the next tile is widened into the 16-bit buffer no warp reads now (every
-        # warp finished reading it before the last barrier). With three or more stages the next tile has landed
-        # once all but the newest stages - 2 groups have, so the widening goes ahead of this block's math, whose
-        # dependency chains it fills; with two, that wait would be on the copy just issued, so it goes after.
-        early = staged and stages >= 3
-        if const_expr(early):
-            cute.arch.cp_async_wait_group(stages - 2)
-            self.widen_next(ctx, it, n_block, walk)
         self.compute_block(ctx, n_block, kv.mma_buffer(it, stage) if const_expr(staged) else stage, masked, mask_mod)
         # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
-        if const_expr(not early):
-            cute.arch.cp_async_wait_group(stages - 2)
-            if const_expr(staged):
-                self.widen_next(ctx, it, n_block, walk)
+        cute.arch.cp_async_wait_group(stages - 2)
+        if const_expr(staged):
+            # FP8 K/V: this thread's share of the next tile, widened into the 16-bit buffer no warp reads now (every
+            # warp finished reading it before the previous barrier); the barrier below publishes it
+            self.widen_next(ctx, it, n_block, walk)
         cute.arch.sync_threads()
 
     @cute.jit
