@@ -14,8 +14,8 @@ import torch
 
 from .autograd import needs_grad, run_call
 from .launch import with_packing
-from .problem import FP8_DTYPES, kernel_layout
-from .validation import refusal, validate_varlen_call, validated
+from .problem import FP8_DTYPES
+from .validation import refusal, validated_call
 
 
 #: FlashAttention-3's FP8 scale arguments, taken out of an entry's keyword arguments (``fp8_args``)
@@ -104,15 +104,8 @@ def fp8_forward(q, k, v, varlen: Optional[dict], descales: Optional[tuple], mods
     fp8_refusals(mods, needs_grad(q, k, v, learnable_sink))
     fp8_q = is_fp8(q)
     q = widened_q(q, k, descales)
-    if varlen is None:
-        q, k, v, spec, shape, params = validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
-        tensors = None
-    else:
-        q, k, v = (kernel_layout(t) for t in (q, k, v))
-        spec, shape, params, tensors = validate_varlen_call(
-            q, k, v, varlen["cu_seqlens_q"], varlen["cu_seqlens_k"], varlen["max_seqlen_q"], varlen["max_seqlen_k"],
-            varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
-            varlen["check_metadata"], varlen["page_table"])
+    q, k, v, spec, shape, params, tensors = validated_call(q, k, v, varlen, softmax_scale, causal, window_size, softcap,
+                                                          learnable_sink)
     params = dataclasses.replace(params, descale=fp8_scales(descales, fp8_q, shape.batch, shape.num_heads_kv,
                                                               q.device))
     return run_call(q, k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,

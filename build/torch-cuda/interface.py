@@ -22,7 +22,7 @@ from .launch import dispatch_model, launch_fwd, varlen_rememberable, with_packin
 from .problem import kernel_layout
 from .fp8 import fp8_args, is_fp8
 from .validation import (check_options, has_mods, mods_of, refuse_unimplemented, rng_of, validate_varlen_call,
-                         validated, window_entries, with_block_sparse, with_mods)
+                         validated, validated_call, window_entries, with_block_sparse, with_mods)
 
 
 def flash_attn_func(
@@ -197,16 +197,8 @@ def _flex_call(q, k, v, varlen: Optional[dict], mods: dict, softmax_scale, causa
     mods = dict(mods)
     sparse = mods.pop("block_sparse_tensors", None)
     rng = rng_of(mods.pop("dropout", None), q)
-    if varlen is None:
-        q, k, v, spec, shape, params = validated(q, k, v, softmax_scale, causal, window_size, softcap,
-                                                 learnable_sink, rng)
-        tensors = None
-    else:
-        q, k, v = (kernel_layout(t) for t in (q, k, v))
-        spec, shape, params, tensors = validate_varlen_call(
-            q, k, v, varlen["cu_seqlens_q"], varlen["cu_seqlens_k"], varlen["max_seqlen_q"], varlen["max_seqlen_k"],
-            varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
-            varlen["check_metadata"], varlen["page_table"], rng)
+    q, k, v, spec, shape, params, tensors = validated_call(q, k, v, varlen, softmax_scale, causal, window_size, softcap,
+                                                          learnable_sink, rng)
     grad = needs_grad(q, k, v, learnable_sink)
     spec, params = with_mods(spec, params, mods, grad, q.device)
     if sparse is not None:

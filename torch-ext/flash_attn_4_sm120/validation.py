@@ -51,6 +51,20 @@ def validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     return spec, shape, params, (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
 
 
+def validated_call(q, k, v, varlen: Optional[dict], softmax_scale, causal, window_size, softcap, learnable_sink,
+                   rng=None):
+    """``(q, k, v, spec, shape, params, varlen tensors or None)`` of a dense call (``varlen`` None: ``validated``) or
+    a varlen one (``varlen``: the entry's keyword arguments, ``validate_varlen_call``)."""
+    if varlen is None:
+        return (*validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, rng), None)
+    q, k, v = (kernel_layout(t) for t in (q, k, v))
+    spec, shape, params, tensors = validate_varlen_call(
+        q, k, v, varlen["cu_seqlens_q"], varlen["cu_seqlens_k"], varlen["max_seqlen_q"], varlen["max_seqlen_k"],
+        varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
+        varlen["check_metadata"], varlen["page_table"], rng)
+    return q, k, v, spec, shape, params, tensors
+
+
 def _with_dropout(spec, params, rng: Optional[torch.Tensor]):
     """(spec, params) of a call with dropout (``rng``: the kernels' slot, None: no dropout): the flag in
     the spec, the slot in the params (a dropout spec runs unpacked: ``with_packing``)."""

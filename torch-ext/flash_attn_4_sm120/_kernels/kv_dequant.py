@@ -26,7 +26,7 @@ from typing import Any, Optional
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import Int32, const_expr
+from cutlass import Int32
 
 from ..config import FP8_KV_MMA_BUFFERS
 from .kv_source import CpAsyncKV
