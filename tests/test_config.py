@@ -1,7 +1,6 @@
 """The tile table and the one validity predicate."""
 
 from dataclasses import replace
-import re
 
 import pytest
 
