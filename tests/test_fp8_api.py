@@ -92,3 +92,11 @@ def test_kvcache_new_rows_for_fp8_caches_come_in_qs_dtype():
     for new in (torch.zeros(2, 1, 2, 64, dtype=torch.float16), _fp8(2, 1, 2, 64)):
         with pytest.raises(TypeError, match="k / v must be torch.bfloat16"):
             fa.flash_attn_with_kvcache(q, cache, cache, new, new, cache_seqlens=torch.zeros(2, dtype=torch.int32))
+
+
+def test_no_backward_spec_for_fp8():
+    """Every backward path (autograd, the backward ops, the low-level ``flash_attn_bwd``) builds a ``BwdSpec``."""
+    from flash_attn_4_sm120.problem import BwdSpec
+
+    with pytest.raises(NotImplementedError, match="FP8 K/V"):
+        BwdSpec.of(_spec(128))

@@ -50,8 +50,8 @@ import torch
 from . import compiler
 from .launch import call_key, launch_env, launch_on, model_and_target, plan_for, remember, remembered, with_packing
 from .problem import FP8_DTYPES, AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
-from .fp8 import fp8_scales, is_fp8, widened_q
-from .validation import check_options, plain_sink
+from .fp8 import is_fp8, widened_q
+from .validation import check_options, fp8_scales, plain_sink
 
 
 @dataclasses.dataclass(frozen=True)

@@ -168,6 +168,9 @@ class BwdSpec:
         if spec.page_size:
             raise NotImplementedError("backward through paged K/V: paged caches are an inference layout; "
                                       "train with dense or packed (cu_seqlens_k) K/V")
+        if spec.kv_dtype:
+            raise NotImplementedError("backward through FP8 K/V: FP8 K/V serve inference; train in bfloat16 or "
+                                      "float16")
         return BwdSpec(dtype=spec.dtype, head_dim=spec.head_dim, head_dim_v=spec.head_dim_v, causal=spec.causal,
                        local=spec.local, softcap=spec.softcap, varlen_q=spec.varlen_q,
                        varlen_k=spec.varlen_k, seqused_q=spec.seqused_q, seqused_k=spec.seqused_k,

@@ -15,7 +15,7 @@ import torch
 from .autograd import needs_grad, run_call
 from .launch import with_packing
 from .problem import FP8_DTYPES
-from .validation import refusal, validated_call
+from .validation import fp8_scales, refusal, validated_call
 
 
 #: FlashAttention-3's FP8 scale arguments, taken out of an entry's keyword arguments (``fp8_args``)
@@ -48,41 +48,6 @@ def widened_q(q, k, descales: Optional[tuple]):
     if descales is not None and descales[0] is not None:
         raise ValueError(f"q_descale scales an FP8 q, but q is {q.dtype}: drop q_descale (a 16-bit q holds its values)")
     return q
-
-
-def fp8_scales(descales: Optional[tuple], fp8_q: bool, batch: int, heads_kv: int, device) -> tuple:
-    """The kernels' descale slots ``(k, v)``: fp32 (batch, heads_kv) views (``expand``: a per-tensor scale of one
-    element broadcasts, strides 0), 1 where a scale is not given; an FP8 q's scale multiplies K's (both scale
-    every score)."""
-    q_descale, k_descale, v_descale = descales or (None, None, None)
-    out = []
-    for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
-        if d is None:
-            out.append(None)
-            continue
-        if not isinstance(d, torch.Tensor) or not d.is_floating_point() or d.device != device:
-            raise TypeError(f"{name} must be a floating-point tensor on {device} of shape (batch, heads_kv) = "
-                            f"({batch}, {heads_kv}) (FlashAttention-3's convention), got {getattr(d, 'dtype', d)!r}")
-        try:
-            out.append(d.to(torch.float32).expand(batch, heads_kv))
-        except RuntimeError:
-            raise ValueError(f"{name} of shape {tuple(d.shape)} does not broadcast to (batch, heads_kv) = "
-                             f"({batch}, {heads_kv})") from None
-    q_scale, k_scale, v_scale = out
-    if fp8_q and q_scale is not None:
-        k_scale = q_scale * k_scale if k_scale is not None else q_scale
-    one = _one(device).expand(batch, heads_kv)
-    return (one if k_scale is None else k_scale), (one if v_scale is None else v_scale)
-
-
-_ONES: dict = {}
-
-
-def _one(device) -> torch.Tensor:
-    """A 1.0 fp32 scale on ``device``, made once (the default descale of FP8 K/V)."""
-    if device not in _ONES:
-        _ONES[device] = torch.ones((1, 1), dtype=torch.float32, device=device)
-    return _ONES[device]
 
 
 def fp8_refusals(mods: dict, needs_grad: bool) -> None:

@@ -32,7 +32,7 @@ def validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_si
     dropout slot ``rng`` (None: no dropout)."""
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
-    spec, params = _with_dropout(spec, params, rng)
+    spec, params = _with_dropout(spec, _unit_scales(spec, shape, params, q.device), rng)
     return q, k, v, spec, shape, params
 
 
@@ -47,7 +47,7 @@ def validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     if check_requested(check_metadata):
         check_varlen_metadata(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                               page_table)
-    spec, params = _with_dropout(spec, params, rng)
+    spec, params = _with_dropout(spec, _unit_scales(spec, shape, params, q.device), rng)
     return spec, shape, params, (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
 
 
@@ -63,6 +63,14 @@ def validated_call(q, k, v, varlen: Optional[dict], softmax_scale, causal, windo
         varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
         varlen["check_metadata"], varlen["page_table"], rng)
     return q, k, v, spec, shape, params, tensors
+
+
+def _unit_scales(spec, shape, params, device):
+    """``params`` with FP8 K/V's descale slots at 1 (``fp8_scales``; an FP8 entry puts the call's scales there), so
+    every path that validates an FP8 call (the low-level ``flash_attn_fwd`` too) launches with them."""
+    if spec.kv_dtype is None:
+        return params
+    return dataclasses.replace(params, descale=fp8_scales(None, False, shape.batch, shape.num_heads_kv, device))
 
 
 def _with_dropout(spec, params, rng: Optional[torch.Tensor]):
@@ -230,3 +238,38 @@ def with_block_sparse(spec, shape, params, sparse, needs_grad: bool, num_splits,
 def plain_sink(learnable_sink):
     """The sink as the kernels read it (``problem._runtime_params`` does the same on the first call)."""
     return None if learnable_sink is None else learnable_sink.detach().to(torch.float32).contiguous()
+
+
+def fp8_scales(descales: Optional[tuple], fp8_q: bool, batch: int, heads_kv: int, device) -> tuple:
+    """The kernels' descale slots ``(k, v)``: fp32 (batch, heads_kv) views (``expand``: a per-tensor scale of one
+    element broadcasts, strides 0), 1 where a scale is not given; an FP8 q's scale multiplies K's (both scale
+    every score)."""
+    q_descale, k_descale, v_descale = descales or (None, None, None)
+    out = []
+    for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if d is None:
+            out.append(None)
+            continue
+        if not isinstance(d, torch.Tensor) or not d.is_floating_point() or d.device != device:
+            raise TypeError(f"{name} must be a floating-point tensor on {device} of shape (batch, heads_kv) = "
+                            f"({batch}, {heads_kv}) (FlashAttention-3's convention), got {getattr(d, 'dtype', d)!r}")
+        try:
+            out.append(d.to(torch.float32).expand(batch, heads_kv))
+        except RuntimeError:
+            raise ValueError(f"{name} of shape {tuple(d.shape)} does not broadcast to (batch, heads_kv) = "
+                             f"({batch}, {heads_kv})") from None
+    q_scale, k_scale, v_scale = out
+    if fp8_q and q_scale is not None:
+        k_scale = q_scale * k_scale if k_scale is not None else q_scale
+    one = _one(device).expand(batch, heads_kv)
+    return (one if k_scale is None else k_scale), (one if v_scale is None else v_scale)
+
+
+_ONES: dict = {}
+
+
+def _one(device) -> torch.Tensor:
+    """A 1.0 fp32 scale on ``device``, made once (the default descale of FP8 K/V)."""
+    if device not in _ONES:
+        _ONES[device] = torch.ones((1, 1), dtype=torch.float32, device=device)
+    return _ONES[device]
