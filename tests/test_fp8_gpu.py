@@ -331,3 +331,42 @@ def test_torch_compile_fullgraph():
     compiled = torch.compile(step, fullgraph=True)(q, k8, v8, kd, vd)
     for a, c in zip(eager, compiled):
         assert torch.equal(a, c)
+
+
+def test_low_level_forward_reads_fp8_at_unit_scale():
+    """``flash_attn_fwd`` (no descale arguments) reads FP8 K/V at scale 1."""
+    from flash_attn_4_sm120 import flash_attn_fwd
+
+    torch.manual_seed(13)
+    q = torch.randn(2, 40, 4, 64, device="cuda", dtype=torch.bfloat16)
+    k8, v8 = (torch.randn(2, 90, 2, 64, device="cuda").to(E4M3) for _ in range(2))
+    out, lse = flash_attn_fwd(q, k8, v8, causal=True)
+    ref, ref_lse, pt = reference(q, k8.float(), v8.float(), causal=True)
+    check(out, ref, pt)
+    assert (lse - ref_lse).abs().max().item() <= 1e-3
+
+
+def test_kvcache_fp8_dense_cache_rows_and_leftpad():
+    """A dense FP8 cache read through ``cache_batch_idx`` and ``cache_leftpad`` (packed rows from per-sequence
+    starts), with new keys appended at each sequence's end."""
+    from flash_attn_4_sm120 import flash_attn_with_kvcache
+
+    torch.manual_seed(17)
+    b, hq, hkv, d, cap, n_new = 3, 8, 4, 128, 128, 2
+    kc, _ = quantize(torch.randn(5, cap, hkv, d, device="cuda"), E4M3, scale=1 / 64)
+    vc, _ = quantize(torch.randn(5, cap, hkv, d, device="cuda"), E4M3, scale=1 / 64)
+    rows = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    pad = torch.tensor([0, 5, 17], dtype=torch.int32, device="cuda")
+    lens = torch.tensor([30, 64, 100], dtype=torch.int32, device="cuda")
+    kd, vd = torch.full((b, hkv), 1 / 64, device="cuda"), torch.full((b, hkv), 1 / 64, device="cuda")
+    q = torch.randn(b, n_new, hq, d, device="cuda", dtype=torch.bfloat16)
+    kn = torch.randn(b, n_new, hkv, d, device="cuda", dtype=torch.bfloat16)
+    vn = torch.randn(b, n_new, hkv, d, device="cuda", dtype=torch.bfloat16)
+    out = flash_attn_with_kvcache(q, kc, vc, kn, vn, cache_seqlens=lens, cache_batch_idx=rows, cache_leftpad=pad,
+                                  causal=True, k_descale=kd, v_descale=vd)
+    for i in range(b):
+        r, p, n = int(rows[i]), int(pad[i]), int(lens[i])
+        kk = kc[r, p:n + n_new].float()[None] / 64
+        vv = vc[r, p:n + n_new].float()[None] / 64
+        ref, _, pt = reference(q[i:i + 1], kk, vv, causal=True)
+        check(out[i:i + 1], ref, pt)
