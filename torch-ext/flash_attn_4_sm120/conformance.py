@@ -201,12 +201,16 @@ def append_specs() -> list[AppendSpec]:
                                             rotary_q_per_row=True, rotary_seqlens=bool(rotary and starts),
                                             new_kv=True, varlen_q=varlen, varlen_new=varlen, page_size=paged,
                                             batch_idx=starts, leftpad=starts))
-    # FP8 caches: new rows quantized (rotated first) into e4m3 / e5m2, paged and dense, at each head dim
+    # FP8 caches: new rows quantized (rotated first) into e4m3 / e5m2, paged and dense, at each head dim; a dense
+    # cache read from per-sequence starts (cache_batch_idx / cache_leftpad) with and without rotary
     for cache_dtype in ("e4m3", "e5m2"):
         for d, dv in ((64, 64), (128, 128), (192, 128), (256, 256)):
             for paged in (16, 0):
                 specs.append(AppendSpec("bf16", d, dv, rotary_dim=d, rotary_interleaved=False, rotary_q_per_row=True,
                                         new_kv=True, page_size=paged, cache_dtype=cache_dtype))
+    for rotary in (0, 128):
+        specs.append(AppendSpec("bf16", 128, 128, rotary_dim=rotary, rotary_q_per_row=True, new_kv=True,
+                                batch_idx=True, leftpad=True, cache_dtype="e4m3"))
     return specs
 
 
