@@ -7,7 +7,6 @@ so an FP8 call is never replayed from a remembered plan.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import torch
@@ -15,7 +14,7 @@ import torch
 from .autograd import needs_grad, run_call
 from .launch import with_packing
 from .problem import FP8_DTYPES
-from .validation import fp8_scales, refusal, validated_call
+from .validation import refusal, validated_call
 
 
 #: FlashAttention-3's FP8 scale arguments, taken out of an entry's keyword arguments (``fp8_args``)
@@ -70,8 +69,6 @@ def fp8_forward(q, k, v, varlen: Optional[dict], descales: Optional[tuple], mods
     fp8_q = is_fp8(q)
     q = widened_q(q, k, descales)
     q, k, v, spec, shape, params, tensors = validated_call(q, k, v, varlen, softmax_scale, causal, window_size, softcap,
-                                                          learnable_sink)
-    params = dataclasses.replace(params, descale=fp8_scales(descales, fp8_q, shape.batch, shape.num_heads_kv,
-                                                              q.device))
+                                                          learnable_sink, descales=descales, fp8_q=fp8_q)
     return run_call(q, k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,
                     learnable_sink, False, grad=False)

@@ -205,7 +205,8 @@ def flash_attn_with_kvcache(
     descale = cache_descale = ()
     if fp8:  # the attention's scales (q's joined to K's), and the cache's own for the rows appended
         descale = fp8_scales(descales, fp8_q, plan.batch, k_cache.shape[-2], q.device)
-        cache_descale = fp8_scales(descales, False, plan.batch, k_cache.shape[-2], q.device) if k is not None else ()
+        if k is not None:  # the same scales unless an FP8 q's joined K's
+            cache_descale = fp8_scales(descales, False, plan.batch, k_cache.shape[-2], q.device) if fp8_q else descale
     return plan.run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                     page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, plain_sink(learnable_sink), out,
                     descale, cache_descale)

@@ -27,50 +27,53 @@ def check_options(num_splits, pack_gqa) -> None:
         raise TypeError(f"pack_gqa must be True, False or None (automatic), got {pack_gqa!r}")
 
 
-def validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, rng=None):
+def validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, rng=None, descales=None,
+              fp8_q=False):
     """``(q, k, v, spec, shape, params)`` of a dense call: q / k / v in the kernels' layout, validated, with the
-    dropout slot ``rng`` (None: no dropout)."""
+    dropout slot ``rng`` (None: no dropout) and, for FP8 K/V, the descale slots of the call's ``descales``
+    (``_with_scales``)."""
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params = validate_fwd(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
-    spec, params = _with_dropout(spec, _unit_scales(spec, shape, params, q.device), rng)
+    spec, params = _with_dropout(spec, _with_scales(spec, shape, params, q.device, descales, fp8_q), rng)
     return q, k, v, spec, shape, params
 
 
 def validate_varlen_call(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                          softmax_scale, causal, window_size, softcap, learnable_sink, check_metadata, page_table=None,
-                         rng=None):
-    """``validate_varlen`` plus the opt-in metadata check and the dropout slot ``rng`` (None: no dropout);
-    returns (spec, shape, params, varlen tensors)."""
+                         rng=None, descales=None, fp8_q=False):
+    """``validate_varlen`` plus the opt-in metadata check, the dropout slot ``rng`` (None: no dropout) and FP8
+    K/V's descale slots (``_with_scales``); returns (spec, shape, params, varlen tensors)."""
     spec, shape, params = validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                                           seqused_q, seqused_k, softmax_scale, causal, window_size, softcap,
                                           learnable_sink, page_table)
     if check_requested(check_metadata):
         check_varlen_metadata(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                               page_table)
-    spec, params = _with_dropout(spec, _unit_scales(spec, shape, params, q.device), rng)
+    spec, params = _with_dropout(spec, _with_scales(spec, shape, params, q.device, descales, fp8_q), rng)
     return spec, shape, params, (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
 
 
 def validated_call(q, k, v, varlen: Optional[dict], softmax_scale, causal, window_size, softcap, learnable_sink,
-                   rng=None):
+                   rng=None, descales=None, fp8_q=False):
     """``(q, k, v, spec, shape, params, varlen tensors or None)`` of a dense call (``varlen`` None: ``validated``) or
     a varlen one (``varlen``: the entry's keyword arguments, ``validate_varlen_call``)."""
     if varlen is None:
-        return (*validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, rng), None)
+        return (*validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, rng, descales,
+                           fp8_q), None)
     q, k, v = (kernel_layout(t) for t in (q, k, v))
     spec, shape, params, tensors = validate_varlen_call(
         q, k, v, varlen["cu_seqlens_q"], varlen["cu_seqlens_k"], varlen["max_seqlen_q"], varlen["max_seqlen_k"],
         varlen["seqused_q"], varlen["seqused_k"], softmax_scale, causal, window_size, softcap, learnable_sink,
-        varlen["check_metadata"], varlen["page_table"], rng)
+        varlen["check_metadata"], varlen["page_table"], rng, descales, fp8_q)
     return q, k, v, spec, shape, params, tensors
 
 
-def _unit_scales(spec, shape, params, device):
-    """``params`` with FP8 K/V's descale slots at 1 (``fp8_scales``; an FP8 entry puts the call's scales there), so
-    every path that validates an FP8 call (the low-level ``flash_attn_fwd`` too) launches with them."""
+def _with_scales(spec, shape, params, device, descales, fp8_q):
+    """``params`` with FP8 K/V's descale slots (``fp8_scales`` of the call's ``descales``, 1 where none is given:
+    every path that validates an FP8 call launches with them, the low-level ``flash_attn_fwd`` too)."""
     if spec.kv_dtype is None:
         return params
-    return dataclasses.replace(params, descale=fp8_scales(None, False, shape.batch, shape.num_heads_kv, device))
+    return dataclasses.replace(params, descale=fp8_scales(descales, fp8_q, shape.batch, shape.num_heads_kv, device))
 
 
 def _with_dropout(spec, params, rng: Optional[torch.Tensor]):

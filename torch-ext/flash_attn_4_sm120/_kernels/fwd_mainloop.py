@@ -82,7 +82,7 @@ class StagedMainloop:
                 kv.load_k(n_ahead, stage_ahead, bounded=True)
                 kv.load_v(n_ahead, stage_ahead, bounded=True)
         cute.arch.cp_async_commit_group()  # possibly empty: keeps the group count per step fixed
-        self.compute_block(ctx, n_block, kv.mma_buffer(it, stage) if const_expr(staged) else stage, masked, mask_mod)
+        self.compute_block(ctx, n_block, kv.mma_buffer(it) if const_expr(staged) else stage, masked, mask_mod)
         # f. The next tile has landed (all but the newest stages - 2 groups) and this stage is free.
         cute.arch.cp_async_wait_group(stages - 2)
         if const_expr(staged):
@@ -98,7 +98,7 @@ class StagedMainloop:
         stages, kv = self.config.num_stages, ctx.kv
         has_next = n_block > ctx.n_start if const_expr(walk is None) else it + 1 < walk.count
         if has_next:
-            kv.widen((it + 1) % stages, kv.mma_buffer(it + 1, 0))
+            kv.widen((it + 1) % stages, kv.mma_buffer(it + 1))
 
     # ------------------------------------------------------------------------------------------
     # One K and one V buffer (``num_stages == 1``, cp.async): K of the next block loads while this

@@ -6,10 +6,11 @@ bf16 and an fp16 value, so widening loses nothing, and the scales stay out of th
 into the softmax scale, ``v_descale`` into O's normalization; ``FlashFwdMultistage.kernel``). What changes is
 where a tile's bytes go:
 
-  * the cp.async copies of ``kv_source`` (dense, packed or paged: any source) move 8-byte vectors of FP8 into
-    the staging stages ``(tile_n, d, num_stages)`` at one byte per element. Their thread layout is the 16-bit
-    copy's (8 elements a vector either way), so a thread's FP8 vectors and its 16-bit vectors of the MMAs'
-    stages cover the same elements;
+  * the cp.async copies of ``kv_source`` (dense, packed or paged: any source) move vectors of FP8 into the
+    staging stages ``(tile_n, d, num_stages)`` at one byte per element: 16 bytes past L1 where the head dims and
+    tile allow (``config.fp8_kv_copy``), else 8 bytes in the 16-bit copies' thread layout. The 16-bit side is
+    partitioned in the same thread layout, so a thread's FP8 vectors and its 16-bit vectors of the MMAs' buffers
+    cover the same elements;
   * after the wait for a tile (``cp.async.wait_group``, which makes a thread's own copies visible to it) and
     before the CTA barrier that publishes the tile, each thread widens its own vectors into the 16-bit buffer
     of the step that reads them (``widen``). No thread reads another's staging bytes, so no barrier is added.
@@ -70,8 +71,8 @@ class DequantKV:
                looked_up: cutlass.Constexpr[bool] = False):
         self.inner.load_v(n_block, stage, bounded, looked_up)
 
-    def mma_buffer(self, it: Int32, stage: Int32):
-        """The 16-bit buffer step ``it`` reads (its staging stage is ``stage``)."""
+    def mma_buffer(self, it: Int32):
+        """The 16-bit buffer step ``it`` reads."""
         return it % MMA_BUFFERS
 
     @cute.jit
