@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from flash_attn_4_sm120 import config
-from flash_attn_4_sm120.execution_model import MODELS, SM120
+from flash_attn_4_sm120.execution_model import MODELS, SM120, Fp8MmaKind
 from flash_attn_4_sm120.problem import FwdSpec
 
 
@@ -22,9 +22,16 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     # (those not already listed); paged K/V: 3 x masks per class (prefill, packed GQA with softcap +
     # sink, packed GQA split) plus chunked prefill and page sizes 1 and 256; FP8 K/V per class: decode over a dense
     # cache per mask, over a paged one with softcap + sink per mask, chunked prefill, dense prefill full and causal,
-    # packed Q/K, e5m2 and fp16 q, plus the paged decode at each representative head dim
+    # packed Q/K, e5m2 and fp16 q, plus the paged decode at each representative head dim; FP8 MMAs: prefill per mask
+    # at each representative head dim that is a multiple of 16, plus per class softcap + sink, packed Q/K, decode over
+    # a dense and over a paged cache
+    fp8_dims = sum(1 for ds in config.REPRESENTATIVE_HEAD_DIMS.values() for d, dv in ds if d % 16 == dv % 16 == 0)
+    fp8_classes = classes
+    if model.fp8_mma is Fp8MmaKind.NONE:  # no FP8 mma.sync: no FP8 MMA specs
+        fp8_dims = fp8_classes = 0
     base = (2 * masks * dims + 3 * masks * classes + 3 * masks * classes + (2 * masks + 2) * classes
-            + (2 * masks + 2) * classes + (3 * masks + 3) * classes + (2 * masks + 6) * classes + dims)
+            + (2 * masks + 2) * classes + (3 * masks + 3) * classes + (2 * masks + 6) * classes + dims
+            + masks * fp8_dims + 4 * fp8_classes)
     assert len(set(pairs)) == len(pairs)
     # every spec with each config the tile-efficiency rule may pick for it
     assert all([cfg for s2, cfg in pairs if s2 == s] == list(config.dispatch_candidates(s, model))
@@ -48,7 +55,8 @@ def test_table_records_device_and_date():
     base = {f"d{c}_{m}" for c in config.HEAD_DIM_CLASSES for m in ("full", "causal")}
     assert base <= set(data["table"])
     suffixes = ("bf16", "fp16", "local", "cp_async", "m128", "m64", "mha")
-    packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES for kind in ("packgqa", "paged", "paged_m64", "fp8kv")}
+    packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES for kind in ("packgqa", "paged", "paged_m64", "fp8kv",
+                                                                            "fp8mma")}
     exact = config.EXACT_KEY
     assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
                for k in data["table"])

@@ -398,7 +398,9 @@ def test_ci_subset_of_real_cases_conforms(real_ci):
     assert set(by_name(report)) == expected
     for case in report["configs"]:
         assert case["smem_bytes"] <= report["smem_limit"]
-        if case["config"].get("uses_mma", True):
+        if case["config"]["kernel"] == "fwd_fp8_mma":  # both GEMMs FP8 mma.sync (QMMA), no 16-bit one
+            assert case["families"].get("QMMA", 0) > 0 and "HMMA" not in case["families"]
+        elif case["config"].get("uses_mma", True):
             assert case["families"].get("HMMA", 0) > 0
         else:  # the split-KV combine (fp32 adds), the KV-cache append (copies, fp32 rotary) and the block-sparse
             # refinement (a mask_mod's evaluation): no MMA
