@@ -393,8 +393,9 @@ def step_full(step: dict, step_source: str, graphs: dict, graphs_source: str) ->
 
 # -------------------------------------------------------------------------------------------------------------- main
 
-FP8_LABELS = ("ours bf16 dense", "ours fp8 dense", "ours bf16 paged16", "ours fp8 paged16", "flashinfer bf16 paged16",
-              "flashinfer fp8 paged16")
+FP8_LABELS = ("ours bf16 dense", "ours fp8 dense", "ours all-fp8 dense", "ours bf16 paged16", "ours fp8 paged16",
+              "flashinfer bf16 paged16", "flashinfer fp8 paged16")
+FP8_PREFILL_LABELS = ("ours bf16", "ours fp8 kv", "ours all fp8", "sdpa_flash_fa2 bf16")
 
 
 def fp8_full(result: dict, source: str) -> str:
@@ -403,7 +404,8 @@ def fp8_full(result: dict, source: str) -> str:
     lines = [f"`benchmarks/bench_fp8.py`, {result['device']}, {result['date']}, every call replayed from a CUDA graph "
              f"at an SM120's CTAs per SM (`{source}`). Cells: microseconds per call (the K/V bytes read over the call's "
              f"time as a fraction of the device's {result['copy_gbps']:.0f} GB/s copy rate). FP8 K/V are e4m3 beside a "
-             "bf16 q; FlashInfer runs its fa2 decode on the same page-16 caches.", ""]
+             "bf16 q (all-fp8: an e4m3 q too, both GEMMs FP8 MMAs, which the H200 emulates); FlashInfer runs its fa2 "
+             "decode on the same page-16 caches.", ""]
     lines += _header(["case", *FP8_LABELS, "fp8 / bf16 (dense, paged16)", "fp8 / FlashInfer fp8 (paged16)"])
     for row in result["rows"]:
         res = row["results"]
@@ -412,13 +414,26 @@ def fp8_full(result: dict, source: str) -> str:
         ratio = " / ".join(_fmt(row.get(f"fp8_over_bf16_{k}"), 2) for k in ("dense", "paged16"))
         lines.append(f"| {row['case']} | " + " | ".join(cells)
                      + f" | {ratio} | {_fmt(row.get('fp8_over_flashinfer_fp8_paged16'), 2)} |")
+    if result.get("prefill"):
+        lines += ["", "Prefill, eager at an SM120's CTAs per SM, TFLOPS (causal: half the square); all-fp8 = q, k, v "
+                  "e4m3 with FP8 MMAs, timed here through the H200's emulation of FP8 mma.sync (two f16 HMMAs and FADDs "
+                  "per m16n8k32), not an SM120's QMMA:", ""]
+        lines += _header(["case", *FP8_PREFILL_LABELS, "fp8 kv / bf16", "all fp8 / bf16"])
+        for row in result["prefill"]:
+            res = row["results"]
+            cells = [_fmt(res.get(k, {}).get("tflops"), 0) for k in FP8_PREFILL_LABELS]
+            lines.append(f"| {row['case']} | " + " | ".join(cells) + f" | {_fmt(row.get('fp8_kv_over_bf16'), 2)} | "
+                         f"{_fmt(row.get('all_fp8_over_bf16'), 2)} |")
     acc = result.get("accuracy")
     if acc:
         pub = acc["fa3_published_rmse"]
+        all_fp8 = (f", {acc['ours_all_fp8_rmse']:.2e} all-FP8 (e4m3 q, k, v and P)" if "ours_all_fp8_rmse" in acc
+                   else "")
         lines += ["", f"Accuracy on FlashAttention-3's outlier inputs ({acc['distribution']}, {acc['shape']}): RMSE "
-                  f"against fp32 {acc['ours_fp8_kv_rmse']:.2e} with e4m3 K/V (per-(batch, KV head) amax scales), "
-                  f"{acc['ours_bf16_rmse']:.2e} in bf16; FlashAttention-3 publishes {pub['fa3_fp8']:.1e} for its "
-                  f"all-FP8 kernel and {pub['baseline_fp8_per_tensor']:.1e} for per-tensor FP8."]
+                  f"against fp32 {acc['ours_fp8_kv_rmse']:.2e} with e4m3 K/V (per-(batch, KV head) amax scales)"
+                  f"{all_fp8}, {acc['ours_bf16_rmse']:.2e} in bf16; FlashAttention-3 publishes {pub['fa3_fp8']:.1e} "
+                  f"for its all-FP8 kernel (block quantization and incoherent processing) and "
+                  f"{pub['baseline_fp8_per_tensor']:.1e} for per-tensor FP8."]
     return "\n".join(lines)
 
 

@@ -10,6 +10,8 @@ The conformance gate's cases and how it compiles them are ``conformance``'s.
 
 from __future__ import annotations
 
+from typing import Optional
+
 from .bwd_config import BwdConfig, bwd_padded_head_dim
 from .config import FwdConfig
 from .execution_model import ExecutionModel
@@ -118,8 +120,8 @@ def _fake_fwd_args(spec: FwdSpec):
     def int_vector(n):
         return _fake_vector(cutlass.Int32, n)
 
-    q = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim)
     kv_dtype = CUTLASS_DTYPES[spec.kv_dtype] if spec.kv_dtype else dtype
+    q = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim, kv_dtype if spec.fp8_mma else dtype)
     if spec.page_size:  # (num_pages, page_size, heads_kv, d) caches, the page size static
         num_pages = cute.sym_int()
         k = _fake_tensor(kv_dtype, (num_pages, spec.page_size, heads_kv, spec.head_dim))
@@ -164,8 +166,12 @@ def _fake_descales(kv_dtype) -> tuple:
                  for _ in range(2))
 
 
-def fwd_kernel_class(config: FwdConfig):
-    """The kernel class of a config's mainloop variant."""
+def fwd_kernel_class(config: FwdConfig, spec: Optional[FwdSpec] = None):
+    """The kernel class of a config's mainloop variant (FP8 MMAs: ``spec.fp8_mma``, a cp.async variant)."""
+    if spec is not None and spec.fp8_mma:
+        from ._kernels.fwd_fp8_mma import FlashFwdFP8Mma
+
+        return FlashFwdFP8Mma
     if not config.uses_tma:
         from ._kernels.fwd_multistage import FlashFwdMultistage
 
@@ -196,7 +202,7 @@ def compile_fwd(spec: FwdSpec, config: FwdConfig, model: ExecutionModel, target:
     share an SM (``config.occupancy_launch_smem``: the model's CTAs per SM on a larger part)."""
     import cutlass.cute as cute
 
-    cls = fwd_kernel_class(config)
+    cls = fwd_kernel_class(config, spec)
     problems = cls.can_implement(spec, config, model) if check_valid else ()
     if problems:
         raise ValueError(f"forward kernel cannot implement {spec} with {config} on {model.name}: {'; '.join(problems)}")

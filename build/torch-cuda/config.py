@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .execution_model import ExecutionModel
+from .execution_model import ExecutionModel, Fp8MmaKind
 from .problem import MAX_HEAD_DIM, FwdSpec
 
 import json
@@ -136,13 +136,31 @@ def padded_head_dim(d: int, cfg: "FwdConfig") -> int:
     return width
 
 
+def smem_head_dims(spec: FwdSpec, cfg: FwdConfig) -> tuple[int, int]:
+    """(d, dv): the head dims as the forward lays them out in shared memory and in fragments, in elements. 16-bit
+    tiles: ``padded_head_dim``. FP8 MMAs (``spec.fp8_mma``): twice the padded width of half the head dim, since
+    the FP8 tiles are copied, swizzled and read by ldmatrix as 16-bit tiles of byte pairs; a multiple of 32, the
+    FP8 MMA's k-extent."""
+    if spec.fp8_mma:
+        return 2 * padded_head_dim(spec.head_dim // 2, cfg), 2 * padded_head_dim(spec.head_dim_v // 2, cfg)
+    return padded_head_dim(spec.head_dim, cfg), padded_head_dim(spec.head_dim_v, cfg)
+
+
+def copy_width(spec: FwdSpec, d: int, cfg: FwdConfig) -> int:
+    """The 16-bit width whose 16-byte copies move a head dim ``d`` tile (FP8 MMA tiles: half the FP8 width)."""
+    return padded_head_dim(d // 2, cfg) if spec.fp8_mma else padded_head_dim(d, cfg)
+
+
 def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
     """Shared memory per CTA: Q tile (reused for O) + num_stages K and V tiles, each 1024-aligned."""
-    d, dv = padded_head_dim(spec.head_dim, cfg), padded_head_dim(spec.head_dim_v, cfg)
+    d, dv = smem_head_dims(spec, cfg)
 
     def aligned(n: int) -> int:
         return (n + 1023) // 1024 * 1024
 
+    if spec.fp8_mma:  # a byte per Q / K / V element; O is bf16
+        return (aligned(max(cfg.tile_m * d, cfg.tile_m * dv * BYTES_PER_ELEM)) + aligned(cfg.num_stages * cfg.tile_n * d)
+                + aligned(cfg.num_stages * cfg.tile_n * dv))
     q_or_o = max(cfg.tile_m * d, cfg.tile_m * dv) * BYTES_PER_ELEM
     stages = cfg.num_stages
     staging = 0
@@ -167,8 +185,10 @@ def fwd_ctas_per_sm(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) -> int
 MIN_REGS_PER_THREAD = 128
 
 
-def min_regs_per_thread(cfg: FwdConfig) -> int:
-    return MIN_REGS_PER_THREAD * max(1, cfg.tile_m // cfg.num_warps // 16)
+def min_regs_per_thread(cfg: FwdConfig, fp8_mma: bool = False) -> int:
+    """FP8 MMAs count double: P and V live as 16-bit fragments and as FP8 operands (the d128x64 8-warp FP8 tile spilled
+    112 B at the 128 registers of two CTAs per SM, sm_120a, 2026-11-29; at 255, one CTA, none)."""
+    return MIN_REGS_PER_THREAD * max(1, cfg.tile_m // cfg.num_warps // 16) * (2 if fp8_mma else 1)
 
 
 @lru_cache(maxsize=None)
@@ -178,7 +198,7 @@ def fwd_min_ctas_per_sm(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel, la
     ``launch_threads`` CTA gets fewer than ``min_regs_per_thread(cfg)`` registers. Without it ptxas
     spends up to 255 registers per thread, and a small 8-warp tile that shared memory lets two to an SM
     runs one (registers bind first). A 4-warp CTA keeps the 255 cap at two CTAs per SM."""
-    by_regs = model.regs_per_sm // (launch_threads * min_regs_per_thread(cfg))
+    by_regs = model.regs_per_sm // (launch_threads * min_regs_per_thread(cfg, spec.fp8_mma))
     return max(1, min(fwd_ctas_per_sm(spec, cfg, model), by_regs))
 
 
@@ -208,7 +228,11 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     if spec.dropout:
         out += dropout_problems(spec, cfg)
     if spec.kv_dtype is not None:
-        out += fp8_kv_problems(spec, cfg)
+        out += fp8_mma_problems(spec, cfg) if spec.fp8_mma else fp8_kv_problems(spec, cfg)
+    elif spec.fp8_mma:
+        out.append("fp8_mma=True needs kv_dtype='e4m3' (Q, K and V all e4m3)")
+    if spec.fp8_mma and model.fp8_mma is Fp8MmaKind.NONE:
+        out.append(f"FP8 MMAs on the {model.name} model, which has no FP8 mma.sync (widen an FP8 q to bf16: FP8 K/V)")
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if cfg.tile_m % rows_per_pass:
@@ -226,7 +250,7 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     if spec.split_kv and spec.has_sink:
         out.append("split-KV forward with a learnable sink: the sink enters once, in the combine kernel "
                    "(build the split spec without it)")
-    if spec.kv_dtype is None and cfg.num_stages not in (1, 2, 3):
+    if (spec.kv_dtype is None or spec.fp8_mma) and cfg.num_stages not in (1, 2, 3):
         out.append(f"num_stages={cfg.num_stages} (1, 2 or 3 supported)")
     elif cfg.num_stages == 1 and (cfg.uses_tma or cfg.overlap):
         out.append(f"num_stages=1 (one K and one V buffer) is a cp_async schedule without overlap "
@@ -257,7 +281,7 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         if d % 8 or not 8 <= d <= MAX_HEAD_DIM:
             out.append(f"{name}={d} is not a multiple of 8 in [8, {MAX_HEAD_DIM}] (16-byte rows)")
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
-        width = padded_head_dim(d, cfg)
+        width = copy_width(spec, d, cfg)
         rows = rows_per_copy_pass(width, cfg.num_threads)
         if cfg.tile_m % rows or (not cfg.uses_tma and cfg.tile_n % rows):
             out.append(f"{name}={d} (smem width {width}) needs {'Q/O' if cfg.uses_tma else 'Q/O and K/V'} tiles of "
@@ -271,14 +295,15 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     # depending on the mask and loader: the conformance gate judges each build; above 192 every
     # sm_120a build spilled (2026-11-22).
     # With ``overlap`` the previous block's P (16-bit: half a register per element) is live beside S.
-    acc_regs = cfg.tile_m * (padded_head_dim(spec.head_dim_v, cfg) + cfg.tile_n
-                             + (cfg.tile_n // 2 if cfg.overlap else 0)) // cfg.num_threads
+    d, dv = smem_head_dims(spec, cfg)
+    acc_regs = cfg.tile_m * (dv + cfg.tile_n + (cfg.tile_n // 2 if cfg.overlap else 0)) // cfg.num_threads
     if acc_regs > 192:
         out.append(f"{acc_regs} accumulator registers per thread (O + S{' + P' if cfg.overlap else ''}) "
                    f"leave too few for operands")
     # Q in registers (16-bit: half a register per element) beside a row gather (packed GQA, varlen Q): at
     # d=256 (64x32: 144 + 64) every such sm_120a build spilled while the dense one fits (2026-11-23).
-    q_regs = cfg.tile_m * padded_head_dim(spec.head_dim, cfg) // cfg.num_threads // 2 if cfg.q_in_regs else 0
+    # (FP8 Q: a quarter of a register per element)
+    q_regs = cfg.tile_m * d // cfg.num_threads // (4 if spec.fp8_mma else 2) if cfg.q_in_regs else 0
     if q_regs and (spec.pack_gqa or spec.varlen_q) and acc_regs + q_regs > 192:
         out.append(f"q_in_regs with {'packed GQA' if spec.pack_gqa else 'varlen Q'}: {acc_regs} accumulator + "
                    f"{q_regs} Q registers per thread beside the row gather leave too few for operands")
@@ -315,6 +340,24 @@ def fp8_kv_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
     if spec.mods is not None or spec.block_sparse is not None or spec.dropout:
         out.append("FP8 K/V with score_mod / mask_mod, block sparsity or dropout: not built (FP8 K/V serve inference "
                    "attention; run these with bf16 / fp16 K/V)")
+    return out
+
+
+def fp8_mma_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
+    """Why ``cfg`` cannot run ``spec``'s FP8 MMAs (``_kernels/fwd_fp8_mma``): the cp.async step without overlap
+    (P goes from S's accumulators to the FP8 operand of P V within a block; no TMA loader is built for FP8
+    tiles), key blocks of whole 32-key MMA steps, and inference attention (no mods, block sparsity, dropout)."""
+    out = []
+    if spec.kv_dtype != "e4m3":
+        out.append(f"fp8_mma=True with kv_dtype={spec.kv_dtype!r}: the FP8 MMAs take Q, K and V all e4m3")
+    if cfg.uses_tma or cfg.overlap:
+        out.append(f"FP8 MMAs run the cp.async step without overlap (got mainloop={cfg.mainloop}, "
+                   f"overlap={cfg.overlap})")
+    if cfg.tile_n % 32:
+        out.append(f"tile_n={cfg.tile_n}: P V's FP8 MMA takes 32 keys per step (tile_n a multiple of 32)")
+    if spec.mods is not None or spec.block_sparse is not None or spec.dropout:
+        out.append("FP8 MMAs with score_mod / mask_mod, block sparsity or dropout: not built (FP8 attention serves "
+                   "inference; run these with bf16 / fp16 inputs)")
     return out
 
 
@@ -540,6 +583,8 @@ def table_keys(spec: FwdSpec) -> list[str]:
     cp.async entry (for specs or models the class entry's mainloop cannot serve: varlen / seqused K,
     parts without TMA); specs with mods or block sparsity try the class's 64-row alternate before that."""
     key = table_key(spec)
+    if spec.fp8_mma:  # Q, K, V e4m3: the class's FP8 MMA tile
+        return [f"d{head_dim_class(spec)}_fp8mma"]
     if spec.kv_dtype:  # FP8 K/V: the class's staging tile (two 16-bit buffers beside the FP8 stages)
         return [f"d{head_dim_class(spec)}_fp8kv"]
     keys = [f"d{head_dim_class(spec)}_packgqa"] if spec.pack_gqa else []
@@ -752,6 +797,19 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
                                  pack_gqa=True, split_kv=True))
         specs += [replace(_spec("bf16", d2, dv2, "causal"), kv_dtype="e4m3", seqused_k=True, page_size=16,
                           pack_gqa=True, split_kv=True) for d2, dv2 in dims]
+    # FP8 MMAs (Q, K, V e4m3; models with FP8 mma.sync) at each class's head dims: prefill in every mask (with
+    # softcap + sink), over packed K/V and packed Q; at the class's largest, decode (packed GQA, split) over a dense
+    # cache and a paged one
+    for dims in (REPRESENTATIVE_HEAD_DIMS.values() if model.fp8_mma is not Fp8MmaKind.NONE else ()):
+        fp8 = dict(kv_dtype="e4m3", fp8_mma=True)
+        specs += [replace(_spec("bf16", d2, dv2, mask), **fp8) for d2, dv2 in dims for mask in MASKS
+                  if d2 % 16 == dv2 % 16 == 0]  # FP8 head dims: multiples of 16
+        d, dv = dims[0]
+        specs += [replace(_spec("bf16", d, dv, "causal", True, True), **fp8),
+                  replace(_spec("bf16", d, dv, "causal"), varlen_q=True, varlen_k=True, **fp8),
+                  replace(_spec("bf16", d, dv, "full"), seqused_k=True, pack_gqa=True, split_kv=True, **fp8),
+                  replace(_spec("bf16", d, dv, "causal"), seqused_k=True, page_size=16, pack_gqa=True, split_kv=True,
+                          **fp8)]
     # exact-head-dims entries: both dtypes, with and without the sink (the features their key omits)
     for key in fwd_table():
         m = EXACT_KEY.match(key)

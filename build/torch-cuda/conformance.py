@@ -57,7 +57,7 @@ class Case:
         if s.page_size:
             mask += f"_paged{s.page_size}"
         if s.kv_dtype:
-            mask += f"_kv{s.kv_dtype}"
+            mask += f"_qkv{s.kv_dtype}" if s.fp8_mma else f"_kv{s.kv_dtype}"
         if s.block_sparse is not None:
             mask += "_sparse{}x{}{}".format(*s.block_sparse[:2], "" if s.block_sparse[2] else "_nofull")
         mask += "_dropout" if s.dropout else ""
@@ -72,7 +72,8 @@ class Case:
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
-        return {"kernel": "fwd_tma" if self.config.uses_tma else "fwd_multistage", **asdict(self.spec), **asdict(self.config), "model": self.model_name}
+        kernel = "fwd_fp8_mma" if self.spec.fp8_mma else "fwd_tma" if self.config.uses_tma else "fwd_multistage"
+        return {"kernel": kernel, **asdict(self.spec), **asdict(self.config), "model": self.model_name}
 
 
 @dataclass(frozen=True)
@@ -501,7 +502,7 @@ def compile_for_conformance(case: Case, target: str = "sm_120a", check_valid: bo
         return (compile_bwd(case.spec, case.config, model, target, keep, check_valid=check_valid),
                 bwd_smem_bytes(case.spec, case.config))
     if check_valid:
-        problems = fwd_kernel_class(case.config).can_implement(case.spec, case.config, model)
+        problems = fwd_kernel_class(case.config, case.spec).can_implement(case.spec, case.config, model)
         if problems:
             raise ValueError(f"{case.name} is not a valid config: {'; '.join(problems)}")
     compiled = compile_fwd(case.spec, case.config, model, target, keep, check_valid=False)

@@ -32,14 +32,20 @@ def is_fp8(t) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in FP8_DTYPES
 
 
-def widened_q(q, k, descales: Optional[tuple]):
-    """An FP8 q as the kernels take it: widened to bf16 (exact: every e4m3 / e5m2 value is a bf16 value; the
-    output is bf16, as FlashAttention-3 returns for FP8 inputs), its scale joining K's (``fp8_scales``). Raises
-    for an FP8 q beside 16-bit K/V, and for scales given with 16-bit inputs."""
+def widened_q(q, k, v, descales: Optional[tuple], fp8_mma: bool = True):
+    """An FP8 q as the kernels take it (the output is bf16 either way, as FlashAttention-3 returns for FP8 inputs;
+    q's scale joins K's, ``fp8_scales``): beside e4m3 K/V an e4m3 q stays FP8 and both GEMMs run FP8 MMAs
+    (``FwdSpec.fp8_mma``: twice the bf16 MMA rate on an SM120, and no widening pass), P rounded to e4m3 as in
+    FlashAttention-3; any other FP8 q is widened to bf16 (exact: every e4m3 / e5m2 value is a bf16 value) for the
+    FP8 K/V kernel, where P stays 16-bit (always with ``fp8_mma`` False: ``flash_attn_with_kvcache``, whose
+    appended rows are 16-bit). Raises for an FP8 q beside 16-bit K/V, and for scales given with 16-bit
+    inputs."""
     if is_fp8(q):
         if not is_fp8(k):
             raise TypeError(f"q is {q.dtype} but k is {getattr(k, 'dtype', type(k).__name__)}: an FP8 q needs FP8 "
                             "K/V (FlashAttention-3's convention); pass q in bfloat16 / float16 beside 16-bit K/V")
+        if fp8_mma and q.dtype == k.dtype == getattr(v, "dtype", None) == torch.float8_e4m3fn:
+            return q
         return q.to(torch.bfloat16)
     if descales is not None and any(d is not None for d in descales) and not is_fp8(k):
         raise ValueError("q_descale / k_descale / v_descale scale FP8 inputs, but k and v are "
@@ -67,7 +73,7 @@ def fp8_forward(q, k, v, varlen: Optional[dict], descales: Optional[tuple], mods
     ``(out, lse or None)``."""
     fp8_refusals(mods, needs_grad(q, k, v, learnable_sink))
     fp8_q = is_fp8(q)
-    q = widened_q(q, k, descales)
+    q = widened_q(q, k, v, descales)
     q, k, v, spec, shape, params, tensors = validated_call(q, k, v, varlen, softmax_scale, causal, window_size, softcap,
                                                           learnable_sink, descales=descales, fp8_q=fp8_q)
     return run_call(q, k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse, None,

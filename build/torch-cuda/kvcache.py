@@ -184,7 +184,7 @@ def flash_attn_with_kvcache(
     fp8 = descales is not None or is_fp8(k_cache) or is_fp8(q)
     fp8_q = is_fp8(q)
     if fp8:
-        q = widened_q(q, k_cache, descales)
+        q = widened_q(q, k_cache, v_cache, descales, fp8_mma=False)
     tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, learnable_sink, out)
     if isinstance(cache_seqlens, int):  # FA2: one length for every sequence

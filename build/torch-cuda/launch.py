@@ -117,7 +117,9 @@ def launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, co
 
 def plan_for(q, v, spec, shape, params, config, num_splits, max_ctas) -> "LaunchPlan":
     """``plan_launch`` for a validated call's q / v under the current environment."""
-    return plan_launch(spec, shape, params, q.device, q.dtype, tuple(q.shape[:-1]), v.shape[-1], config,
+    # FP8 MMAs (an e4m3 q) write bf16 O
+    return plan_launch(spec, shape, params, q.device, torch.bfloat16 if spec.fp8_mma else q.dtype,
+                       tuple(q.shape[:-1]), v.shape[-1], config,
                        num_splits, max_ctas, *launch_env())
 
 

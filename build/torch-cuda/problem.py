@@ -65,6 +65,10 @@ class FwdSpec:
     #: value) and runs the 16-bit MMAs; ``k_descale`` folds into the softmax scale, ``v_descale`` into O's
     #: normalization, per (batch, KV head) (``_kernels/kv_dequant``)
     kv_dtype: Optional[str] = None
+    #: Q, K and V all e4m3 (``kv_dtype`` "e4m3"; ``dtype`` is O's, bf16): both GEMMs are FP8 ``mma.sync``
+    #: (m16n8k32), P is rounded to e4m3 in registers, as FlashAttention-3's FP8 forward does; the tiles move and
+    #: are read by ldmatrix as 16-bit tiles of byte pairs (``_kernels/fwd_fp8_mma``). False: Q has ``dtype``
+    fp8_mma: bool = False
 
     @property
     def mask(self) -> str:
@@ -212,6 +216,9 @@ def _check_tensor(name: str, t, expected_rank: int = 4, fp8: bool = False) -> No
                         f"{also}")
     shape, stride = t.shape, t.stride()
     check_head_dim(f"{name} head dim", shape[-1])
+    if t.dtype in FP8_DTYPES and shape[-1] % 16:
+        raise ValueError(f"{name} head dim {shape[-1]}: FP8 rows are copied as 16-byte vectors, so FP8 head dims are "
+                         "multiples of 16; pad the head dim with zeros to the next multiple of 16")
     if stride[-1] != 1:
         raise ValueError(
             f"{name} must be contiguous in its last dimension (stride {stride[-1]}); call .contiguous() first"
@@ -324,10 +331,21 @@ def resolve_window(causal: bool, window_size) -> tuple[bool, bool, Optional[int]
     return False, True, left, right
 
 
+def element_types(q, k) -> dict:
+    """The spec's element-type fields for validated ``q`` / ``k``: ``dtype`` (O's), FP8 K/V's ``kv_dtype`` and,
+    for an e4m3 q, ``fp8_mma`` (O in bf16, as FlashAttention-3 returns for FP8 inputs)."""
+    if q.dtype in FP8_DTYPES:
+        return dict(dtype="bf16", kv_dtype=FP8_DTYPES[k.dtype], fp8_mma=True)
+    return dict(dtype=_DTYPES[q.dtype], kv_dtype=FP8_DTYPES.get(k.dtype))
+
+
 def _check_heads_and_dims(q, k, v, heads_q: int, heads_kv: int) -> None:
     if k.dtype != v.dtype or (q.dtype != k.dtype and k.dtype not in FP8_DTYPES):
         raise TypeError(f"q, k, v must share a dtype (or k and v be FP8 beside a bf16 / fp16 q), got {q.dtype}, "
                         f"{k.dtype}, {v.dtype}")
+    if q.dtype in FP8_DTYPES and q.dtype != torch.float8_e4m3fn:
+        raise TypeError(f"q, k, v are {q.dtype}: FP8 MMAs take e4m3 inputs (P is rounded to e4m3 too); pass "
+                        "torch.float8_e4m3fn, or a bf16 q beside the FP8 K/V")
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}")
     if k.shape[-1] != q.shape[-1]:
@@ -379,7 +397,7 @@ def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool, window_s
                  softcap: float = 0.0, learnable_sink=None) -> tuple[FwdSpec, FwdShape, FwdParams]:
     """Check dense (batch, seqlen, heads, d) inputs; return the compile spec, runtime shape and parameters."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_tensor(name, t, fp8=name != "q")
+        _check_tensor(name, t, fp8=True)
     batch, seqlen_q, num_heads, head_dim = q.shape
     bk, seqlen_k, num_heads_kv, _ = k.shape
     if tuple(v.shape[:3]) != (bk, seqlen_k, num_heads_kv):
@@ -389,8 +407,8 @@ def validate_fwd(q, k, v, softmax_scale: Optional[float], causal: bool, window_s
     _check_heads_and_dims(q, k, v, num_heads, num_heads_kv)
     params, local, causal_mask, capped = _runtime_params(q, num_heads, softmax_scale, causal, window_size, softcap,
                                                          learnable_sink, seqlen_q + seqlen_k)
-    spec = FwdSpec(dtype=_DTYPES[q.dtype], head_dim=head_dim, head_dim_v=v.shape[3], causal=causal_mask,
-                   local=local, softcap=capped, has_sink=params.sink is not None, kv_dtype=FP8_DTYPES.get(k.dtype))
+    spec = FwdSpec(head_dim=head_dim, head_dim_v=v.shape[3], causal=causal_mask, local=local, softcap=capped,
+                   has_sink=params.sink is not None, **element_types(q, k))
     return spec, FwdShape(batch, seqlen_q, seqlen_k, num_heads, num_heads_kv), params
 
 
@@ -418,7 +436,7 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
         raise ValueError("page_table with cu_seqlens_k: paged K/V are (num_pages, page_size, heads_kv, head_dim) "
                          "caches whose per-sequence lengths come from seqused_k; pass seqused_k instead of cu_seqlens_k")
     packed_q, packed_k = cu_seqlens_q is not None, cu_seqlens_k is not None
-    _check_tensor("q", q, 3 if packed_q else 4)
+    _check_tensor("q", q, 3 if packed_q else 4, fp8=True)
     _check_tensor("k", k, 3 if packed_k else 4, fp8=True)
     _check_tensor("v", v, 3 if packed_k else 4, fp8=True)
     heads_q, heads_kv = q.shape[-2], k.shape[-2]
@@ -459,10 +477,10 @@ def validate_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqle
     extent = (q.shape[0] if packed_q else q.shape[1]) + (capacity if paged else k.shape[0] if packed_k else k.shape[1])
     params, local, causal_mask, capped = _runtime_params(q, heads_q, softmax_scale, causal, window_size, softcap,
                                                          learnable_sink, extent)
-    spec = FwdSpec(dtype=_DTYPES[q.dtype], head_dim=q.shape[-1], head_dim_v=v.shape[-1], causal=causal_mask,
+    spec = FwdSpec(head_dim=q.shape[-1], head_dim_v=v.shape[-1], causal=causal_mask,
                    local=local, softcap=capped, has_sink=params.sink is not None, varlen_q=packed_q,
                    varlen_k=packed_k, seqused_q=seqused_q is not None, seqused_k=seqused_k is not None,
-                   page_size=k.shape[1] if paged else 0, kv_dtype=FP8_DTYPES.get(k.dtype))
+                   page_size=k.shape[1] if paged else 0, **element_types(q, k))
     return spec, FwdShape(batch, max_q, max_k, heads_q, heads_kv), params
 
 

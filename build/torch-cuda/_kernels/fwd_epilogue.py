@@ -73,7 +73,7 @@ class FwdEpilogue:
         mO = split_view(out.mO, out.split) if const_expr(partial) else out.mO
         mO_h, _ = sequence_heads(mO, out.batch, out.mCuSeqlensQ, out.mSeqUsedQ)
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
-        tOcO_rc = acc_rows_cols(self.tiled_mma.get_slice(ctx.tidx).partition_C(cO))
+        tOcO_rc = acc_rows_cols(self.o_mma.get_slice(ctx.tidx).partition_C(cO))
         for r in cutlass.range_constexpr(cute.size(acc_rc, mode=[0])):
             valid, q_row, q_head = self.out_row(ctx, out, tOcO_rc[r, 0][0])
             gO_row = mO_h[q_row, q_head, None]
@@ -113,12 +113,12 @@ class FwdEpilogue:
         cute.arch.cp_async_wait_group(0)
         self.mma_barrier()
         rO = convert(ctx.acc_O, self.dtype)
-        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), self.tiled_mma)
+        r2s = cute.make_tiled_copy_C(cute.make_copy_atom(cute.nvgpu.CopyUniversalOp(), self.dtype), self.o_mma)
         thr_r2s = r2s.get_slice(tidx)
         cute.copy(r2s, thr_r2s.retile(rO), thr_r2s.partition_D(sO))
 
         cO = cute.make_identity_tensor((self.tile_m, self.head_dim_v))
-        self.store_lse(ctx, out, out.mLSE, lse, acc_rows_cols(self.tiled_mma.get_slice(tidx).partition_C(cO)))
+        self.store_lse(ctx, out, out.mLSE, lse, acc_rows_cols(self.o_mma.get_slice(tidx).partition_C(cO)))
 
         self.mma_barrier()
         thr_s2g = self.s2g_o.get_slice(tidx)

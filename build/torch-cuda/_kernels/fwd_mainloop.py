@@ -45,7 +45,7 @@ class StagedMainloop:
             if ctx.n_end - stages >= ctx.n_start:  # the first refill's pages (paged K/V), read while we wait
                 kv.lookahead(ctx.n_end - stages)
         cute.arch.cp_async_wait_group(stages - 2)
-        if const_expr(self.kv_dtype is not None):  # FP8 K/V: this thread's share of tile 0, widened (kv_dequant)
+        if const_expr(self.widens_kv):  # FP8 K/V: this thread's share of tile 0, widened (kv_dequant)
             kv.widen(0, 0)
         cute.arch.sync_threads()
 
@@ -65,7 +65,7 @@ class StagedMainloop:
                         walk=None, mask_mod: cutlass.Constexpr[bool] = True):
         stages, kv = self.config.num_stages, ctx.kv
         stage = it % stages
-        staged = self.kv_dtype is not None  # FP8 K/V: stages are staging, the MMAs read 16-bit buffers (kv_dequant)
+        staged = self.widens_kv  # FP8 K/V: stages are staging, the MMAs read 16-bit buffers (kv_dequant)
         # a. Refill the stage consumed last step (every warp passed the barrier after it).
         if const_expr(walk is None):
             n_ahead = n_block - (stages - 1)

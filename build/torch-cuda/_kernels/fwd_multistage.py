@@ -58,7 +58,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warp
 
 from ..config import (FwdConfig, banded_tile_order, dropout_on_pairs, fp8_kv_copy, fwd_config_problems,
-                      fwd_min_ctas_per_sm, fwd_smem_bytes, padded_head_dim)
+                      fwd_min_ctas_per_sm, fwd_smem_bytes, smem_head_dims)
 from .. import flex
 from ..execution_model import CopyKind, ExecutionModel
 from ..problem import FwdSpec
@@ -89,12 +89,15 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         self.config = config
         self.model = model
         self.dtype = CUTLASS_DTYPES[spec.dtype]
-        #: FP8 K/V (``kv_dequant``): the staging element type, None when K/V have ``dtype``
+        #: Q's element type (an FP8 MMA variant reads FP8 Q: ``fwd_fp8_mma``); O has ``dtype``
+        self.q_dtype = self.dtype
+        #: FP8 K/V: their element type, None when K/V have ``dtype``
         self.kv_dtype = CUTLASS_DTYPES[spec.kv_dtype] if spec.kv_dtype else None
-        #: K/V buffers the MMAs read: the stages, or with FP8 K/V the two 16-bit buffers beside the staging
-        self.mma_stages = MMA_BUFFERS if spec.kv_dtype else config.num_stages
-        self.head_dim = padded_head_dim(spec.head_dim, config)
-        self.head_dim_v = padded_head_dim(spec.head_dim_v, config)
+        #: FP8 K/V beside 16-bit MMAs: the copies land in staging stages, widened into 16-bit buffers (``kv_dequant``)
+        self.widens_kv = self.kv_dtype is not None
+        #: K/V buffers the MMAs read: the stages, or with widened FP8 K/V the two 16-bit buffers beside the staging
+        self.mma_stages = MMA_BUFFERS if self.widens_kv else config.num_stages
+        self.head_dim, self.head_dim_v = smem_head_dims(spec, config)
         # Padded head dims need column predicates (and zeroed Q/K padding); exact ones compile without.
         self.pad_qk = spec.head_dim != self.head_dim
         self.pad_v = spec.head_dim_v != self.head_dim_v
@@ -144,7 +147,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         """This thread's K/V loader (``kv_source``; ``kv_src`` narrowed to one KV head and cut into key
         blocks): cp.async into the stages of sK / sV, or with FP8 K/V into the staging stages, widened
         into sK / sV (``kv_dequant``)."""
-        if const_expr(self.kv_dtype is not None):
+        if const_expr(self.widens_kv):
             elems, per_row = fp8_kv_copy(self.spec, self.config)
             if const_expr(elems == 16):  # 16-byte vectors past L1; the 16-bit side in the same thread layout
                 cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
@@ -161,6 +164,11 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             return staged_loader(inner, tidx, sm.sK, sm.sV, widen_k, widen_v, self.dtype, self.config.num_stages)
         return kv_src.cp_async(tidx, sm.sK, sm.sV, self.g2s_qk, self.g2s_v)
 
+    @property
+    def o_mma(self) -> cute.TiledMma:
+        """The tiled MMA whose accumulator layout O has (the epilogue's partitions): the one of both GEMMs here."""
+        return self.tiled_mma
+
     @cute.jit
     def mma_barrier(self):
         """Barrier over the MMA warps (the whole CTA here)."""
@@ -176,7 +184,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         self.sQ_layout = cute.tile_to_shape(atom_qk, (self.tile_m, self.head_dim), (0, 1))
         self.sK_layout = cute.tile_to_shape(atom_qk, (self.tile_n, self.head_dim, stages), (0, 1, 2))
         self.sV_layout = cute.tile_to_shape(atom_v, (self.tile_n, self.head_dim_v, stages), (0, 1, 2))
-        staged = self.kv_dtype is not None
+        staged = self.widens_kv
         if staged:
             kt = self.kv_dtype
             sK8_layout, sV8_layout = self.staging_layouts()
@@ -231,13 +239,14 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             class SharedStorage:
                 tiles: cute.struct.Align[Tiles, 1024]
 
-        # Trace-time invariant: the host formula (used by the predicate and the gate) is exact.
-        if SharedStorage.size_in_bytes() != fwd_smem_bytes(self.spec, self.config):
-            raise RuntimeError(
-                f"smem accounting mismatch: struct {SharedStorage.size_in_bytes()} B vs "
-                f"predicate {fwd_smem_bytes(self.spec, self.config)} B"
-            )
+        self.check_smem(SharedStorage)
         self.SharedStorage = SharedStorage
+
+    def check_smem(self, storage):
+        """Trace-time invariant: the host formula (used by the predicate and the gate) is exact."""
+        if storage.size_in_bytes() != fwd_smem_bytes(self.spec, self.config):
+            raise RuntimeError(f"smem accounting mismatch: struct {storage.size_in_bytes()} B vs "
+                               f"predicate {fwd_smem_bytes(self.spec, self.config)} B")
 
     def staging_layouts(self):
         """FP8 K/V's staging stages (tile_n, d | dv, num_stages): the 16-bit tiles' swizzled atoms in elements
@@ -269,7 +278,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                                  stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
         )
         sK8 = sV8 = None
-        if const_expr(self.kv_dtype is not None):
+        if const_expr(self.widens_kv):
             sK8_layout, sV8_layout = self.staging_layouts()
             sK8 = storage.tiles.sK8.get_tensor(sK8_layout)
             sV8 = storage.tiles.sV8.get_tensor(sV8_layout)
@@ -367,10 +376,10 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
     ):
         out_dtype = Float32 if const_expr(self.spec.split_kv) else self.dtype
         kv_dtype = self.kv_dtype if const_expr(self.kv_dtype is not None) else self.dtype
-        if const_expr(not (mQ.element_type == self.dtype and mK.element_type == mV.element_type == kv_dtype
+        if const_expr(not (mQ.element_type == self.q_dtype and mK.element_type == mV.element_type == kv_dtype
                            and mO.element_type == out_dtype)):
-            raise TypeError("Q must have the spec's dtype, K and V its kv_dtype, O its dtype (fp32 partials with "
-                            "split-KV)")
+            raise TypeError("Q must have the spec's dtype (e4m3 with FP8 MMAs), K and V its kv_dtype, O its dtype "
+                            "(fp32 partials with split-KV)")
         if const_expr((mKDescale is None or mVDescale is None) != (self.kv_dtype is None)):
             raise TypeError("the descale slots come with FP8 K/V and only with them")
         self._setup()

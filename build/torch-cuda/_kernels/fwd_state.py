@@ -29,6 +29,8 @@ class FwdSmem:
     #: FP8 K/V: the staging stages the copies land in, (tile_n, d | dv, stages) (``kv_dequant``); else None
     sK8: Optional[cute.Tensor] = None
     sV8: Optional[cute.Tensor] = None
+    #: FP8 MMAs: 16-bit views (sQ, sK) of the FP8 tiles, which the ldmatrix copies read (``fwd_fp8_mma``); else None
+    views16: Optional[tuple] = None
 
 
 @dataclass(eq=False)

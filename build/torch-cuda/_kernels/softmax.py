@@ -39,9 +39,11 @@ NO_KEY_MAX = -1.0e20
 class OnlineSoftmax:
     """Row statistics for ``num_rows`` accumulator rows of this thread."""
 
-    def __init__(self, scale_log2: Float32, num_rows: cutlass.Constexpr[int]):
+    def __init__(self, scale_log2: Float32, num_rows: cutlass.Constexpr[int], rescale_log2: float = RESCALE_LOG2):
         self.scale_log2 = scale_log2
         self.num_rows = num_rows
+        #: how far past the reference a block's max may go before the reference moves (log2 units)
+        self.rescale_log2 = rescale_log2
         self.row_max = cute.make_rmem_tensor(num_rows, Float32)
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
         self.row_max.fill(NO_KEY_MAX)
@@ -51,7 +53,7 @@ class OnlineSoftmax:
     def step(self, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor):
         """Turn scores into unnormalized probabilities in place and rescale O (only when some row of
         the warp raised its reference max: most key blocks after the first change nothing)."""
-        softmax_step(self.row_max, self.row_sum, acc_S_rc, acc_O_rc, self.scale_log2)
+        softmax_step(self.row_max, self.row_sum, acc_S_rc, acc_O_rc, self.scale_log2, self.rescale_log2)
 
     @cute.jit
     def finalize(self, acc_O_rc: cute.Tensor, lse: cute.Tensor, sink_log2: cute.Tensor = None, o_scale=None):
@@ -88,7 +90,7 @@ class OnlineSoftmax:
 
 @cute.jit
 def softmax_step(row_max: cute.Tensor, row_sum: cute.Tensor, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor,
-                 scale: Float32):
+                 scale: Float32, rescale_log2: cutlass.Constexpr[float] = RESCALE_LOG2):
     """``OnlineSoftmax.step`` on its state tensors with an explicit scale (plain tensors can cross a
     dynamic ``if``; the ping-pong step passes a scale it reloaded after its turn's arrive)."""
     corr = cute.make_rmem_tensor(cute.size(row_max), Float32)
@@ -98,9 +100,9 @@ def softmax_step(row_max: cute.Tensor, row_sum: cute.Tensor, acc_S_rc: cute.Tens
         m_blk = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
         m_old = row_max[r]
         m_cand = cute.arch.fmax(m_old, m_blk)
-        # Keep the old reference unless the new max exceeds it by more than RESCALE_LOG2 (then P
-        # stays below 2^RESCALE_LOG2); +inf takes the new max.
-        m_new = m_old if (m_cand - m_old) * scale <= Float32(RESCALE_LOG2) else m_cand
+        # Keep the old reference unless the new max exceeds it by more than rescale_log2 (then P
+        # stays below 2^rescale_log2); +inf takes the new max.
+        m_new = m_old if (m_cand - m_old) * scale <= Float32(rescale_log2) else m_cand
         changed = changed | (m_new != m_old)
         p_row = cute.math.exp2(s_row * scale - m_new * scale, fastmath=True)
         # exactly 1 for a row whose reference stayed (a difference, then a product: nothing to contract into an
