@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
-                 "paged_fp8",
+                 "paged_fp8", "paged_fp8_mma",
                  "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "bwd_det_orders", "flex", "sparse", "dropout")
 
 
@@ -202,11 +202,12 @@ def _decode_run():
     torch.cuda.synchronize()
 
 
-def _paged_runs(fp8: bool = False):
+def _paged_runs(fp8: bool = False, fp8_q: bool = False):
     """Paged K/V through the page table (dense and packed q, decode with splits and prefill tiles, page sizes
     1, 16 and 48), with good and corrupt tables: pages past the pool, negative pages, seqused_k past the
     table row's capacity or negative. ``fp8``: e4m3 caches with per-(batch, KV head) scales (the staging
-    stages and the widening, ``_kernels/kv_dequant``)."""
+    stages and the widening, ``_kernels/kv_dequant``); ``fp8_q``: e4m3 q too (both GEMMs FP8 MMAs,
+    ``_kernels/fwd_fp8_mma``)."""
     import torch
 
     import flash_attn_4_sm120 as fa
@@ -234,6 +235,8 @@ def _paged_runs(fp8: bool = False):
         qp = torch.randn(3, 300, hq, d, dtype=torch.bfloat16, device="cuda")
         cu_q = _i32([0, 100, 101, 400])
         q_packed = torch.randn(400, hq, d, dtype=torch.bfloat16, device="cuda")
+        if fp8_q:
+            qd, qp, q_packed = (t.to(torch.float8_e4m3fn) for t in (qd, qp, q_packed))
         for label, table, seqused in tables:
             for splits in (0, 1, 5):
                 fa.flash_attn_varlen_func(qd, kc, kc, seqused_k=seqused, page_table=table, num_splits=splits,
@@ -446,6 +449,7 @@ FAMILIES = {
     "decode": _decode_run,
     "paged": _paged_runs,
     "paged_fp8": lambda: _paged_runs(fp8=True),
+    "paged_fp8_mma": lambda: _paged_runs(fp8=True, fp8_q=True),
     "kvcache": _kvcache_runs,
     "combine": _combine_run,
     "bwd": _bwd_runs,
