@@ -21,15 +21,16 @@ from ..config import atom_cols
 
 
 _COPY_BITS = 128  # 16-byte cp.async / st.global vectors
+#: swizzle bits of an 8-row atom of 64 / 32 / 16 16-bit columns (128 / 64 / 32-byte rows)
+SWIZZLE_BITS = {64: 3, 32: 2, 16: 1}
 
 
 def smem_layout_atom(dtype, width: int) -> cute.ComposedLayout:
     """A swizzled 8-row atom, ``width`` columns wide (16, 32 or 64 elements), bank-conflict free
     for both cp.async writes and ldmatrix reads."""
     cols = atom_cols(width)
-    swizzle_bits = {64: 3, 32: 2, 16: 1}[cols]
     return cute.make_composed_layout(
-        cute.make_swizzle(swizzle_bits, 3, 3), 0, cute.make_layout((8, cols), stride=(cols, 1))
+        cute.make_swizzle(SWIZZLE_BITS[cols], 3, 3), 0, cute.make_layout((8, cols), stride=(cols, 1))
     )
 
 

@@ -47,7 +47,7 @@ from .fwd_multistage import FlashFwdMultistage
 from .fragments import acc_rows_cols
 from .fwd_state import FwdSmem, FwdTileState
 from .softmax import OnlineSoftmax
-from .tile_io import g2s_tiled_copy, smem_layout_atom
+from .tile_io import SWIZZLE_BITS, g2s_tiled_copy, smem_layout_atom
 
 #: FP8 MMA shape (m, n, k)
 MMA_FP8 = (16, 8, 32)
@@ -98,7 +98,7 @@ def fp8_atom(atom16: cute.ComposedLayout) -> cute.ComposedLayout:
     """The FP8 view of a 16-bit swizzled atom (8 rows of ``cols`` 16-bit elements): the same bytes, 2 * cols
     elements a row, the swizzle on 16-byte units of bytes."""
     cols = atom16.outer.shape[1]
-    return cute.make_composed_layout(cute.make_swizzle({64: 3, 32: 2, 16: 1}[cols], 4, 3), 0,
+    return cute.make_composed_layout(cute.make_swizzle(SWIZZLE_BITS[cols], 4, 3), 0,
                                      cute.make_layout((8, 2 * cols), stride=(2 * cols, 1)))
 
 
