@@ -55,8 +55,8 @@ def test_table_records_device_and_date():
     base = {f"d{c}_{m}" for c in config.HEAD_DIM_CLASSES for m in ("full", "causal")}
     assert base <= set(data["table"])
     suffixes = ("bf16", "fp16", "local", "cp_async", "m128", "m64", "mha")
-    packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES for kind in ("packgqa", "paged", "paged_m64", "fp8kv",
-                                                                            "fp8mma")}
+    packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES
+              for kind in ("packgqa", "paged", "paged_m64", "fp8kv", "fp8mma", "decode", "fp8kv_decode")}
     exact = config.EXACT_KEY
     assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
                for k in data["table"])
@@ -381,3 +381,35 @@ def test_paged_decode_keeps_the_packed_gqa_tile():
     assert config.table_keys(spec)[:2] == ["d128_packgqa", "d128_paged"]
     cfg = config.choose_fwd_config(spec, SM120, 4, 1, 8192, True)
     assert (cfg.tile_m, cfg.tile_n, cfg.num_stages) == (64, 48, 3)
+
+
+def test_decode_rows_take_the_warps_on_keys_tile():
+    """Packed rows that fit 16 (seqlen_q x group) run the d64 class's decode tile, with 16-bit and FP8 K/V alike, split
+    or not; more rows, unpacked calls and classes without a decode entry keep the 64-row tiles."""
+    for kv in (None, "e4m3", "e5m2"):
+        for split in (False, True):
+            spec = FwdSpec("bf16", 64, 64, causal=False, pack_gqa=True, kv_dtype=kv, split_kv=split, seqused_k=True,
+                           page_size=16)
+            decode = config.decode_entry(spec, SM120)
+            assert decode is not None and decode.warps_on_keys and decode.tile_m == 16
+            assert config.choose_fwd_config(spec, SM120, 16, 2, 8192, True) == decode
+            assert config.choose_fwd_config(spec, SM120, 17, 17, 8192, True) != decode
+            assert decode in config.dispatch_candidates(spec, SM120)
+    assert config.decode_entry(FwdSpec("bf16", 64, 64, causal=False), SM120) is None  # unpacked
+    assert config.decode_entry(FwdSpec("bf16", 128, 128, causal=False, pack_gqa=True), SM120) is None  # no d128 entry
+    mma = FwdSpec("bf16", 64, 64, causal=False, pack_gqa=True, kv_dtype="e4m3", fp8_mma=True)
+    assert config.decode_entry(mma, SM120) is None
+
+
+def test_warps_on_keys_predicate():
+    """The decode tile's rules: one 16-row tile, whole 16-key shares per warp, the cp.async multistage step,
+    inference features only, a merge buffer within the tiles it reuses."""
+    spec = FwdSpec("bf16", 64, 64, causal=True, pack_gqa=True)
+    good = config.FwdConfig(tile_m=16, tile_n=64, num_warps=4, num_stages=3, q_in_regs=True, warps_on_keys=True)
+    assert config.is_valid(spec, good, SM120)
+    for bad, words in ((replace(good, tile_m=64), "16-row tile"), (replace(good, tile_n=32), "16-key shares"),
+                       (replace(good, num_stages=1), "multistage"), (replace(good, overlap=True), "multistage")):
+        assert any(words in p for p in config.fwd_config_problems(spec, bad, SM120)), bad
+    assert any("not built" in p for p in config.fwd_config_problems(replace(spec, dropout=True), good, SM120))
+    # the merge reuses the K/V tiles (partial O) and Q's (row statistics): 4 warps x 16 rows x (64 + 4) fp32, 512 B
+    assert config.keysplit_merge_bytes(spec, good) == (4 * 16 * 68 * 4, 512)

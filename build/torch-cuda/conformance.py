@@ -69,10 +69,12 @@ class Case:
         ml += "_ps" if c.persistent else ""
         ml += "_mbr" if c.mbarrier_release else ""
         ml += "" if c.mask_select else "_mstore"
+        ml += "_keys" if c.warps_on_keys else ""
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
-        kernel = "fwd_fp8_mma" if self.spec.fp8_mma else "fwd_tma" if self.config.uses_tma else "fwd_multistage"
+        kernel = ("fwd_keysplit" if self.config.warps_on_keys else "fwd_fp8_mma" if self.spec.fp8_mma
+                  else "fwd_tma" if self.config.uses_tma else "fwd_multistage")
         return {"kernel": kernel, **asdict(self.spec), **asdict(self.config), "model": self.model_name}
 
 
@@ -454,6 +456,7 @@ def make_case(
     pingpong: bool = False,
     persistent: bool = False,
     mbarrier_release: bool = False,
+    warps_on_keys: bool = False,
     causal: bool = True,
     local: bool = False,
     softcap: bool = False,
@@ -464,15 +467,16 @@ def make_case(
     split_kv: bool = False,
     page_size: int = 0,
     dtype: str = "bf16",
+    kv_dtype: Optional[str] = None,
     model: str = SM120.name,
 ) -> Case:
     spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal and not local,
                    local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen and not page_size,
                    seqused_q=seqused, seqused_k=seqused or bool(page_size), pack_gqa=pack_gqa, split_kv=split_kv,
-                   page_size=page_size)
+                   page_size=page_size, kv_dtype=kv_dtype)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
                     mainloop=mainloop, frag_prefetch=frag_prefetch, overlap=overlap, pingpong=pingpong,
-                    persistent=persistent, mbarrier_release=mbarrier_release)
+                    persistent=persistent, mbarrier_release=mbarrier_release, warps_on_keys=warps_on_keys)
     return Case(spec, cfg, model)
 
 

@@ -168,6 +168,10 @@ def _fake_descales(kv_dtype) -> tuple:
 
 def fwd_kernel_class(config: FwdConfig, spec: Optional[FwdSpec] = None):
     """The kernel class of a config's mainloop variant (FP8 MMAs: ``spec.fp8_mma``, a cp.async variant)."""
+    if config.warps_on_keys:
+        from ._kernels.fwd_keysplit import FlashFwdKeySplit
+
+        return FlashFwdKeySplit
     if spec is not None and spec.fp8_mma:
         from ._kernels.fwd_fp8_mma import FlashFwdFP8Mma
 

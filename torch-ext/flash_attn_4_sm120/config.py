@@ -84,6 +84,12 @@ class FwdConfig:
     #: selects, 2026-11-23) but packs registers differently: the bf16 d96 ping-pong entry spills with
     #: selects and not without.
     mask_select: bool = True
+    #: The warps share one 16-row tile of Q and split each key block between them (``_kernels/fwd_keysplit``):
+    #: warp w computes S and P V for its own tile_n / num_warps keys with its own online softmax, and the warps'
+    #: partial O and row statistics merge once, in shared memory, before the epilogue. For packed decode rows
+    #: (seqlen_q x group <= 16): a 64-row tile there runs every MMA on 4x the rows it needs, and with FP8 K/V
+    #: the MMA warps then bound the step (``decode_entry``).
+    warps_on_keys: bool = False
 
     @property
     def uses_tma(self) -> bool:
@@ -235,7 +241,9 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         out.append(f"FP8 MMAs on the {model.name} model, which has no FP8 mma.sync (widen an FP8 q to bf16: FP8 K/V)")
     if cfg.num_warps not in (4, 8):
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
-    if cfg.tile_m % rows_per_pass:
+    if cfg.warps_on_keys:
+        out += keysplit_problems(spec, cfg)
+    elif cfg.tile_m % rows_per_pass:
         out.append(f"tile_m={cfg.tile_m} is not a multiple of {rows_per_pass} (16 rows per warp)")
     if cfg.mainloop not in MAINLOOPS:
         out.append(f"mainloop={cfg.mainloop!r} (one of {', '.join(MAINLOOPS)})")
@@ -297,6 +305,8 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     # With ``overlap`` the previous block's P (16-bit: half a register per element) is live beside S.
     d, dv = smem_head_dims(spec, cfg)
     acc_regs = cfg.tile_m * (dv + cfg.tile_n + (cfg.tile_n // 2 if cfg.overlap else 0)) // cfg.num_threads
+    if cfg.warps_on_keys:  # every warp holds all 16 rows of O, and S for its share of the keys
+        acc_regs = 16 * (dv + cfg.tile_n // cfg.num_warps) // 32
     if acc_regs > 192:
         out.append(f"{acc_regs} accumulator registers per thread (O + S{' + P' if cfg.overlap else ''}) "
                    f"leave too few for operands")
@@ -340,6 +350,44 @@ def fp8_kv_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
     if spec.mods is not None or spec.block_sparse is not None or spec.dropout:
         out.append("FP8 K/V with score_mod / mask_mod, block sparsity or dropout: not built (FP8 K/V serve inference "
                    "attention; run these with bf16 / fp16 K/V)")
+    return out
+
+
+def keysplit_merge_bytes(spec: FwdSpec, cfg: FwdConfig) -> tuple[int, int]:
+    """(partial O, row statistics) bytes of a ``warps_on_keys`` tile's merge (``_kernels/fwd_keysplit``): each
+    warp's fp32 partial O (16 rows of ``KEYSPLIT_ROW_PAD`` + dv floats) over the K/V tiles, and each warp's row max
+    and row sum over Q's tile, both free once the key blocks are done."""
+    dv = smem_head_dims(spec, cfg)[1]
+    return cfg.num_warps * 16 * (dv + KEYSPLIT_ROW_PAD) * 4, 2 * cfg.num_warps * 16 * 4
+
+
+#: fp32 words past each row of a warp's partial O in the merge buffer: rows then start 4 banks apart
+KEYSPLIT_ROW_PAD = 4
+
+
+def keysplit_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
+    """Why ``cfg`` (``warps_on_keys``) cannot run ``spec``: one 16-row tile shared by the warps, whole 16-key
+    shares of each key block per warp, the cp.async multistage step (no overlap, TMA or ping-pong: those hand
+    tiles between warp groups by rows), inference features only (no mods, block sparsity or dropout, which
+    address P by the rows-split tiles' cells), and a merge buffer within the tiles it reuses."""
+    out = []
+    if cfg.tile_m != 16:
+        out.append(f"warps_on_keys=True shares one 16-row tile between the warps (got tile_m={cfg.tile_m})")
+    if cfg.tile_n % (16 * cfg.num_warps):
+        out.append(f"warps_on_keys=True gives each of the {cfg.num_warps} warps whole 16-key shares of a key block: "
+                   f"tile_n a multiple of {16 * cfg.num_warps} (got {cfg.tile_n})")
+    if cfg.uses_tma or cfg.overlap or cfg.pingpong or cfg.num_stages < 2:
+        out.append(f"warps_on_keys=True runs the cp.async multistage step (got mainloop={cfg.mainloop}, "
+                   f"num_stages={cfg.num_stages}, overlap={cfg.overlap}, pingpong={cfg.pingpong})")
+    if spec.mods is not None or spec.block_sparse is not None or spec.dropout or spec.fp8_mma:
+        out.append("warps_on_keys=True with score_mod / mask_mod, block sparsity, dropout or FP8 MMAs: not built "
+                   "(the decode tile serves 16-bit and FP8 K/V inference attention; the 64-row tiles serve these)")
+    d, dv = smem_head_dims(spec, cfg)
+    o_bytes, stat_bytes = keysplit_merge_bytes(spec, cfg)
+    stages = FP8_KV_MMA_BUFFERS if spec.kv_dtype else cfg.num_stages
+    if o_bytes > stages * cfg.tile_n * (d + dv) * BYTES_PER_ELEM or stat_bytes > cfg.tile_m * d * BYTES_PER_ELEM:
+        out.append(f"warps_on_keys=True merges {o_bytes} B of partial O over the K/V tiles and {stat_bytes} B of row "
+                   f"statistics over Q's: tile_n={cfg.tile_n} x {stages} buffers is too small")
     return out
 
 
@@ -674,8 +722,23 @@ def tile_work(cfg: FwdConfig, rows: int, seqlen_q: int, seqlen_k: int, causal: b
 
 
 def dispatch_candidates(spec: FwdSpec, model: ExecutionModel) -> tuple[FwdConfig, ...]:
-    """Every config a call of ``spec`` may run: ``fwd_candidates`` with K/V shared between heads or not."""
-    return tuple(dict.fromkeys(c for shared in (True, False) for c, _ in fwd_candidates(spec, model, shared)))
+    """Every config a call of ``spec`` may run: ``fwd_candidates`` with K/V shared between heads or not, and the
+    decode tile (``decode_entry``)."""
+    decode = decode_entry(spec, model)
+    return tuple(dict.fromkeys([c for shared in (True, False) for c, _ in fwd_candidates(spec, model, shared)]
+                               + ([decode] if decode is not None else [])))
+
+
+@lru_cache(maxsize=None)
+def decode_entry(spec: FwdSpec, model: ExecutionModel) -> Optional[FwdConfig]:
+    """The decode tile of a packed spec, when the table has one valid for it: ``d{class}_decode`` (16-bit K/V) or
+    ``d{class}_fp8kv_decode`` (FP8 K/V), a ``warps_on_keys`` tile of 16 rows. ``choose_fwd_config`` takes it for
+    calls whose packed rows fit it (seqlen_q x group <= 16: decode, short speculative decode), where the 64-row
+    short-query tile's MMAs would run mostly on padding."""
+    if not spec.pack_gqa:
+        return None
+    cfg = fwd_table().get(f"d{head_dim_class(spec)}_{'fp8kv_' if spec.kv_dtype else ''}decode")
+    return cfg if cfg is not None and is_valid(spec, cfg, model) else None
 
 
 @lru_cache(maxsize=4096)
@@ -685,6 +748,9 @@ def choose_fwd_config(spec: FwdSpec, model: ExecutionModel, rows: int, seqlen_q:
     ``tile_work / rate_tflops``, for this call's shape. Long sequences keep the class entry (its rate
     is the highest); short ones move to a smaller M tile when the big tile's padding, causal diagonal
     and fixed cost outweigh its rate (d96 causal 12x777: 256x64 132 -> 128x64 157 TFLOPS)."""
+    decode = decode_entry(spec, model)
+    if decode is not None and rows <= decode.tile_m:
+        return decode
     candidates = fwd_candidates(spec, model, shared_kv)
     if len(candidates) == 1:
         return candidates[0][0]

@@ -20,6 +20,7 @@ import torch
 from . import compiler
 from .config import (
     choose_fwd_config,
+    decode_entry,
     tile_band,
     fwd_ctas_per_sm,
     num_splits_for,
@@ -220,7 +221,9 @@ def plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, conf
     split_spec, combine_spec = _split_specs(spec, params.sink is not None)
     splits = 1
     if num_splits != 1:  # (block-sparse calls always pass 1: their specs have no split entry)
-        split_cfg = config or select_fwd_config(split_spec, model)
+        # the decode tile splits too (decode_entry), else the split spec's own entry
+        split_cfg = (config or (decode_entry(split_spec, model) if cfg.warps_on_keys else None)
+                     or select_fwd_config(split_spec, model))
         splits = _splits(num_splits, spec, shape, cfg, split_spec, split_cfg, model, device)
     band = 1  # masked tiles run longest first in bands of (batch, head) pairs sized to the L2
     if spec.longest_first:

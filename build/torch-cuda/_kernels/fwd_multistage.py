@@ -165,6 +165,11 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         return kv_src.cp_async(tidx, sm.sK, sm.sV, self.g2s_qk, self.g2s_v)
 
     @property
+    def pv_mma(self) -> cute.TiledMma:
+        """The tiled MMA of O += P V (its A operand is S's accumulator): the one of both GEMMs here."""
+        return self.tiled_mma
+
+    @property
     def o_mma(self) -> cute.TiledMma:
         """The tiled MMA whose accumulator layout O has (the epilogue's partitions): the one of both GEMMs here."""
         return self.tiled_mma
@@ -290,10 +295,10 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         """What a thread's MMAs need, independent of the tile: fragments, ldmatrix copies and their
         smem partitions (with the stage mode), the O accumulator (zeroed), the softmax state and the
         S coordinates for masking (this thread's and thread 0's compile-time partition)."""
-        thr_mma = self.tiled_mma.get_slice(tidx)
+        thr_mma, thr_pv = self.tiled_mma.get_slice(tidx), self.pv_mma.get_slice(tidx)
         tSrQ = thr_mma.make_fragment_A(thr_mma.partition_A(sm.sQ))  # (MMA, MMA_M, MMA_K)
         tSrK = thr_mma.make_fragment_B(thr_mma.partition_B(sm.sK[None, None, 0]))  # (MMA, MMA_N, MMA_K)
-        tOrVt = thr_mma.make_fragment_B(thr_mma.partition_B(sm.sVt[None, None, 0]))  # (MMA, MMA_N, MMA_K)
+        tOrVt = thr_pv.make_fragment_B(thr_pv.partition_B(sm.sVt[None, None, 0]))  # (MMA, MMA_N, MMA_K)
         s2r_q = cute.make_tiled_copy_A(
             cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
         )
@@ -301,11 +306,11 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.tiled_mma
         )
         s2r_v = cute.make_tiled_copy_B(
-            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), self.tiled_mma
+            cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), self.pv_mma
         )
         thr_s2r_q, thr_s2r_k, thr_s2r_v = s2r_q.get_slice(tidx), s2r_k.get_slice(tidx), s2r_v.get_slice(tidx)
         # (MMA, MMA_M, MMA_N) accumulator of O and its (rows, cols) view
-        acc_O = cute.make_rmem_tensor(thr_mma.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
+        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
         acc_O.fill(0.0)
         acc_O_rc = acc_rows_cols(acc_O)
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
@@ -676,7 +681,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         """e. O += P V: ``rP`` (16-bit, laid out like S's accumulator) as the A operand, V^T of smem
         stage ``v_stage`` read by ldmatrix.trans."""
         self.gemm_rA_smemB(ctx.acc_O, acc_as_operand_a(rP), ctx.tOrVt, ctx.tOsVt[None, None, None, v_stage],
-                           ctx.tOrVt_v, ctx.s2r_v)
+                           ctx.tOrVt_v, ctx.s2r_v, self.pv_mma)
 
     @cute.jit
     def dropped_p(self, ctx: FwdTileState, acc_S: cute.Tensor, n_block: Int32, rP: cute.Tensor = None):
@@ -717,8 +722,10 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             cute.gemm(self.tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
 
     @cute.jit
-    def gemm_rA_smemB(self, acc, tCrA, tCrB, tCsB, tCrB_v, s2r_b):
-        """acc += A B^T with A already in registers and B read from smem by ldmatrix."""
+    def gemm_rA_smemB(self, acc, tCrA, tCrB, tCsB, tCrB_v, s2r_b, tiled_mma=None):
+        """acc += A B^T with A already in registers and B read from smem by ldmatrix, by ``tiled_mma`` (the
+        kernel's by default)."""
+        mma = self.tiled_mma if const_expr(tiled_mma is None) else tiled_mma
         num_k = cute.size(tCrA, mode=[2])
         ahead = 1 if const_expr(self.config.frag_prefetch) else 0
         for k in cutlass.range_constexpr(ahead):
@@ -726,4 +733,4 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         for k in cutlass.range_constexpr(num_k):
             if const_expr(k + ahead < num_k):
                 cute.copy(s2r_b, tCsB[None, None, k + ahead], tCrB_v[None, None, k + ahead])
-            cute.gemm(self.tiled_mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)
+            cute.gemm(mma, acc, tCrA[None, None, k], tCrB[None, None, k], acc)

@@ -87,6 +87,7 @@ class FwdTileState:
     head: Optional[Int32] = None
     num_heads: Optional[Int32] = None
     next_k: Any = None  # persistent tiles: the next tile's first K load (``NextTileLoad``)
+    merge: Any = None  # warps on keys: (partial O, row statistics) smem views the warps merge in (``fwd_keysplit``)
 
     def update(self, **values) -> None:
         """Set the named fields (a name that is not a field is an error at trace time)."""

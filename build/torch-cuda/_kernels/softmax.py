@@ -48,6 +48,8 @@ class OnlineSoftmax:
         self.row_sum = cute.make_rmem_tensor(num_rows, Float32)
         self.row_max.fill(NO_KEY_MAX)
         self.row_sum.fill(0.0)
+        #: ``row_sum`` holds whole rows' sums (merged state, ``fwd_keysplit``), not this thread's share
+        self.rows_summed = False
 
     @cute.jit
     def step(self, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor):
@@ -64,7 +66,7 @@ class OnlineSoftmax:
         and to its LSE. Exponents are taken against max(row max, sink) so nothing overflows; a row that
         saw no key then gets O = 0 and LSE = sink. ``o_scale``: a factor on O only (dropout's 1 / (1 - p))."""
         for r in cutlass.range_constexpr(self.num_rows):
-            total = quad_allreduce_sum(self.row_sum[r])
+            total = self.row_sum[r] if cutlass.const_expr(self.rows_summed) else quad_allreduce_sum(self.row_sum[r])
             if cutlass.const_expr(sink_log2 is None):
                 seen = total > Float32(0.0)
                 inv = cute.arch.rcp_approx(total) if seen else Float32(0.0)

@@ -1,0 +1,141 @@
+"""The decode tile on a GPU (``_kernels/fwd_keysplit``: 16 packed rows, the warps split each key block and merge once):
+every output and LSE against the fp32 reference, within twice the error of the same attention in the input dtype
+plus atol (``max|out-ref| <= 2*max|pt-ref| + atol``).
+
+Calls whose packed rows (seqlen_q x group) fit 16 take the tile (``config.decode_entry``; the d64 class): MHA, GQA and
+a 16-row group, decode and speculative decode (causal), odd key counts around the 64-key block, head_dim_v != head_dim
+and a padded head dim; windows, softcap, the learnable sink; split-KV (explicit and automatic counts) with the combine;
+paged K/V at page sizes 1 and 16 with empty sequences; FP8 K/V (e4m3, e5m2) with per-(batch, KV head) descales; and
+the same call twice giving the same bits (the merge sums the warps in a fixed order).
+"""
+
+import pytest
+import torch
+
+from reference import attention_ref
+
+pytestmark = pytest.mark.gpu
+
+E4M3, E5M2 = torch.float8_e4m3fn, torch.float8_e5m2
+
+
+def check(out, ref, pt, lse=None, ref_lse=None, atol=1e-3):
+    assert not out.isnan().any(), "unwritten or NaN output"
+    err = (out.float() - ref.float()).abs().max().item()
+    pt_err = (pt.float() - ref.float()).abs().max().item()
+    assert err <= 2 * pt_err + atol, f"max|out-ref|={err:.3e} > 2*{pt_err:.3e} + {atol}"
+    if lse is not None:
+        seen = torch.isfinite(ref_lse)
+        assert torch.equal(torch.isfinite(lse), seen)
+        assert (lse[seen] - ref_lse[seen]).abs().max().item() <= 1e-3 if seen.any() else True
+
+
+def takes_decode_tile(q, k, d, dv, kv_dtype=None, paged=False, **kw):
+    """Whether the dispatcher gives this call the decode tile (the test is about that tile)."""
+    from flash_attn_4_sm120 import config
+    from flash_attn_4_sm120.execution_model import SM120
+    from flash_attn_4_sm120.problem import FwdSpec
+
+    spec = FwdSpec("bf16", d, dv, causal=False, pack_gqa=True, kv_dtype=kv_dtype, seqused_k=paged,
+                   page_size=16 if paged else 0)
+    rows = q.shape[1] * (q.shape[2] // k.shape[2])
+    decode = config.decode_entry(spec, SM120)
+    return decode is not None and config.choose_fwd_config(spec, SM120, rows, q.shape[1], k.shape[1]) == decode
+
+
+@pytest.mark.parametrize("d,dv", [(64, 64), (40, 40), (64, 32)])
+@pytest.mark.parametrize("hq,hkv,sq", [(8, 8, 1), (32, 8, 1), (16, 1, 1), (32, 8, 4)])
+@pytest.mark.parametrize("sk", [1, 63, 65, 1000, 4097])
+def test_decode_tile_dense(d, dv, hq, hkv, sq, sk):
+    torch.manual_seed(sk + hq + d)
+    b = 3
+    q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(b, sk, hkv, dv, dtype=torch.bfloat16, device="cuda")
+    assert takes_decode_tile(q, k, d, dv)
+    import flash_attn_4_sm120 as fa
+
+    causal = sq > 1
+    out, lse = fa.flash_attn_func(q, k, v, causal=causal, return_lse=True)
+    ref, ref_lse = attention_ref(q, k, v, causal=causal)
+    pt, _ = attention_ref(q, k, v, causal=causal, upcast=False)
+    check(out, ref, pt, lse, ref_lse)
+    again, _ = fa.flash_attn_func(q, k, v, causal=causal)
+    assert torch.equal(again, out), "the merge is not deterministic"
+
+
+@pytest.mark.parametrize("feature", ["window", "softcap", "sink", "all"])
+@pytest.mark.parametrize("splits", [1, 3, None])
+def test_decode_tile_features_and_splits(feature, splits):
+    torch.manual_seed(7)
+    b, sq, hq, hkv, d, sk = 2, 2, 16, 2, 64, 3001
+    q = torch.randn(b, sq, hq, d, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(b, sk, hkv, d, dtype=torch.bfloat16, device="cuda")
+    assert takes_decode_tile(q, k, d, d)
+    kw = {}
+    if feature in ("window", "all"):
+        kw["window_size"] = (700, 0)
+    if feature in ("softcap", "all"):
+        kw["softcap"] = 15.0
+    if feature in ("sink", "all"):
+        kw["learnable_sink"] = torch.randn(hq, device="cuda")
+    import flash_attn_4_sm120 as fa
+
+    out, lse = fa.flash_attn_func(q, k, v, causal=True, num_splits=splits, return_lse=True, **kw)
+    ref, ref_lse = attention_ref(q, k, v, causal=True, **kw)
+    pt, _ = attention_ref(q, k, v, causal=True, upcast=False, **kw)
+    check(out, ref, pt, lse, ref_lse)
+
+
+def quantize(x, fp8):
+    b, _, h, _ = x.shape
+    amax = {E4M3: 448.0, E5M2: 57344.0}[fp8]
+    desc = (x.float().abs().amax(dim=(1, 3)) / amax).clamp_min(1e-12)
+    return (x.float() / desc[:, None, :, None]).to(fp8), desc
+
+
+@pytest.mark.parametrize("kv_dtype", [None, E4M3, E5M2])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("splits", [1, None])
+def test_decode_tile_paged(kv_dtype, page_size, splits):
+    """Paged caches with an empty sequence and odd lengths, 16-bit or FP8 (descales per batch and KV head)."""
+    torch.manual_seed(page_size)
+    b, hq, hkv, d = 4, 32, 8, 64
+    lens = [0, 1, 777, 5000]
+    max_pages = -(-max(lens) // page_size)
+    num_pages = b * max_pages + 3
+    kc = torch.randn(num_pages, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
+    vc = torch.randn(num_pages, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
+    table = torch.randperm(num_pages, device="cuda")[: b * max_pages].reshape(b, max_pages).int()
+    used = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16, device="cuda")
+    kw = {}
+    if kv_dtype is not None:
+        dense_k = kc[table.long()].reshape(b, max_pages * page_size, hkv, d)
+        dense_v = vc[table.long()].reshape(b, max_pages * page_size, hkv, d)
+        k8, kd = quantize(dense_k, kv_dtype)
+        v8, vd = quantize(dense_v, kv_dtype)
+        kc8 = torch.empty(num_pages, page_size, hkv, d, dtype=kv_dtype, device="cuda")
+        vc8 = torch.empty_like(kc8)
+        kc8.view(torch.uint8)[table.long().flatten()] = k8.view(torch.uint8).reshape(-1, page_size, hkv, d)
+        vc8.view(torch.uint8)[table.long().flatten()] = v8.view(torch.uint8).reshape(-1, page_size, hkv, d)
+        kw = dict(k_descale=kd, v_descale=vd)
+        k_ref = k8.float() * kd[:, None, :, None]
+        v_ref = v8.float() * vd[:, None, :, None]
+        kc, vc = kc8, vc8
+    else:
+        k_ref = kc[table.long()].reshape(b, max_pages * page_size, hkv, d)
+        v_ref = vc[table.long()].reshape(b, max_pages * page_size, hkv, d)
+    assert takes_decode_tile(q, k_ref, d, d, "e4m3" if kv_dtype is not None else None, paged=True)
+    import flash_attn_4_sm120 as fa
+
+    out, _ = fa.flash_attn_varlen_func(q, kc, vc, seqused_k=used, page_table=table, num_splits=splits, **kw)
+    for i, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(out[i], torch.zeros_like(out[i])), "a sequence without keys gives O = 0"
+            continue
+        kq, vq = k_ref[i : i + 1, :n], v_ref[i : i + 1, :n]
+        ref, _ = attention_ref(q[i : i + 1].float(), kq.float(), vq.float())
+        pt, _ = attention_ref(q[i : i + 1], kq.to(q.dtype), vq.to(q.dtype), upcast=False)
+        check(out[i : i + 1], ref, pt)
