@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
-                 "paged_fp8", "paged_fp8_mma",
+                 "paged_fp8", "paged_fp8_mma", "paged_decode_tile", "paged_fp8_decode_tile",
                  "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "bwd_det_orders", "flex", "sparse", "dropout")
 
 
@@ -202,12 +202,13 @@ def _decode_run():
     torch.cuda.synchronize()
 
 
-def _paged_runs(fp8: bool = False, fp8_q: bool = False):
+def _paged_runs(fp8: bool = False, fp8_q: bool = False, d: int = 128):
     """Paged K/V through the page table (dense and packed q, decode with splits and prefill tiles, page sizes
     1, 16 and 48), with good and corrupt tables: pages past the pool, negative pages, seqused_k past the
     table row's capacity or negative. ``fp8``: e4m3 caches with per-(batch, KV head) scales (the staging
     stages and the widening, ``_kernels/kv_dequant``); ``fp8_q``: e4m3 q too (both GEMMs FP8 MMAs,
-    ``_kernels/fwd_fp8_mma``)."""
+    ``_kernels/fwd_fp8_mma``); ``d`` 64: the decode steps run the decode tile (``_kernels/fwd_keysplit``: the warps
+    split each key block and merge in shared memory)."""
     import torch
 
     import flash_attn_4_sm120 as fa
@@ -216,7 +217,7 @@ def _paged_runs(fp8: bool = False, fp8_q: bool = False):
         print("no paged K/V in this build: skipped")
         return
     torch.manual_seed(4)
-    hq, hkv, d = 8, 2, 128
+    hq, hkv = 8, 2
     for page_size in (16, 1, 48):
         num_pages, max_pages = -(-2000 // page_size) * 3, -(-2000 // page_size)
         kc = torch.randn(num_pages, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
@@ -450,6 +451,8 @@ FAMILIES = {
     "paged": _paged_runs,
     "paged_fp8": lambda: _paged_runs(fp8=True),
     "paged_fp8_mma": lambda: _paged_runs(fp8=True, fp8_q=True),
+    "paged_decode_tile": lambda: _paged_runs(d=64),
+    "paged_fp8_decode_tile": lambda: _paged_runs(fp8=True, d=64),
     "kvcache": _kvcache_runs,
     "combine": _combine_run,
     "bwd": _bwd_runs,
