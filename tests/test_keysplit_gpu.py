@@ -95,13 +95,14 @@ def quantize(x, fp8):
     return (x.float() / desc[:, None, :, None]).to(fp8), desc
 
 
-@pytest.mark.parametrize("kv_dtype", [None, E4M3, E5M2])
+@pytest.mark.parametrize("kv_dtype,d", [(None, 64), (E4M3, 64), (E5M2, 64), (E4M3, 128), (E5M2, 128), (E4M3, 96)])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("splits", [1, None])
-def test_decode_tile_paged(kv_dtype, page_size, splits):
-    """Paged caches with an empty sequence and odd lengths, 16-bit or FP8 (descales per batch and KV head)."""
-    torch.manual_seed(page_size)
-    b, hq, hkv, d = 4, 32, 8, 64
+def test_decode_tile_paged(kv_dtype, d, page_size, splits):
+    """Paged caches with an empty sequence and odd lengths, 16-bit or FP8 (descales per batch and KV head; FP8 K/V
+    widened in registers, ``_kernels/fwd_keysplit_fp8``)."""
+    torch.manual_seed(page_size + d)
+    b, hq, hkv = 4, 32, 8
     lens = [0, 1, 777, 5000]
     max_pages = -(-max(lens) // page_size)
     num_pages = b * max_pages + 3
@@ -139,3 +140,27 @@ def test_decode_tile_paged(kv_dtype, page_size, splits):
         ref, _ = attention_ref(q[i : i + 1].float(), kq.float(), vq.float())
         pt, _ = attention_ref(q[i : i + 1], kq.to(q.dtype), vq.to(q.dtype), upcast=False)
         check(out[i : i + 1], ref, pt)
+
+
+@pytest.mark.parametrize("fp8", [E4M3, E5M2])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("d,dv", [(128, 128), (128, 64), (64, 64), (96, 96)])
+@pytest.mark.parametrize("hq,hkv,sq,sk", [(32, 8, 1, 4097), (16, 1, 1, 65), (32, 8, 2, 1000)])
+def test_decode_tile_fp8_dense(fp8, dtype, d, dv, hq, hkv, sq, sk):
+    """FP8 K/V over the decode tile (widened in registers), dense, with descales, causal speculative rows, softcap
+    and a sink on the longest case, split automatically."""
+    torch.manual_seed(d + sk)
+    b = 2
+    q = torch.randn(b, sq, hq, d, dtype=dtype, device="cuda")
+    k8, kd = quantize(torch.randn(b, sk, hkv, d, device="cuda"), fp8)
+    v8, vd = quantize(torch.randn(b, sk, hkv, dv, device="cuda"), fp8)
+    k_ref, v_ref = k8.float() * kd[:, None, :, None], v8.float() * vd[:, None, :, None]
+    assert takes_decode_tile(q, k_ref, d, dv, "e4m3")
+    kw = dict(softcap=10.0, learnable_sink=torch.randn(hq, device="cuda")) if sk == 4097 else {}
+    import flash_attn_4_sm120 as fa
+
+    causal = sq > 1
+    out, lse = fa.flash_attn_func(q, k8, v8, causal=causal, k_descale=kd, v_descale=vd, return_lse=True, **kw)
+    ref, ref_lse = attention_ref(q.float(), k_ref, v_ref, causal=causal, **kw)
+    pt, _ = attention_ref(q, k_ref.to(dtype), v_ref.to(dtype), causal=causal, upcast=False, **kw)
+    check(out, ref, pt, lse, ref_lse)

@@ -168,6 +168,10 @@ def _fake_descales(kv_dtype) -> tuple:
 
 def fwd_kernel_class(config: FwdConfig, spec: Optional[FwdSpec] = None):
     """The kernel class of a config's mainloop variant (FP8 MMAs: ``spec.fp8_mma``, a cp.async variant)."""
+    if config.warps_on_keys and spec is not None and spec.kv_dtype:
+        from ._kernels.fwd_keysplit_fp8 import FlashFwdKeySplitFP8
+
+        return FlashFwdKeySplitFP8
     if config.warps_on_keys:
         from ._kernels.fwd_keysplit import FlashFwdKeySplit
 

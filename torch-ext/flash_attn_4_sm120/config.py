@@ -168,6 +168,8 @@ def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
         return (aligned(max(cfg.tile_m * d, cfg.tile_m * dv * BYTES_PER_ELEM)) + aligned(cfg.num_stages * cfg.tile_n * d)
                 + aligned(cfg.num_stages * cfg.tile_n * dv))
     q_or_o = max(cfg.tile_m * d, cfg.tile_m * dv) * BYTES_PER_ELEM
+    if spec.kv_dtype and cfg.warps_on_keys:  # FP8 stages only, widened in registers (``_kernels/fwd_keysplit_fp8``)
+        return aligned(q_or_o) + aligned(cfg.num_stages * cfg.tile_n * d) + aligned(cfg.num_stages * cfg.tile_n * dv)
     stages = cfg.num_stages
     staging = 0
     if spec.kv_dtype:  # FP8 K/V: the stages the copies land in (a byte per element), two 16-bit buffers for the MMAs
@@ -382,12 +384,16 @@ def keysplit_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
     if spec.mods is not None or spec.block_sparse is not None or spec.dropout or spec.fp8_mma:
         out.append("warps_on_keys=True with score_mod / mask_mod, block sparsity, dropout or FP8 MMAs: not built "
                    "(the decode tile serves 16-bit and FP8 K/V inference attention; the 64-row tiles serve these)")
+    if spec.kv_dtype and not cfg.q_in_regs:
+        out.append("warps_on_keys=True over FP8 K/V reads Q into registers once, in the widened K's column order: "
+                   "q_in_regs=True")
     d, dv = smem_head_dims(spec, cfg)
     o_bytes, stat_bytes = keysplit_merge_bytes(spec, cfg)
-    stages = FP8_KV_MMA_BUFFERS if spec.kv_dtype else cfg.num_stages
-    if o_bytes > stages * cfg.tile_n * (d + dv) * BYTES_PER_ELEM or stat_bytes > cfg.tile_m * d * BYTES_PER_ELEM:
-        out.append(f"warps_on_keys=True merges {o_bytes} B of partial O over the K/V tiles and {stat_bytes} B of row "
-                   f"statistics over Q's: tile_n={cfg.tile_n} x {stages} buffers is too small")
+    # the K / V tiles the partial O goes over: FP8 stages (a byte per element; _kernels/fwd_keysplit_fp8), 16-bit ones
+    kv_bytes = cfg.num_stages * cfg.tile_n * (d + dv) * (1 if spec.kv_dtype else BYTES_PER_ELEM)
+    if o_bytes > kv_bytes or stat_bytes > cfg.tile_m * d * BYTES_PER_ELEM:
+        out.append(f"warps_on_keys=True merges {o_bytes} B of partial O over the K/V tiles ({kv_bytes} B) and "
+                   f"{stat_bytes} B of row statistics over Q's: tile_n={cfg.tile_n} x {cfg.num_stages} stages is too small")
     return out
 
 

@@ -73,7 +73,8 @@ class Case:
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
-        kernel = ("fwd_keysplit" if self.config.warps_on_keys else "fwd_fp8_mma" if self.spec.fp8_mma
+        kernel = ("fwd_keysplit_fp8" if self.config.warps_on_keys and self.spec.kv_dtype else
+                  "fwd_keysplit" if self.config.warps_on_keys else "fwd_fp8_mma" if self.spec.fp8_mma
                   else "fwd_tma" if self.config.uses_tma else "fwd_multistage")
         return {"kernel": kernel, **asdict(self.spec), **asdict(self.config), "model": self.model_name}
 

@@ -17,7 +17,8 @@ warp w owns keys [16 w, 16 w + 16) of each 16 x num_warps keys of the block inst
     exp2((m_w - m) * scale) against the rows' overall max m. The merged state goes through the usual epilogue
     (sink, descale, split-KV partials, packed-row scatter).
 
-The loads, the FP8 widening (``kv_dequant``), masks, KV addressing and the schedule are the multistage kernel's.
+The loads, masks, KV addressing and the schedule are the multistage kernel's. FP8 K/V run the subclass
+``fwd_keysplit_fp8.FlashFwdKeySplitFP8``, which widens them in registers.
 """
 
 import cutlass
@@ -73,20 +74,24 @@ class FlashFwdKeySplit(FlashFwdMultistage):
         """The multistage kernel's context plus the merge's views: (num_warps, 16, dv) fp32 partials over the K/V
         tiles (rows ``KEYSPLIT_ROW_PAD`` words apart), (2, num_warps, 16) row max / row sum over Q's tile
         (``config.keysplit_problems`` checks that both fit)."""
-        ctx = super().mma_context(tidx, sm, softmax_scale_log2)
+        ctx = FlashFwdMultistage.mma_context(self, tidx, sm, softmax_scale_log2)
+        ctx.update(merge=self.merge_views(sm))
+        return ctx
+
+    def merge_views(self, sm: FwdSmem):
+        """(partial O, row statistics) views of the merge (``mma_context``)."""
         w, dv = self.num_warps, self.head_dim_v
         row = dv + KEYSPLIT_ROW_PAD
         s_part = cute.make_tensor(cute.recast_ptr(sm.sK.iterator, dtype=Float32),
                                   cute.make_layout((w, 16, dv), stride=(16 * row, row, 1)))
         s_stats = cute.make_tensor(cute.recast_ptr(sm.sQ.iterator, dtype=Float32),
                                    cute.make_layout((2, w, 16), stride=(16 * w, 16, 1)))
-        ctx.update(merge=(s_part, s_stats))
-        return ctx
+        return s_part, s_stats
 
     @cute.jit
     def finish(self, ctx: FwdTileState, mSink, head, sO, out):
         self.merge_warps(ctx)
-        super().finish(ctx, mSink, head, sO, out)
+        FlashFwdMultistage.finish(self, ctx, mSink, head, sO, out)  # (the DSL rewrites super() per class)
 
     @cute.jit
     def merge_warps(self, ctx: FwdTileState):

@@ -88,6 +88,7 @@ class FwdTileState:
     num_heads: Optional[Int32] = None
     next_k: Any = None  # persistent tiles: the next tile's first K load (``NextTileLoad``)
     merge: Any = None  # warps on keys: (partial O, row statistics) smem views the warps merge in (``fwd_keysplit``)
+    shadow: Any = None  # FP8 K/V widened in registers: the 16-bit-view fragments ldmatrix fills (K, V^T)
 
     def update(self, **values) -> None:
         """Set the named fields (a name that is not a field is an error at trace time)."""
