@@ -35,7 +35,7 @@ from typing import Optional
 
 import cutlass
 import cutlass.cute as cute
-from cutlass import BFloat16, Float32, Uint32, const_expr
+from cutlass import Float32, Uint32
 from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import cpasync, warp
 from cutlass.cutlass_dsl import dsl_user_op
@@ -132,20 +132,7 @@ class FlashFwdFP8Mma(FlashFwdMultistage):
         num_warps = self.num_threads // 32
         self.tiled_mma = cute.make_tiled_mma(warp.MmaFP8Op(f8, Float32, MMA_FP8), (num_warps, 1, 1),
                                              permutation_mnk=(num_warps * 16, 8, 32))
-        q_o_elems = max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout))
-
-        @cute.struct
-        class Tiles:
-            sQ: cute.struct.Align[cute.struct.MemRange[b16, q_o_elems], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[b16, cute.cosize(self.sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[b16, cute.cosize(self.sV_layout)], 1024]
-
-        @cute.struct
-        class SharedStorage:
-            tiles: cute.struct.Align[Tiles, 1024]
-
-        self.check_smem(SharedStorage)
-        self.SharedStorage = SharedStorage
+        self.SharedStorage = self.shared_storage(max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout)))
 
     @property
     def shadow_mma(self) -> cute.TiledMma:

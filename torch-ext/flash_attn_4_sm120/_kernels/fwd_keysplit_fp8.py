@@ -119,20 +119,7 @@ class FlashFwdKeySplitFP8(FlashFwdKeySplit):
         self.g2s_v = g2s_tiled_copy(b16, atom_o.outer.shape[1], self.num_threads, cp_async)  # (unused: FP8 V)
         self.s2g_o = g2s_tiled_copy(b16, atom_o.outer.shape[1], self.num_threads, cute.nvgpu.CopyUniversalOp())
         self.tiled_mma = self.key_mma
-        q_o_elems = max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout))
-
-        @cute.struct
-        class Tiles:
-            sQ: cute.struct.Align[cute.struct.MemRange[b16, q_o_elems], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[b16, cute.cosize(self.sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[b16, cute.cosize(self.sV_layout)], 1024]
-
-        @cute.struct
-        class SharedStorage:
-            tiles: cute.struct.Align[Tiles, 1024]
-
-        self.check_smem(SharedStorage)
-        self.SharedStorage = SharedStorage
+        self.SharedStorage = self.shared_storage(max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout)))
 
     def fp8_stages(self, width: int):
         """The FP8 view (tile_n, width, stages) of a 16-bit byte-pair stage tile ``width // 2`` wide."""

@@ -189,10 +189,6 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         self.sQ_layout = cute.tile_to_shape(atom_qk, (self.tile_m, self.head_dim), (0, 1))
         self.sK_layout = cute.tile_to_shape(atom_qk, (self.tile_n, self.head_dim, stages), (0, 1, 2))
         self.sV_layout = cute.tile_to_shape(atom_v, (self.tile_n, self.head_dim_v, stages), (0, 1, 2))
-        staged = self.widens_kv
-        if staged:
-            kt = self.kv_dtype
-            sK8_layout, sV8_layout = self.staging_layouts()
         self.sO_layout = cute.tile_to_shape(atom_v, (self.tile_m, self.head_dim_v), (0, 1))
         cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
         self.g2s_qk = g2s_tiled_copy(dt, atom_qk.outer.shape[1], self.num_threads, cp_async)
@@ -204,26 +200,22 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             (num_warps, 1, 1),
             permutation_mnk=(num_warps * 16, 16, 16),
         )
-        q_o_elems = max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout))
+        self.SharedStorage = self.shared_storage(max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout)))
 
+    def shared_storage(self, q_o_elems: int):
+        """The CTA's shared storage, checked against the host formula (``check_smem``): Q's tile (``q_o_elems``
+        16-bit elements, reused for O), the K and V tiles of ``sK_layout`` / ``sV_layout`` (16-bit elements; FP8
+        tiles as byte pairs), FP8 K/V's staging stages when the kernel widens them (``staging_layouts``), each
+        1024-aligned; ahead of them the TMA mainloops' mbarriers and the ping-pong turns' softmax scale."""
+        dt = self.dtype
+        fields = {"sQ": cute.struct.Align[cute.struct.MemRange[dt, q_o_elems], 1024],
+                  "sK": cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024],
+                  "sV": cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]}
+        if self.widens_kv:
+            for name, layout in zip(("sK8", "sV8"), self.staging_layouts()):
+                fields[name] = cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(layout)], 1024]
+        Tiles = cute.struct(type("Tiles", (), {"__annotations__": fields}))
         num_bars = self.num_mbarriers()
-
-        @cute.struct
-        class Tiles16:
-            sQ: cute.struct.Align[cute.struct.MemRange[dt, q_o_elems], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
-            sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
-
-        Tiles = Tiles16
-        if staged:
-
-            @cute.struct
-            class Tiles:
-                sQ: cute.struct.Align[cute.struct.MemRange[dt, q_o_elems], 1024]
-                sK: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
-                sV: cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
-                sK8: cute.struct.Align[cute.struct.MemRange[kt, cute.cosize(sK8_layout)], 1024]
-                sV8: cute.struct.Align[cute.struct.MemRange[kt, cute.cosize(sV8_layout)], 1024]
 
         if self.config.pingpong:  # + the softmax scale the turns reload (within the barriers' 1024 B)
 
@@ -245,7 +237,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                 tiles: cute.struct.Align[Tiles, 1024]
 
         self.check_smem(SharedStorage)
-        self.SharedStorage = SharedStorage
+        return SharedStorage
 
     def check_smem(self, storage):
         """Trace-time invariant: the host formula (used by the predicate and the gate) is exact."""
