@@ -164,16 +164,16 @@ def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
     def aligned(n: int) -> int:
         return (n + 1023) // 1024 * 1024
 
+    fp8_stages = aligned(cfg.num_stages * cfg.tile_n * d) + aligned(cfg.num_stages * cfg.tile_n * dv)  # a byte each
     if spec.fp8_mma:  # a byte per Q / K / V element; O is bf16
-        return (aligned(max(cfg.tile_m * d, cfg.tile_m * dv * BYTES_PER_ELEM)) + aligned(cfg.num_stages * cfg.tile_n * d)
-                + aligned(cfg.num_stages * cfg.tile_n * dv))
+        return aligned(max(cfg.tile_m * d, cfg.tile_m * dv * BYTES_PER_ELEM)) + fp8_stages
     q_or_o = max(cfg.tile_m * d, cfg.tile_m * dv) * BYTES_PER_ELEM
     if spec.kv_dtype and cfg.warps_on_keys:  # FP8 stages only, widened in registers (``_kernels/fwd_keysplit_fp8``)
-        return aligned(q_or_o) + aligned(cfg.num_stages * cfg.tile_n * d) + aligned(cfg.num_stages * cfg.tile_n * dv)
+        return aligned(q_or_o) + fp8_stages
     stages = cfg.num_stages
     staging = 0
-    if spec.kv_dtype:  # FP8 K/V: the stages the copies land in (a byte per element), two 16-bit buffers for the MMAs
-        staging = aligned(stages * cfg.tile_n * d) + aligned(stages * cfg.tile_n * dv)
+    if spec.kv_dtype:  # FP8 K/V: the stages the copies land in, two 16-bit buffers for the MMAs
+        staging = fp8_stages
         stages = FP8_KV_MMA_BUFFERS
     return ((MBARRIER_BYTES if cfg.uses_tma else 0) + aligned(q_or_o) + aligned(stages * cfg.tile_n * d * BYTES_PER_ELEM)
             + aligned(stages * cfg.tile_n * dv * BYTES_PER_ELEM) + staging)

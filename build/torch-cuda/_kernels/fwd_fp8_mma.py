@@ -102,6 +102,18 @@ def fp8_atom(atom16: cute.ComposedLayout) -> cute.ComposedLayout:
                                      cute.make_layout((8, 2 * cols), stride=(2 * cols, 1)))
 
 
+def fp8_view(dtype16, width: int, shape: tuple) -> cute.ComposedLayout:
+    """The FP8 view, ``shape`` = (rows, ``width``[, stages]) bytes, of a 16-bit tile of byte pairs ``width // 2`` wide in
+    ``dtype16``'s swizzled atoms: what the cp.async copies write, where ldmatrix reads the 16-bit tile."""
+    return cute.tile_to_shape(fp8_atom(smem_layout_atom(dtype16, width // 2)), shape, tuple(range(len(shape))))
+
+
+def fp8_g2s_copy(fp8, dtype16, width: int, num_threads: int) -> cute.TiledCopy:
+    """16-byte cp.async copies of FP8 rows ``width`` bytes wide into ``fp8_view`` tiles."""
+    cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
+    return g2s_tiled_copy(fp8, 2 * smem_layout_atom(dtype16, width // 2).outer.shape[1], num_threads, cp_async)
+
+
 class FlashFwdFP8Mma(FlashFwdMultistage):
     """``FlashFwdMultistage`` with e4m3 Q / K / V and FP8 MMAs; see the module docstring."""
 
@@ -124,9 +136,8 @@ class FlashFwdFP8Mma(FlashFwdMultistage):
         self.sV_layout = cute.tile_to_shape(atom_v, (self.tile_n, dv16, stages), (0, 1, 2))
         self.sO_layout = cute.tile_to_shape(smem_layout_atom(b16, self.head_dim_v), (self.tile_m, self.head_dim_v),
                                             (0, 1))
-        cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
-        self.g2s_qk = g2s_tiled_copy(f8, 2 * atom_qk.outer.shape[1], self.num_threads, cp_async)
-        self.g2s_v = g2s_tiled_copy(f8, 2 * atom_v.outer.shape[1], self.num_threads, cp_async)
+        self.g2s_qk = fp8_g2s_copy(f8, b16, self.head_dim, self.num_threads)
+        self.g2s_v = fp8_g2s_copy(f8, b16, self.head_dim_v, self.num_threads)
         self.s2g_o = g2s_tiled_copy(b16, smem_layout_atom(b16, self.head_dim_v).outer.shape[1], self.num_threads,
                                     cute.nvgpu.CopyUniversalOp())
         num_warps = self.num_threads // 32
@@ -174,9 +185,7 @@ class FlashFwdFP8Mma(FlashFwdMultistage):
 
     def fp8_layout(self, width: int, rows: tuple, staged: bool = False):
         """FP8 view of a 16-bit tile ``width // 2`` elements wide: (rows, width[, stages])."""
-        atom = fp8_atom(smem_layout_atom(self.dtype, width // 2))
-        shape = (*rows, width, self.config.num_stages) if staged else (*rows, width)
-        return cute.tile_to_shape(atom, shape, tuple(range(len(shape))))
+        return fp8_view(self.dtype, width, (*rows, width, self.config.num_stages) if staged else (*rows, width))
 
     @cute.jit
     def mma_context(self, tidx, sm: FwdSmem, softmax_scale_log2) -> FwdTileState:

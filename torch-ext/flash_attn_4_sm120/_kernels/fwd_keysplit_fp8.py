@@ -31,11 +31,11 @@ from ..config import FwdConfig
 from ..execution_model import ExecutionModel
 from ..problem import FwdSpec
 from .fragments import acc_as_operand_a, acc_rows_cols
-from .fwd_fp8_mma import fp8_atom, words
+from .fwd_fp8_mma import fp8_g2s_copy, fp8_view, words
 from .fwd_keysplit import KEYS_PER_WARP, FlashFwdKeySplit
 from .fwd_state import FwdSmem, FwdTileState
 from .softmax import OnlineSoftmax
-from .tile_io import g2s_tiled_copy, smem_layout_atom
+from .tile_io import smem_layout_atom
 
 #: PRMT selectors: a word's bytes (0, 1), (2, 3) (K: columns 4j, 4j+1 / 4j+2, 4j+3) and (0, 2), (1, 3) (V: the even /
 #: odd column of keys 2j, 2j+1), into the low half
@@ -100,31 +100,12 @@ class FlashFwdKeySplitFP8(FlashFwdKeySplit):
         """The ldmatrix.trans partitions of V^T's 16-bit view (dv / 2, tile_n): the keys as ``pv_mma``'s."""
         return FlashFwdKeySplit.pv_mma.fget(self)
 
-    # ------------------------------------------------------------------------------------------
-    # Host-side (trace-time) setup
-    # ------------------------------------------------------------------------------------------
-    def _setup(self):
-        b16, stages = self.dtype, self.config.num_stages
-        atom_q = smem_layout_atom(b16, self.head_dim)
-        self.sQ_layout = cute.tile_to_shape(atom_q, (self.tile_m, self.head_dim), (0, 1))
-        # K / V: 16-bit views of the FP8 stages (byte pairs), which ldmatrix reads
-        self.sK_layout = cute.tile_to_shape(smem_layout_atom(b16, self.head_dim // 2),
-                                            (self.tile_n, self.head_dim // 2, stages), (0, 1, 2))
-        self.sV_layout = cute.tile_to_shape(smem_layout_atom(b16, self.head_dim_v // 2),
-                                            (self.tile_n, self.head_dim_v // 2, stages), (0, 1, 2))
-        atom_o = smem_layout_atom(b16, self.head_dim_v)
-        self.sO_layout = cute.tile_to_shape(atom_o, (self.tile_m, self.head_dim_v), (0, 1))
-        cp_async = cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL)
-        self.g2s_qk = g2s_tiled_copy(b16, atom_q.outer.shape[1], self.num_threads, cp_async)
-        self.g2s_v = g2s_tiled_copy(b16, atom_o.outer.shape[1], self.num_threads, cp_async)  # (unused: FP8 V)
-        self.s2g_o = g2s_tiled_copy(b16, atom_o.outer.shape[1], self.num_threads, cute.nvgpu.CopyUniversalOp())
-        self.tiled_mma = self.key_mma
-        self.SharedStorage = self.shared_storage(max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout)))
-
-    def fp8_stages(self, width: int):
-        """The FP8 view (tile_n, width, stages) of a 16-bit byte-pair stage tile ``width // 2`` wide."""
-        atom = fp8_atom(smem_layout_atom(self.dtype, width // 2))
-        return cute.tile_to_shape(atom, (self.tile_n, width, self.config.num_stages), (0, 1, 2))
+    def kv_smem_layouts(self):
+        """(sK, sV): 16-bit views of the FP8 stages (tile_n, d / 2 | dv / 2, stages) of byte pairs, which ldmatrix
+        reads (``fp8_view``: the FP8 views the copies write)."""
+        return tuple(cute.tile_to_shape(smem_layout_atom(self.dtype, width // 2),
+                                        (self.tile_n, width // 2, self.config.num_stages), (0, 1, 2))
+                     for width in (self.head_dim, self.head_dim_v))
 
     # ------------------------------------------------------------------------------------------
     # Device code
@@ -137,8 +118,9 @@ class FlashFwdKeySplitFP8(FlashFwdKeySplit):
         f8 = self.kv_dtype
         sQ = tiles.sQ.get_tensor(sQ_layout)
         sK16, sV16 = tiles.sK.get_tensor(sK_layout), tiles.sV.get_tensor(sV_layout)
-        sK8 = cute.make_tensor(cute.recast_ptr(tiles.sK.data_ptr(), dtype=f8), self.fp8_stages(self.head_dim))
-        sV8 = cute.make_tensor(cute.recast_ptr(tiles.sV.data_ptr(), dtype=f8), self.fp8_stages(self.head_dim_v))
+        sK8, sV8 = (cute.make_tensor(cute.recast_ptr(mem.data_ptr(), dtype=f8),
+                                     fp8_view(self.dtype, width, (self.tile_n, width, self.config.num_stages)))
+                    for mem, width in ((tiles.sK, self.head_dim), (tiles.sV, self.head_dim_v)))
         dv16 = self.head_dim_v // 2
         sVt = cute.composition(sV16, cute.make_layout((dv16, self.tile_n, self.mma_stages),
                                                       stride=(self.tile_n, 1, self.tile_n * dv16)))
@@ -147,9 +129,7 @@ class FlashFwdKeySplitFP8(FlashFwdKeySplit):
 
     def kv_loader(self, kv_src, tidx, sm: FwdSmem):
         """cp.async of the FP8 stages through their FP8 views (16-byte vectors)."""
-        cp_async = cute.nvgpu.cpasync.CopyG2SOp(cache_mode=cute.nvgpu.cpasync.LoadCacheMode.GLOBAL)
-        g2s_k, g2s_v = (g2s_tiled_copy(self.kv_dtype, 2 * smem_layout_atom(self.dtype, width // 2).outer.shape[1],
-                                       self.num_threads, cp_async)
+        g2s_k, g2s_v = (fp8_g2s_copy(self.kv_dtype, self.dtype, width, self.num_threads)
                         for width in (self.head_dim, self.head_dim_v))
         return kv_src.cp_async(tidx, sm.sK, sm.sV, g2s_k, g2s_v)
 

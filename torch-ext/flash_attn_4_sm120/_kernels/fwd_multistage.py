@@ -183,12 +183,11 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
     # Host-side (trace-time) setup
     # ------------------------------------------------------------------------------------------
     def _setup(self):
-        dt, stages = self.dtype, self.mma_stages
+        dt = self.dtype
         atom_qk = smem_layout_atom(dt, self.head_dim)
         atom_v = smem_layout_atom(dt, self.head_dim_v)
         self.sQ_layout = cute.tile_to_shape(atom_qk, (self.tile_m, self.head_dim), (0, 1))
-        self.sK_layout = cute.tile_to_shape(atom_qk, (self.tile_n, self.head_dim, stages), (0, 1, 2))
-        self.sV_layout = cute.tile_to_shape(atom_v, (self.tile_n, self.head_dim_v, stages), (0, 1, 2))
+        self.sK_layout, self.sV_layout = self.kv_smem_layouts()
         self.sO_layout = cute.tile_to_shape(atom_v, (self.tile_m, self.head_dim_v), (0, 1))
         cp_async = cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL)
         self.g2s_qk = g2s_tiled_copy(dt, atom_qk.outer.shape[1], self.num_threads, cp_async)
@@ -201,6 +200,11 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             permutation_mnk=(num_warps * 16, 16, 16),
         )
         self.SharedStorage = self.shared_storage(max(cute.cosize(self.sQ_layout), cute.cosize(self.sO_layout)))
+
+    def kv_smem_layouts(self):
+        """(sK, sV) layouts: (tile_n, d | dv, ``mma_stages``) in the 16-bit swizzled atoms."""
+        return tuple(cute.tile_to_shape(smem_layout_atom(self.dtype, width), (self.tile_n, width, self.mma_stages),
+                                        (0, 1, 2)) for width in (self.head_dim, self.head_dim_v))
 
     def shared_storage(self, q_o_elems: int):
         """The CTA's shared storage, checked against the host formula (``check_smem``): Q's tile (``q_o_elems``
