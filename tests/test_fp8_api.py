@@ -100,3 +100,29 @@ def test_no_backward_spec_for_fp8():
 
     with pytest.raises(NotImplementedError, match="FP8 K/V"):
         BwdSpec.of(_spec(128))
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 192])
+@pytest.mark.parametrize("seqlen_q,group", [(1, 4), (1, 16), (4, 4), (2, 16), (1, 32), (100, 4)])
+@pytest.mark.parametrize("pack_gqa", [True, False])
+def test_all_e4m3_decode_runs_the_fp8_kv_decode_tile(d, seqlen_q, group, pack_gqa, monkeypatch):
+    """Packed all-e4m3 rows that fit the FP8 K/V decode tile run it with q widened to bf16 (exactly); longer rows,
+    unpacked calls and head dims without a decode tile keep the e4m3 q and the FP8 MMAs."""
+    from flash_attn_4_sm120.execution_model import DISPATCH_ENV
+    from flash_attn_4_sm120.fp8 import decode_widened
+
+    monkeypatch.setenv(DISPATCH_ENV, "sm_120")
+    from flash_attn_4_sm120.problem import FwdShape
+
+    spec = _spec(d, fp8_mma=True, pack_gqa=pack_gqa, seqused_k=True, page_size=16)
+    shape = FwdShape(2, seqlen_q, 4096, 8 * group, 8)
+    q = torch.zeros(2, seqlen_q, 8 * group, d, dtype=E4M3)
+    q2, spec2 = decode_widened(q, spec, shape)
+    entry = config.decode_entry(dataclasses.replace(spec, fp8_mma=False), SM120)
+    widened = pack_gqa and entry is not None and seqlen_q * group <= entry.tile_m
+    assert widened == (spec2.fp8_mma is False)
+    assert q2.dtype == (torch.bfloat16 if widened else E4M3)
+    assert widened == (pack_gqa and d <= 128 and seqlen_q * group <= 16)  # the table's decode tiles: d64-d128
+    if widened:
+        assert torch.equal(q2.float(), q.float())
+        assert config.choose_fwd_config(spec2, SM120, seqlen_q * group, seqlen_q, 4096).warps_on_keys

@@ -131,9 +131,11 @@ def test_varlen_packed(splits):
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("sq", [1, 4])
-def test_paged_decode(page_size, sq):
-    """Decode and speculative decode over a paged e4m3 cache (packed GQA, split-KV automatic), an empty sequence
-    among odd lengths, per (batch, KV head) scales."""
+@pytest.mark.parametrize("pack_gqa", [None, False])
+def test_paged_decode(page_size, sq, pack_gqa):
+    """Decode and speculative decode over a paged e4m3 cache (split-KV automatic), an empty sequence among odd
+    lengths, per (batch, KV head) scales. Packed (automatic), the rows fit the FP8 K/V decode tile, which runs them
+    with q widened (``fp8.decode_widened``); unpacked, they run the FP8 MMAs."""
     from flash_attn_4_sm120 import flash_attn_varlen_func
 
     torch.manual_seed(page_size + sq)
@@ -149,7 +151,8 @@ def test_paged_decode(page_size, sq):
     q8 = torch.randn(b, sq, hq, d, device="cuda").mul(30).clamp(-448, 448).to(E4M3)
     used = torch.tensor(lens, dtype=torch.int32, device="cuda")
     out, lse = flash_attn_varlen_func(q8, k_cache, v_cache, seqused_k=used, page_table=table, max_seqlen_q=sq,
-                                      causal=True, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True)
+                                      causal=True, q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True,
+                                      pack_gqa=pack_gqa)
     for i, n in enumerate(lens):
         rows = torch.tensor([table[i, j // page_size].item() * page_size + j % page_size for j in range(n)],
                             dtype=torch.long, device="cuda")
