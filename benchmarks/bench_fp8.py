@@ -173,7 +173,8 @@ def main():
         calls = {
             "ours bf16 dense": lambda: fa.flash_attn_func(q, k, v, causal=causal),
             "ours fp8 dense": lambda: fa.flash_attn_func(q, k8, v8, causal=causal, k_descale=kd, v_descale=vd),
-            # an e4m3 q too: both GEMMs FP8 MMAs (emulated on the H100 / H200), no widening pass
+            # an e4m3 q too: decode rows that fit the decode tile run it with q widened (fp8.decode_widened), longer
+            # ones both GEMMs as FP8 MMAs (emulated on the H100 / H200)
             "ours all-fp8 dense": lambda: fa.flash_attn_func(q8, k8, v8, causal=causal, k_descale=kd, v_descale=vd),
             "ours bf16 paged16": lambda: fa.flash_attn_varlen_func(q, kc, vc, seqused_k=used, page_table=table,
                                                                    causal=causal),

@@ -404,8 +404,9 @@ def fp8_full(result: dict, source: str) -> str:
     lines = [f"`benchmarks/bench_fp8.py`, {result['device']}, {result['date']}, every call replayed from a CUDA graph "
              f"at an SM120's CTAs per SM (`{source}`). Cells: microseconds per call (the K/V bytes read over the call's "
              f"time as a fraction of the device's {result['copy_gbps']:.0f} GB/s copy rate). FP8 K/V are e4m3 beside a "
-             "bf16 q (all-fp8: an e4m3 q too, both GEMMs FP8 MMAs, which the H200 emulates); FlashInfer runs its fa2 "
-             "decode on the same page-16 caches.", ""]
+             "bf16 q (all-fp8: an e4m3 q too; rows that fit the 16-row decode tile run it with q widened, the rest both "
+             "GEMMs as FP8 MMAs, which the H200 emulates); FlashInfer runs its fa2 decode on the same page-16 caches.",
+             ""]
     lines += _header(["case", *FP8_LABELS, "fp8 / bf16 (dense, paged16)", "fp8 / FlashInfer fp8 (paged16)"])
     for row in result["rows"]:
         res = row["results"]

@@ -452,7 +452,7 @@ FAMILIES = {
     "paged_fp8": lambda: _paged_runs(fp8=True),
     "paged_fp8_mma": lambda: _paged_runs(fp8=True, fp8_q=True),
     "paged_decode_tile": lambda: _paged_runs(d=64),
-    "paged_fp8_decode_tile": lambda: [_paged_runs(fp8=True, d=d) for d in (64, 128)],
+    "paged_fp8_decode_tile": lambda: [_paged_runs(fp8=True, d=d) for d in (64, 96, 128)],
     "kvcache": _kvcache_runs,
     "combine": _combine_run,
     "bwd": _bwd_runs,
