@@ -168,8 +168,8 @@ def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
     if spec.fp8_mma:  # a byte per Q / K / V element; O is bf16
         return aligned(max(cfg.tile_m * d, cfg.tile_m * dv * BYTES_PER_ELEM)) + fp8_stages
     q_or_o = max(cfg.tile_m * d, cfg.tile_m * dv) * BYTES_PER_ELEM
-    if spec.kv_dtype and cfg.warps_on_keys:  # FP8 stages only, widened in registers (``_kernels/fwd_keysplit_fp8``)
-        return aligned(q_or_o) + fp8_stages
+    if spec.kv_dtype and cfg.warps_on_keys:  # FP8 stages only, Q / O over the last (``keysplit_q_offset``)
+        return fp8_stages
     stages = cfg.num_stages
     staging = 0
     if spec.kv_dtype:  # FP8 K/V: the stages the copies land in, two 16-bit buffers for the MMAs
@@ -358,9 +358,18 @@ def fp8_kv_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
 def keysplit_merge_bytes(spec: FwdSpec, cfg: FwdConfig) -> tuple[int, int]:
     """(partial O, row statistics) bytes of a ``warps_on_keys`` tile's merge (``_kernels/fwd_keysplit``): each
     warp's fp32 partial O (16 rows of ``KEYSPLIT_ROW_PAD`` + dv floats) over the K/V tiles, and each warp's row max
-    and row sum over Q's tile, both free once the key blocks are done."""
+    and row sum over Q's tile (FP8 K/V: right after the partial O), all free once the key blocks are done."""
     dv = smem_head_dims(spec, cfg)[1]
     return cfg.num_warps * 16 * (dv + KEYSPLIT_ROW_PAD) * 4, 2 * cfg.num_warps * 16 * 4
+
+
+def keysplit_q_offset(spec: FwdSpec, cfg: FwdConfig) -> int:
+    """Byte offset, from the start of V's FP8 stages, of the FP8 decode tile's Q / O tile: the end of V's last
+    stage. That stage is first filled by the first mainloop step, after every warp has read Q into registers (a
+    barrier), and O is written after the merge, whose buffers end below it (``keysplit_problems``); without a Q
+    tile of its own, 3 stages of 64 keys at d128 take 48 KB: two CTAs per SM120 SM."""
+    d, dv = smem_head_dims(spec, cfg)
+    return cfg.num_stages * cfg.tile_n * dv - cfg.tile_m * max(d, dv) * BYTES_PER_ELEM
 
 
 #: fp32 words past each row of a warp's partial O in the merge buffer: rows then start 4 banks apart
@@ -389,8 +398,15 @@ def keysplit_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
                    "q_in_regs=True")
     d, dv = smem_head_dims(spec, cfg)
     o_bytes, stat_bytes = keysplit_merge_bytes(spec, cfg)
-    # the K / V tiles the partial O goes over: FP8 stages (a byte per element; _kernels/fwd_keysplit_fp8), 16-bit ones
-    kv_bytes = cfg.num_stages * cfg.tile_n * (d + dv) * (1 if spec.kv_dtype else BYTES_PER_ELEM)
+    if spec.kv_dtype:  # FP8 stages (a byte per element; _kernels/fwd_keysplit_fp8), Q / O over V's last stage's end
+        q_bytes = cfg.tile_m * max(d, dv) * BYTES_PER_ELEM
+        room = cfg.num_stages * cfg.tile_n * d + keysplit_q_offset(spec, cfg)
+        if q_bytes > cfg.tile_n * dv or o_bytes + stat_bytes > room:
+            out.append(f"warps_on_keys=True over FP8 K/V keeps Q / O ({q_bytes} B) in V's last stage "
+                       f"({cfg.tile_n * dv} B) and merges {o_bytes + stat_bytes} B of partial O and row statistics "
+                       f"below it ({room} B): tile_n={cfg.tile_n} x {cfg.num_stages} stages is too small")
+        return out
+    kv_bytes = cfg.num_stages * cfg.tile_n * (d + dv) * BYTES_PER_ELEM  # the 16-bit K / V tiles under the partial O
     if o_bytes > kv_bytes or stat_bytes > cfg.tile_m * d * BYTES_PER_ELEM:
         out.append(f"warps_on_keys=True merges {o_bytes} B of partial O over the K/V tiles ({kv_bytes} B) and "
                    f"{stat_bytes} B of row statistics over Q's: tile_n={cfg.tile_n} x {cfg.num_stages} stages is too small")

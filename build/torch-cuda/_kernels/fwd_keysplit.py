@@ -84,9 +84,13 @@ class FlashFwdKeySplit(FlashFwdMultistage):
         row = dv + KEYSPLIT_ROW_PAD
         s_part = cute.make_tensor(cute.recast_ptr(sm.sK.iterator, dtype=Float32),
                                   cute.make_layout((w, 16, dv), stride=(16 * row, row, 1)))
-        s_stats = cute.make_tensor(cute.recast_ptr(sm.sQ.iterator, dtype=Float32),
+        s_stats = cute.make_tensor(self.merge_stats_ptr(sm, w * 16 * row),
                                    cute.make_layout((2, w, 16), stride=(16 * w, 16, 1)))
         return s_part, s_stats
+
+    def merge_stats_ptr(self, sm: FwdSmem, part_elems: int):
+        """Where the merge's row statistics go (fp32): over Q's tile, free once Q is in registers or read."""
+        return cute.recast_ptr(sm.sQ.iterator, dtype=Float32)
 
     @cute.jit
     def finish(self, ctx: FwdTileState, mSink, head, sO, out):

@@ -27,7 +27,7 @@ from cutlass._mlir.dialects import llvm
 from cutlass.cute.nvgpu import warp
 from cutlass.cutlass_dsl import dsl_user_op
 
-from ..config import FwdConfig
+from ..config import FwdConfig, keysplit_q_offset
 from ..execution_model import ExecutionModel
 from ..problem import FwdSpec
 from .fragments import acc_as_operand_a, acc_rows_cols
@@ -71,6 +71,7 @@ class FlashFwdKeySplitFP8(FlashFwdKeySplit):
         self.widens_kv = False  # no staging: the stages the copies fill are the ones the MMAs read
         self.mma_stages = config.num_stages
         self.fp8_name = "e4m3" if spec.kv_dtype == "e4m3" else "e5m2"
+        self.q_over_stages = True  # Q / O at the end of V's last stage (``config.keysplit_q_offset``)
 
     # ------------------------------------------------------------------------------------------
     # Tiled MMAs: the 16-bit ones the MMAs run and the shadows whose partitions the ldmatrix copies fill
@@ -112,11 +113,11 @@ class FlashFwdKeySplitFP8(FlashFwdKeySplit):
     # ------------------------------------------------------------------------------------------
     @cute.jit
     def shared_tiles(self, tidx, softmax_scale_log2, sQ_layout, sK_layout, sV_layout, sO_layout) -> FwdSmem:
-        """sQ / sO (16-bit), K / V's FP8 views (sK, sV: what the copies write), K's 16-bit view (``views16``) and V^T's
-        (sVt: (dv / 2, tile_n, stages)), which the ldmatrix copies read."""
+        """sQ / sO (16-bit, at the end of V's last stage), K / V's FP8 views (sK, sV: what the copies write), K's
+        16-bit view (``views16``) and V^T's (sVt: (dv / 2, tile_n, stages)), which the ldmatrix copies read."""
         tiles = cutlass.memory.SmemAllocator().allocate(self.SharedStorage).tiles
         f8 = self.kv_dtype
-        sQ = tiles.sQ.get_tensor(sQ_layout)
+        sQ = cute.make_tensor(tiles.sV.data_ptr() + keysplit_q_offset(self.spec, self.config) // 2, sQ_layout)
         sK16, sV16 = tiles.sK.get_tensor(sK_layout), tiles.sV.get_tensor(sV_layout)
         sK8, sV8 = (cute.make_tensor(cute.recast_ptr(mem.data_ptr(), dtype=f8),
                                      fp8_view(self.dtype, width, (self.tile_n, width, self.config.num_stages)))
@@ -126,6 +127,10 @@ class FlashFwdKeySplitFP8(FlashFwdKeySplit):
                                                       stride=(self.tile_n, 1, self.tile_n * dv16)))
         return FwdSmem(bars=None, sScale=None, sQ=sQ, sK=sK8, sV=sV8, sO=cute.make_tensor(sQ.iterator, sO_layout),
                        sVt=sVt, views16=(sQ, sK16))
+
+    def merge_stats_ptr(self, sm: FwdSmem, part_elems: int):
+        """The row statistics right after the partial O (Q's tile, at the end of V's last stage, holds O by then)."""
+        return cute.recast_ptr(sm.sK.iterator, dtype=Float32) + part_elems
 
     def kv_loader(self, kv_src, tidx, sm: FwdSmem):
         """cp.async of the FP8 stages through their FP8 views (16-byte vectors)."""

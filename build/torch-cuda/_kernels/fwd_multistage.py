@@ -97,6 +97,9 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         self.widens_kv = self.kv_dtype is not None
         #: K/V buffers the MMAs read: the stages, or with widened FP8 K/V the two 16-bit buffers beside the staging
         self.mma_stages = MMA_BUFFERS if self.widens_kv else config.num_stages
+        #: Q / O's tile lies in the last K/V stage instead of its own storage (``fwd_keysplit_fp8``): the first
+        #: mainloop step fills that stage, after a barrier that follows Q's read into registers
+        self.q_over_stages = False
         self.head_dim, self.head_dim_v = smem_head_dims(spec, config)
         # Padded head dims need column predicates (and zeroed Q/K padding); exact ones compile without.
         self.pad_qk = spec.head_dim != self.head_dim
@@ -212,9 +215,9 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         tiles as byte pairs), FP8 K/V's staging stages when the kernel widens them (``staging_layouts``), each
         1024-aligned; ahead of them the TMA mainloops' mbarriers and the ping-pong turns' softmax scale."""
         dt = self.dtype
-        fields = {"sQ": cute.struct.Align[cute.struct.MemRange[dt, q_o_elems], 1024],
-                  "sK": cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024],
-                  "sV": cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]}
+        fields = {} if self.q_over_stages else {"sQ": cute.struct.Align[cute.struct.MemRange[dt, q_o_elems], 1024]}
+        fields.update(sK=cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024],
+                      sV=cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024])
         if self.widens_kv:
             for name, layout in zip(("sK8", "sV8"), self.staging_layouts()):
                 fields[name] = cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(layout)], 1024]
@@ -592,6 +595,8 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             self.prologue(ctx, ctx.walk)
         if const_expr(self.config.q_in_regs):
             cute.copy(ctx.s2r_q, ctx.tSsQ, ctx.tSrQ_v)
+        if const_expr(self.q_over_stages):
+            cute.arch.sync_threads()  # every warp holds Q before the first step refills the stage under it
         # Mainloop, last block first: right-edge blocks (masked), full blocks, left-edge blocks of a window
         # (masked). Step ``it`` handles block n_end - 1 - it.
         num_right = ctx.n_end - ctx.n_unmasked_end
