@@ -75,7 +75,7 @@ def check(out, lse, ref_o, ref_lse, covered=None):
 
 @pytest.mark.parametrize("preallocated", [False, True], ids=["alloc", "out="])
 @pytest.mark.parametrize("out_dtype", DTYPES)
-@pytest.mark.parametrize("d", [64, 72, 128, 256], ids=lambda d: f"d{d}")
+@pytest.mark.parametrize("d", [64, 72, 128, 256, 264, 392, 512], ids=lambda d: f"d{d}")
 @pytest.mark.parametrize("splits", [1, 2, 5, 17], ids=lambda s: f"splits{s}")
 def test_dense(splits, d, out_dtype, preallocated):
     import flash_attn_4_sm120 as fa

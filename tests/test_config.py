@@ -24,14 +24,16 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     # cache per mask, over a paged one with softcap + sink per mask, chunked prefill, dense prefill full and causal,
     # packed Q/K, e5m2 and fp16 q, plus the paged decode at each representative head dim; FP8 MMAs: prefill per mask
     # at each representative head dim that is a multiple of 16, plus per class softcap + sink, packed Q/K, decode over
-    # a dense and over a paged cache
+    # a dense and over a paged cache; head dims past 256 (config.WIDE_HEAD_DIMS): both dtypes per mask, and at 512
+    # per mask softcap, softcap + sink, packed GQA with both, packed split, packed Q/K; plus two packed split decodes
+    wide = 2 * masks * len(config.WIDE_HEAD_DIMS) + 6 * masks + 2
     fp8_dims = sum(1 for ds in config.REPRESENTATIVE_HEAD_DIMS.values() for d, dv in ds if d % 16 == dv % 16 == 0)
     fp8_classes = classes
     if model.fp8_mma is Fp8MmaKind.NONE:  # no FP8 mma.sync: no FP8 MMA specs
         fp8_dims = fp8_classes = 0
     base = (2 * masks * dims + 3 * masks * classes + 3 * masks * classes + (2 * masks + 2) * classes
             + (2 * masks + 2) * classes + (3 * masks + 3) * classes + (2 * masks + 6) * classes + dims
-            + masks * fp8_dims + 4 * fp8_classes)
+            + masks * fp8_dims + 4 * fp8_classes + wide)
     assert len(set(pairs)) == len(pairs)
     # every spec with each config the tile-efficiency rule may pick for it
     assert all([cfg for s2, cfg in pairs if s2 == s] == list(config.dispatch_candidates(s, model))

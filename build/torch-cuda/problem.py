@@ -14,6 +14,7 @@ from typing import Optional
 
 import torch
 
+from . import manifest
 from .flex import ModKey
 
 _DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16"}
@@ -175,6 +176,8 @@ class BwdSpec:
         if spec.kv_dtype:
             raise NotImplementedError("backward through FP8 K/V: FP8 K/V serve inference; train in bfloat16 or "
                                       "float16")
+        if max(spec.head_dim, spec.head_dim_v) > MAX_BWD_HEAD_DIM:  # the manifest's head_dim_512+backward
+            manifest.check_combination(["head_dim_512", "backward"])
         return BwdSpec(dtype=spec.dtype, head_dim=spec.head_dim, head_dim_v=spec.head_dim_v, causal=spec.causal,
                        local=spec.local, softcap=spec.softcap, varlen_q=spec.varlen_q,
                        varlen_k=spec.varlen_k, seqused_q=spec.seqused_q, seqused_k=spec.seqused_k,
@@ -194,11 +197,14 @@ class FwdShape:
     num_heads_kv: int
 
 
-MAX_HEAD_DIM = 256
+#: The forward's and the combine's (upstream's combine too); past 256 the forward runs ``_kernels/fwd_wide``
+MAX_HEAD_DIM = 512
+#: The backward's: past it a CTA's K / V tiles with their fp32 gradients exceed an SM120 CTA (``BwdSpec.of``)
+MAX_BWD_HEAD_DIM = 256
 
 
 def check_head_dim(name: str, d: int) -> None:
-    """The one head-dim rule: multiples of 8 (16-byte rows) from 8 to 256."""
+    """The one head-dim rule: multiples of 8 (16-byte rows) from 8 to 512."""
     if d % 8 != 0 or not 8 <= d <= MAX_HEAD_DIM:
         raise ValueError(f"{name} {d}: head dims must be multiples of 8 between 8 and {MAX_HEAD_DIM} "
                          "(16-byte rows); pad the head dim with zeros to the next multiple of 8")

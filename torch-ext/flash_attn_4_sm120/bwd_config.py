@@ -19,7 +19,7 @@ from itertools import product
 
 from .config import BYTES_PER_ELEM, HEAD_DIM_CLASSES, STATIC_SMEM_BYTES, rows_per_copy_pass
 from .execution_model import CopyKind, ExecutionModel
-from .problem import MAX_HEAD_DIM, BwdSpec
+from .problem import MAX_BWD_HEAD_DIM, BwdSpec
 
 #: Query rows per sequence the fp32 workspaces (LSE2, D, the dQ accumulator) reserve in multiples of:
 #: every sequence starts at a multiple of it (packed layouts add it once per sequence), so a query tile
@@ -97,7 +97,7 @@ def bwd_padded_head_dim(d: int, cfg: BwdConfig, qk: bool = True) -> int:
         dq_step = 16 * max(1, cfg.num_warps // max(cfg.dq_warps_m, 1)) * max(cfg.dq_chunks, 1)
         step = step * dq_step // math.gcd(step, dq_step)
     width = (d + step - 1) // step * step
-    while rows_per_copy_pass(width, cfg.num_threads) > min_rows and width < 4 * MAX_HEAD_DIM:
+    while rows_per_copy_pass(width, cfg.num_threads) > min_rows and width < 4 * MAX_BWD_HEAD_DIM:
         width += step
     return width
 
@@ -229,8 +229,8 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         if stages not in (1, 2):
             out.append(f"{name}={stages} (1 or 2 supported)")
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
-        if d % 8 or not 8 <= d <= MAX_HEAD_DIM:
-            out.append(f"{name}={d} is not a multiple of 8 in [8, {MAX_HEAD_DIM}] (16-byte rows)")
+        if d % 8 or not 8 <= d <= MAX_BWD_HEAD_DIM:
+            out.append(f"{name}={d} is not a multiple of 8 in [8, {MAX_BWD_HEAD_DIM}] (16-byte rows)")
     if out:
         return tuple(out)
     d, dv = bwd_padded_head_dim(spec.head_dim, cfg), bwd_padded_head_dim(spec.head_dim_v, cfg, qk=False)

@@ -24,7 +24,7 @@ Features and constraints:
     ``lse_partial``: float32. Any number of splits >= 0 (zero splits: out = 0, lse = -inf).
   * ``out_dtype`` (default: ``out_partial``'s dtype, as upstream): float32, bfloat16 or float16. With a
     preallocated ``out`` its dtype decides; an ``out_dtype`` that disagrees is an error.
-  * head_dim: any multiple of 8 in [8, 256] (``problem.check_head_dim``, the kernel's rule).
+  * head_dim: any multiple of 8 in [8, 512] (``problem.check_head_dim``, as upstream's).
   * ``cu_seqlens`` / ``seqused``: 1-D contiguous int32 on the partials' device. Metadata is clamped as
     in the forward (``_kernels/seqlen_info.py``): sequence b covers rows [start, start + length) with
     start = clamp(cu_seqlens[b], 0, total) and length = clamp(cu_seqlens[b + 1], start, total) - start,

@@ -176,6 +176,10 @@ def fwd_kernel_class(config: FwdConfig, spec: Optional[FwdSpec] = None):
         from ._kernels.fwd_keysplit import FlashFwdKeySplit
 
         return FlashFwdKeySplit
+    if config.dv_warps > 1:
+        from ._kernels.fwd_wide import FlashFwdWide
+
+        return FlashFwdWide
     if spec is not None and spec.fp8_mma:
         from ._kernels.fwd_fp8_mma import FlashFwdFP8Mma
 

@@ -29,7 +29,7 @@ FP8_KV_MAX_STAGES = 8
 #: 96 splits the head dims 65-128 where the ping-pong tile's K/V block can double: at <= 96 columns a
 #: 256x64 tile fits 99 KB (d80 284 / d96 399 TFLOPS full vs 238 / 307 for the best 4-warp tile, H100 at
 #: SM120 occupancy, 2026-11-24), at 97-128 only 256x32 or 128x64 with Q in registers do.
-HEAD_DIM_CLASSES = (64, 96, 128, 192, 256)
+HEAD_DIM_CLASSES = (64, 96, 128, 192, 256, 512)
 #: A DSL kernel with dynamic smem also carries a 1024-byte static section (the dynamic block is
 #: 1024-aligned); the conformance gate reads it from the cubin. The per-CTA budget covers both.
 STATIC_SMEM_BYTES = 1024
@@ -90,6 +90,11 @@ class FwdConfig:
     #: (seqlen_q x group <= 16): a 64-row tile there runs every MMA on 4x the rows it needs, and with FP8 K/V
     #: the MMA warps then bound the step (``decode_entry``).
     warps_on_keys: bool = False
+    #: Warps that share each 16-row block of the tile (``_kernels/fwd_wide``): they split S's keys and O's columns,
+    #: exchanging row maxima and P through shared memory, so each holds 1 / dv_warps of O's row block. For head
+    #: dims past 256, where a whole 16-row O block (16 x dv fp32 per warp: 256 registers per thread at 512) does
+    #: not fit a warp. 1: the warps split rows only.
+    dv_warps: int = 1
 
     @property
     def uses_tma(self) -> bool:
@@ -168,6 +173,9 @@ def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
     if spec.fp8_mma:  # a byte per Q / K / V element; O is bf16
         return aligned(max(cfg.tile_m * d, cfg.tile_m * dv * BYTES_PER_ELEM)) + fp8_stages
     q_or_o = max(cfg.tile_m * d, cfg.tile_m * dv) * BYTES_PER_ELEM
+    if cfg.dv_warps > 1:  # + P (16-bit) and the row statistics the warps exchange (``wide_exchange_bytes``)
+        return (aligned(q_or_o) + aligned(cfg.num_stages * cfg.tile_n * d * BYTES_PER_ELEM)
+                + aligned(cfg.num_stages * cfg.tile_n * dv * BYTES_PER_ELEM) + aligned(wide_exchange_bytes(cfg)))
     if spec.kv_dtype and cfg.warps_on_keys:  # FP8 stages only, Q / O over the last (``keysplit_q_offset``)
         return fp8_stages
     stages = cfg.num_stages
@@ -245,7 +253,11 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         out.append(f"num_warps={cfg.num_warps} (4 or 8 supported)")
     if cfg.warps_on_keys:
         out += keysplit_problems(spec, cfg)
-    elif cfg.tile_m % rows_per_pass:
+    if cfg.dv_warps > 1:
+        out += wide_problems(spec, cfg)
+    elif cfg.dv_warps != 1:
+        out.append(f"dv_warps={cfg.dv_warps} (1, or the warps sharing a 16-row block)")
+    elif not cfg.warps_on_keys and cfg.tile_m % rows_per_pass:
         out.append(f"tile_m={cfg.tile_m} is not a multiple of {rows_per_pass} (16 rows per warp)")
     if cfg.mainloop not in MAINLOOPS:
         out.append(f"mainloop={cfg.mainloop!r} (one of {', '.join(MAINLOOPS)})")
@@ -309,6 +321,8 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
     acc_regs = cfg.tile_m * (dv + cfg.tile_n + (cfg.tile_n // 2 if cfg.overlap else 0)) // cfg.num_threads
     if cfg.warps_on_keys:  # every warp holds all 16 rows of O, and S for its share of the keys
         acc_regs = 16 * (dv + cfg.tile_n // cfg.num_warps) // 32
+    if cfg.dv_warps > 1:  # a warp's share of its 16-row block: dv / dv_warps columns of O, tile_n / dv_warps keys
+        acc_regs = 16 * (dv + cfg.tile_n) // cfg.dv_warps // 32
     if acc_regs > 192:
         out.append(f"{acc_regs} accumulator registers per thread (O + S{' + P' if cfg.overlap else ''}) "
                    f"leave too few for operands")
@@ -353,6 +367,50 @@ def fp8_kv_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
         out.append("FP8 K/V with score_mod / mask_mod, block sparsity or dropout: not built (FP8 K/V serve inference "
                    "attention; run these with bf16 / fp16 K/V)")
     return out
+
+
+def wide_exchange_bytes(cfg: FwdConfig) -> int:
+    """Shared memory a ``dv_warps`` tile exchanges through (``_kernels/fwd_wide``): the block's P, (tile_m,
+    tile_n) 16-bit, and an fp32 row statistic (block max, then the final row sum) per row and warp."""
+    return cfg.tile_m * cfg.tile_n * BYTES_PER_ELEM + cfg.dv_warps * cfg.tile_m * 4
+
+
+def wide_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
+    """Why ``cfg`` (``dv_warps`` > 1) cannot run ``spec``: the warps of a 16-row block split whole 16-key and
+    16-column shares, Q read from shared memory per block (a 512-wide Q fragment would take 128 registers), the
+    cp.async multistage step, and the inference features the exchange is built for."""
+    out = []
+    w = cfg.dv_warps
+    d, dv = smem_head_dims(spec, cfg)
+    if cfg.num_warps % w or cfg.tile_m != 16 * (cfg.num_warps // w):
+        out.append(f"dv_warps={w} shares each 16-row block between {w} warps: num_warps a multiple of it and "
+                   f"tile_m = 16 x num_warps / dv_warps (got num_warps={cfg.num_warps}, tile_m={cfg.tile_m})")
+    if cfg.tile_n % (8 * w) or dv % (8 * w):
+        out.append(f"dv_warps={w} interleaves S's keys and O's columns over the warps in n8 atoms: tile_n and dv "
+                   f"multiples of {8 * w} (got tile_n={cfg.tile_n}, dv={dv})")
+    if cfg.q_in_regs or cfg.uses_tma or cfg.overlap or cfg.pingpong or cfg.warps_on_keys:
+        out.append("dv_warps > 1 runs the cp.async multistage step with Q read from shared memory (no q_in_regs, "
+                   "TMA, overlap, ping-pong or warps_on_keys)")
+    if spec.mods is not None or spec.block_sparse is not None or spec.dropout or spec.kv_dtype:
+        out.append("dv_warps > 1 with score_mod / mask_mod, block sparsity, dropout or FP8: not built (head dims "
+                   "past 256 serve 16-bit inference attention)")
+    return out
+
+
+#: Head dims past this run the ``dv_warps`` tiles (``_kernels/fwd_wide``) only
+WIDE_HEAD_DIM = 256
+
+
+def wide_features(spec: FwdSpec) -> tuple:
+    """The manifest features a call at head dims past ``WIDE_HEAD_DIM`` combines with that its ``dv_warps`` tiles do
+    not serve (refused: ``head_dim_512`` + each); empty at head dims up to 256, and for 16-bit dense, varlen and
+    packed K/V with masks, softcap, sinks, GQA packing and split-KV."""
+    if max(spec.head_dim, spec.head_dim_v) <= WIDE_HEAD_DIM:
+        return ()
+    return tuple(name for name, on in (("paged_kv", spec.page_size), ("fp8", spec.kv_dtype or spec.fp8_mma),
+                                       ("score_mod", spec.mods is not None),
+                                       ("block_sparsity", spec.block_sparse is not None), ("dropout", spec.dropout))
+                 if on)
 
 
 def keysplit_merge_bytes(spec: FwdSpec, cfg: FwdConfig) -> tuple[int, int]:
@@ -813,6 +871,8 @@ REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 96: ((96, 96), (72, 72)), 
 
 
 MASKS = ("full", "causal", "local")
+#: head dims past 256 the gate compiles (the d512 class: ``dv_warps`` tiles), dv != d among them
+WIDE_HEAD_DIMS = ((512, 512), (264, 264), (384, 384), (448, 320), (320, 512), (512, 128))
 
 
 def _spec(dtype, d, dv, mask, softcap=False, sink=False) -> FwdSpec:
@@ -898,6 +958,20 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
                   replace(_spec("bf16", d, dv, "full"), seqused_k=True, pack_gqa=True, split_kv=True, **fp8),
                   replace(_spec("bf16", d, dv, "causal"), seqused_k=True, page_size=16, pack_gqa=True, split_kv=True,
                           **fp8)]
+    # head dims past 256 (the dv_warps tiles): both dtypes and every mask at each wide head dim; at 512 softcap /
+    # sink, packed GQA (decode, speculative decode), varlen / seqused and split-KV (no paged K/V or FP8: wide_refusal)
+    for d, dv in WIDE_HEAD_DIMS:
+        specs += [_spec(dtype, d, dv, mask) for dtype in ("bf16", "fp16") for mask in MASKS]
+    for mask in MASKS:
+        specs += [_spec("bf16", 512, 512, mask, softcap, sink) for softcap, sink in ((True, False), (True, True))]
+        specs.append(replace(_spec("bf16", 512, 512, mask, True, True), pack_gqa=True))
+        specs.append(replace(_spec("bf16", 512, 512, mask, softcap=True), pack_gqa=True, split_kv=True))
+        specs.append(replace(_spec("bf16", 512, 512, mask), pack_gqa=True, split_kv=True))
+        specs.append(replace(_spec("bf16", 512, 512, mask), varlen_q=True, varlen_k=True, seqused_q=True,
+                             seqused_k=True))
+    specs.append(replace(_spec("bf16", 512, 512, "causal"), varlen_q=True, varlen_k=True, seqused_q=True,
+                         seqused_k=True, pack_gqa=True, split_kv=True))
+    specs.append(replace(_spec("fp16", 512, 512, "causal"), seqused_k=True, pack_gqa=True, split_kv=True))
     # exact-head-dims entries: both dtypes, with and without the sink (the features their key omits)
     for key in fwd_table():
         m = EXACT_KEY.match(key)

@@ -70,10 +70,12 @@ class Case:
         ml += "_mbr" if c.mbarrier_release else ""
         ml += "" if c.mask_select else "_mstore"
         ml += "_keys" if c.warps_on_keys else ""
+        ml += f"_dv{c.dv_warps}" if c.dv_warps > 1 else ""
         return f"fwd_{s.dtype}_d{s.head_dim}x{s.head_dim_v}_{mask}_m{c.tile_m}n{c.tile_n}w{c.num_warps}s{c.num_stages}{qr}{ml}"
 
     def describe(self) -> dict:
-        kernel = ("fwd_keysplit_fp8" if self.config.warps_on_keys and self.spec.kv_dtype else
+        kernel = ("fwd_wide" if self.config.dv_warps > 1 else
+                  "fwd_keysplit_fp8" if self.config.warps_on_keys and self.spec.kv_dtype else
                   "fwd_keysplit" if self.config.warps_on_keys else "fwd_fp8_mma" if self.spec.fp8_mma
                   else "fwd_tma" if self.config.uses_tma else "fwd_multistage")
         return {"kernel": kernel, **asdict(self.spec), **asdict(self.config), "model": self.model_name}
@@ -223,8 +225,10 @@ def combine_specs() -> list[CombineSpec]:
     largest head dim, dense and packed Q (with seqused), with and without the sink."""
     specs = [CombineSpec(dtype, dv, varlen, varlen, sink) for dtype in ("bf16", "fp16") for dv in (72, 128, 256)
              for varlen in (False, True) for sink in (False, True)]
-    # the public flash_attn_combine: fp32 output (no sink), dense and packed; dense rows capped by seqused
-    return specs + [CombineSpec("fp32", dv, varlen, varlen, False) for dv in (72, 256) for varlen in (False, True)] + [
+    # the public flash_attn_combine: fp32 and bf16 output (no sink) up to its 512 columns, dense and packed; dense
+    # rows capped by seqused
+    return specs + [CombineSpec(dtype, dv, varlen, varlen, False) for dtype, dv in
+                    (("fp32", 72), ("fp32", 256), ("fp32", 512), ("bf16", 512)) for varlen in (False, True)] + [
         CombineSpec(dtype, 128, False, True, False) for dtype in ("bf16", "fp32")]
 
 
@@ -458,6 +462,7 @@ def make_case(
     persistent: bool = False,
     mbarrier_release: bool = False,
     warps_on_keys: bool = False,
+    dv_warps: int = 1,
     causal: bool = True,
     local: bool = False,
     softcap: bool = False,
@@ -477,7 +482,8 @@ def make_case(
                    page_size=page_size, kv_dtype=kv_dtype)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
                     mainloop=mainloop, frag_prefetch=frag_prefetch, overlap=overlap, pingpong=pingpong,
-                    persistent=persistent, mbarrier_release=mbarrier_release, warps_on_keys=warps_on_keys)
+                    persistent=persistent, mbarrier_release=mbarrier_release, warps_on_keys=warps_on_keys,
+                    dv_warps=dv_warps)
     return Case(spec, cfg, model)
 
 

@@ -48,10 +48,11 @@ from typing import Optional
 import torch
 
 from . import compiler
+from .config import WIDE_HEAD_DIM
 from .launch import call_key, launch_env, launch_on, model_and_target, plan_for, remember, remembered, with_packing
 from .problem import FP8_DTYPES, AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
 from .fp8 import is_fp8, widened_q
-from .validation import check_options, fp8_scales, plain_sink
+from .validation import check_options, fp8_scales, plain_sink, refusal
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,6 +180,8 @@ def flash_attn_with_kvcache(
             raise ValueError("pass page_table or block_table (FA2's name for it), not both")
         page_table = block_table
     check_options(num_splits, pack_gqa)
+    if max(q.shape[-1], v_cache.shape[-1]) > WIDE_HEAD_DIM:  # before anything is appended
+        raise NotImplementedError(refusal(("head_dim_512", "kvcache_api")))
     descales = (q_descale, k_descale, v_descale) if any(d is not None for d in (q_descale, k_descale, v_descale)) \
         else None
     fp8 = descales is not None or is_fp8(k_cache) or is_fp8(q)

@@ -27,6 +27,7 @@ from .config import (
     occupancy_launch_smem,
     select_fwd_config,
     use_pack_gqa,
+    wide_features,
 )
 from .execution_model import (
     COMPILE_TARGET_ENV,
@@ -39,7 +40,7 @@ from .execution_model import (
 )
 from .metadata import check_requested
 from .problem import CombineSpec, misaligned_row_dim
-from .validation import check_output
+from .validation import check_output, refusal
 
 
 @functools.lru_cache(maxsize=None)
@@ -205,6 +206,9 @@ def plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, conf
                 dispatch_env, target_env, mode) -> LaunchPlan:
     """The launch plan of a validated call (see ``LaunchPlan``); ``rows_shape`` is q's shape without
     its head dim."""
+    wide = wide_features(spec)
+    if wide:
+        raise NotImplementedError(refusal(("head_dim_512", *wide)))
     model, target = model_and_target(device.index, dispatch_env, target_env)
     out_shape = (*rows_shape, head_dim_v)
     lse_shape = (shape.num_heads, rows_shape[0]) if spec.varlen_q else (shape.batch, shape.num_heads, shape.seqlen_q)

@@ -221,6 +221,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         if self.widens_kv:
             for name, layout in zip(("sK8", "sV8"), self.staging_layouts()):
                 fields[name] = cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(layout)], 1024]
+        fields.update(self.extra_smem_fields())
         Tiles = cute.struct(type("Tiles", (), {"__annotations__": fields}))
         num_bars = self.num_mbarriers()
 
@@ -245,6 +246,15 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
 
         self.check_smem(SharedStorage)
         return SharedStorage
+
+    def extra_smem_fields(self) -> dict:
+        """Shared-storage fields a kernel variant adds after the K/V tiles (``fwd_wide``: P and the row
+        statistics its warps exchange), viewed by ``extra_smem_views``."""
+        return {}
+
+    def extra_smem_views(self, tiles):
+        """``FwdSmem.extra``: the tensors of ``extra_smem_fields`` (None without any)."""
+        return None
 
     def check_smem(self, storage):
         """Trace-time invariant: the host formula (used by the predicate and the gate) is exact."""
@@ -287,7 +297,8 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             sK8 = storage.tiles.sK8.get_tensor(sK8_layout)
             sV8 = storage.tiles.sV8.get_tensor(sV8_layout)
         return FwdSmem(bars=bars, sScale=sScale, sQ=sQ, sK=storage.tiles.sK.get_tensor(sK_layout), sV=sV,
-                       sO=cute.make_tensor(sQ.iterator, sO_layout), sVt=sVt, sK8=sK8, sV8=sV8)
+                       sO=cute.make_tensor(sQ.iterator, sO_layout), sVt=sVt, sK8=sK8, sV8=sV8,
+                       extra=self.extra_smem_views(storage.tiles))
 
     @cute.jit
     def mma_context(self, tidx, sm: FwdSmem, softmax_scale_log2) -> FwdTileState:

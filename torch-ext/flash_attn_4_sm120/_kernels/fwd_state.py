@@ -31,6 +31,8 @@ class FwdSmem:
     sV8: Optional[cute.Tensor] = None
     #: FP8 MMAs: 16-bit views (sQ, sK) of the FP8 tiles, which the ldmatrix copies read (``fwd_fp8_mma``); else None
     views16: Optional[tuple] = None
+    #: a variant's own tensors (``FlashFwdMultistage.extra_smem_views``); else None
+    extra: Optional[tuple] = None
 
 
 @dataclass(eq=False)
@@ -89,6 +91,7 @@ class FwdTileState:
     next_k: Any = None  # persistent tiles: the next tile's first K load (``NextTileLoad``)
     merge: Any = None  # warps on keys: (partial O, row statistics) smem views the warps merge in (``fwd_keysplit``)
     shadow: Any = None  # FP8 K/V widened in registers: the 16-bit-view fragments ldmatrix fills (K, V^T)
+    exchange: Any = None  # warps sharing a row block: the P / row-statistic views and copies (``fwd_wide``)
 
     def update(self, **values) -> None:
         """Set the named fields (a name that is not a field is an error at trace time)."""

@@ -92,14 +92,19 @@ class OnlineSoftmax:
 
 @cute.jit
 def softmax_step(row_max: cute.Tensor, row_sum: cute.Tensor, acc_S_rc: cute.Tensor, acc_O_rc: cute.Tensor,
-                 scale: Float32, rescale_log2: cutlass.Constexpr[float] = RESCALE_LOG2):
+                 scale: Float32, rescale_log2: cutlass.Constexpr[float] = RESCALE_LOG2, block_max: cute.Tensor = None):
     """``OnlineSoftmax.step`` on its state tensors with an explicit scale (plain tensors can cross a
-    dynamic ``if``; the ping-pong step passes a scale it reloaded after its turn's arrive)."""
+    dynamic ``if``; the ping-pong step passes a scale it reloaded after its turn's arrive). ``block_max``: the
+    rows' maxima over the whole key block when other warps hold some of its keys (``fwd_wide``); else this
+    warp's own (``row_block_max``)."""
     corr = cute.make_rmem_tensor(cute.size(row_max), Float32)
     changed = False
     for r in cutlass.range_constexpr(cute.size(row_max)):
         s_row = acc_S_rc[r, None].load()
-        m_blk = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
+        if cutlass.const_expr(block_max is None):
+            m_blk = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
+        else:
+            m_blk = block_max[r]
         m_old = row_max[r]
         m_cand = cute.arch.fmax(m_old, m_blk)
         # Keep the old reference unless the new max exceeds it by more than rescale_log2 (then P
@@ -118,3 +123,9 @@ def softmax_step(row_max: cute.Tensor, row_sum: cute.Tensor, acc_S_rc: cute.Tens
     if cute.arch.vote_any_sync(changed):
         for r in cutlass.range_constexpr(cute.size(row_max)):
             acc_O_rc[r, None].store(acc_O_rc[r, None].load() * corr[r])
+
+
+@cute.jit
+def row_block_max(acc_S_rc: cute.Tensor, r: cutlass.Constexpr[int]) -> Float32:
+    """Row ``r``'s max over this warp's scores of the block (the 4 lanes of a row all-reduced)."""
+    return quad_allreduce_max(acc_S_rc[r, None].load().reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
