@@ -25,8 +25,10 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     # packed Q/K, e5m2 and fp16 q, plus the paged decode at each representative head dim; FP8 MMAs: prefill per mask
     # at each representative head dim that is a multiple of 16, plus per class softcap + sink, packed Q/K, decode over
     # a dense and over a paged cache; head dims past 256 (config.WIDE_HEAD_DIMS): both dtypes per mask, and at 512
-    # per mask softcap, softcap + sink, packed GQA with both, packed split, packed Q/K; plus two packed split decodes
-    wide = 2 * masks * len(config.WIDE_HEAD_DIMS) + 6 * masks + 2
+    # per mask softcap, softcap + sink, packed GQA with both, packed split, packed Q/K; plus two packed split decodes;
+    # MLA per mask prefill, packed split decode and paged decode with softcap + sink, paged split decode at page sizes
+    # 1 / 16 / 64, fp16 paged decode and packed Q/K
+    wide = 2 * masks * len(config.WIDE_HEAD_DIMS) + 6 * masks + 2 + 3 * masks + 3 + 2  # + MLA
     fp8_dims = sum(1 for ds in config.REPRESENTATIVE_HEAD_DIMS.values() for d, dv in ds if d % 16 == dv % 16 == 0)
     fp8_classes = classes
     if model.fp8_mma is Fp8MmaKind.NONE:  # no FP8 mma.sync: no FP8 MMA specs
@@ -58,7 +60,7 @@ def test_table_records_device_and_date():
     assert base <= set(data["table"])
     suffixes = ("bf16", "fp16", "local", "cp_async", "m128", "m64", "mha")
     packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES
-              for kind in ("packgqa", "paged", "paged_m64", "fp8kv", "fp8mma", "decode", "fp8kv_decode")}
+              for kind in ("packgqa", "paged", "paged_m64", "fp8kv", "fp8mma", "decode", "fp8kv_decode", "latent")}
     exact = config.EXACT_KEY
     assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
                for k in data["table"])

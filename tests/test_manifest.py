@@ -41,7 +41,7 @@ INTERACTIONS = DATA["interactions"]
 INTERACTION_IDS = [c["id"] for c in INTERACTIONS]
 
 #: What is implemented today. Change it in the same commit that flips a status in manifest.json.
-IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", "conformance_gate", "head_dim_512",
+IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", "conformance_gate", "head_dim_512", "mla",
                      "sliding_window", "softcap", "learnable_sink", "varlen",
                      "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward", "pack_gqa",
                      "split_kv", "combine", "paged_kv", "kvcache_api", "backward", "deterministic_backward",

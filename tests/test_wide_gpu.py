@@ -107,3 +107,95 @@ def test_backward_refused():
     q, k, v = (t.requires_grad_() for t in _qkv(1, 16, 16, 2, 2, 512, 512))
     with pytest.raises(NotImplementedError, match="head_dim > 256 with backward"):
         fa.flash_attn_func(q, k, v)[0].sum().backward()
+
+
+# -- MLA: qv beside the rope q; k the rope keys, v the latent (latent.py) -----------------------------------------
+
+
+def _mla(b, sq, sk, hq, dv=512, dtype=torch.bfloat16):
+    """(q rope, qv, k rope, v latent) for one KV head, scaled like absorbed MLA activations."""
+    q = torch.randn(b, sq, hq, 64, dtype=dtype, device="cuda")
+    qv = torch.randn(b, sq, hq, dv, dtype=dtype, device="cuda")
+    k = torch.randn(b, sk, 1, 64, dtype=dtype, device="cuda")
+    v = torch.randn(b, sk, 1, dv, dtype=dtype, device="cuda")
+    return q, qv, k, v
+
+
+def _mla_ref(q, qv, k, v, **kw):
+    """The 576-wide attention [qv | q] . [v | k] with values v, through the reference (fp32 and the input dtype)."""
+    qf, kf = torch.cat([qv, q], -1), torch.cat([v, k], -1)
+    kw.setdefault("softmax_scale", qf.shape[-1] ** -0.5)
+    ref, lse = attention_ref(qf, kf, v, **kw)
+    pt, _ = attention_ref(qf, kf, v, upcast=False, **kw)
+    return ref, lse, pt
+
+
+@pytest.mark.parametrize("hq", [16, 64, 128])
+@pytest.mark.parametrize("sq,sk", [(1, 1), (1, 4099), (2, 777), (8, 3001)])
+@pytest.mark.parametrize("splits", [1, None])
+def test_mla_decode(hq, sq, sk, splits):
+    """Decode and speculative decode (causal) with every query head packed over the one latent head."""
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(hq + sk)
+    q, qv, k, v = _mla(2, sq, sk, hq)
+    out = torch.full((2, sq, hq, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    res, lse = fa.flash_attn_func(q, k, v, qv=qv, causal=sq > 1, num_splits=splits, return_lse=True)
+    out.copy_(res)
+    ref, ref_lse, pt = _mla_ref(q, qv, k, v, causal=sq > 1)
+    check(out, ref, pt)
+    check_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+def test_mla_paged_decode_with_an_empty_sequence(page_size):
+    """A paged latent cache and rope cache sharing one page table (pages shuffled over a pool), odd lengths."""
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(page_size)
+    b, hq = 4, 64
+    lens = [0, 1, 500, 2049]
+    max_pages = -(-max(lens) // page_size)
+    num_pages = b * max_pages + 3
+    kc = torch.randn(num_pages, page_size, 1, 64, dtype=torch.bfloat16, device="cuda")
+    vc = torch.randn(num_pages, page_size, 1, 512, dtype=torch.bfloat16, device="cuda")
+    table = torch.randperm(num_pages, device="cuda")[: b * max_pages].reshape(b, max_pages).int()
+    used = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 1, hq, 64, dtype=torch.bfloat16, device="cuda")
+    qv = torch.randn(b, 1, hq, 512, dtype=torch.bfloat16, device="cuda")
+    out, _ = fa.flash_attn_varlen_func(q, kc, vc, qv=qv, seqused_k=used, page_table=table)
+    k = kc[table.long()].reshape(b, max_pages * page_size, 1, 64)
+    v = vc[table.long()].reshape(b, max_pages * page_size, 1, 512)
+    for i, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(out[i], torch.zeros_like(out[i])), "a sequence without keys gives O = 0"
+            continue
+        ref, _, pt = _mla_ref(q[i : i + 1], qv[i : i + 1], k[i : i + 1, :n], v[i : i + 1, :n])
+        check(out[i : i + 1], ref, pt)
+
+
+def test_mla_varlen_prefill_causal_and_scale():
+    """Packed sequences (chunked prefill lengths), causal, an explicit softmax scale, fp16."""
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(11)
+    lq, lk = [7, 130, 1], [300, 130, 64]
+    cq = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    ck = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    q, qv, k, v = _mla(1, sum(lq), sum(lk), 16, dtype=torch.float16)
+    out = fa.flash_attn_varlen_func(q[0], k[0], v[0], qv=qv[0], cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                    max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=True, softmax_scale=0.05)[0]
+    for i in range(len(lq)):
+        qs, ks = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        ref, _, pt = _mla_ref(q[:, qs], qv[:, qs], k[:, ks], v[:, ks], causal=True, softmax_scale=0.05)
+        check(out[qs][None], ref, pt)
+
+
+def test_mla_refusals():
+    import flash_attn_4_sm120 as fa
+
+    q, qv, k, v = _mla(1, 1, 64, 16)
+    with pytest.raises(ValueError, match="qv must have shape"):
+        fa.flash_attn_func(q, k, v, qv=qv[..., :256])
+    with pytest.raises(NotImplementedError, match="head_dim > 256 with backward"):
+        fa.flash_attn_func(q, k, v, qv=qv.requires_grad_())

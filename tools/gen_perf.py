@@ -38,6 +38,7 @@ DEFAULTS = {
     "step": RESULTS / "step_h200_2026-11-28.json",
     "step_graphs": RESULTS / "step_cudagraphs_h200_2026-11-28.json",
     "fp8": RESULTS / "bench_fp8_h200_2026-11-29.json",
+    "mla": RESULTS / "bench_mla_h200_2026-11-29.json",
 }
 
 #: Forward peers in table order (``tools/plot_bench.py`` draws its bars in the same order).
@@ -438,6 +439,31 @@ def fp8_full(result: dict, source: str) -> str:
     return "\n".join(lines)
 
 
+def mla_full(result: dict, source: str) -> str:
+    """MLA decode (``bench_mla.py``): microseconds per graph replay and the latent + rope cache bytes' fraction of
+    the copy bandwidth; then head-dim-512 prefill TFLOPS against SDPA."""
+    def cell(r):
+        return f"{r['ms'] * 1e3:.1f} ({r['copy_fraction']:.2f})" if "ms" in r else "-"
+
+    lines = [f"`benchmarks/bench_mla.py`, {result['device']}, {result['date']}, at an SM120's CTAs per SM, every call "
+             f"replayed from a CUDA graph (`{source}`). Cells: microseconds per call (the latent + rope cache bytes read "
+             f"over the call's time as a fraction of the device's {result['copy_gbps']:.0f} GB/s copy rate); one "
+             "latent head, 512 + 64 columns, every query head packed. SDPA runs the same attention as 576 / 512-wide "
+             "GQA; only its math backend takes these head dims (`-`: no kernel, or out of memory).", ""]
+    lines += _header(["case", "ours dense", "ours page 64", "SDPA math"])
+    for row in result["decode"]:
+        res = row["results"]
+        lines.append(f"| {row['case']} | {cell(res.get('ours dense', {}))} | {cell(res.get('ours paged64', {}))} | "
+                     f"{cell(res.get('sdpa_math', {}))} |")
+    lines += ["", "Head dim 512 prefill, eager at an SM120's CTAs per SM, TFLOPS (causal: half the square):", ""]
+    lines += _header(["case", "ours", "SDPA memory-efficient", "SDPA math", "ours / best SDPA"])
+    for row in result["prefill"]:
+        res = row["results"]
+        cells = [_fmt(res.get(k, {}).get("tflops")) for k in ("ours", "sdpa_efficient", "sdpa_math")]
+        lines.append(f"| {row['case']} | " + " | ".join(cells) + f" | {_fmt(row.get('ours_over_best_sdpa'), 2)} |")
+    return "\n".join(lines)
+
+
 def regions(paths: dict) -> dict:
     """{file: {marker name: table text}} from the result files in ``paths``."""
     data = {name: json.loads(path.read_text()) for name, path in paths.items()}
@@ -457,6 +483,7 @@ def regions(paths: dict) -> dict:
             "perf-dropout-full": dropout_full(data["dropout"], src["dropout"]),
             "perf-step-full": step_full(data["step"], src["step"], data["step_graphs"], src["step_graphs"]),
             "perf-fp8-full": fp8_full(data["fp8"], src["fp8"]),
+            "perf-mla-full": mla_full(data["mla"], src["mla"]),
         },
     }
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from .execution_model import ExecutionModel, Fp8MmaKind
-from .problem import MAX_HEAD_DIM, FwdSpec
+from .problem import LATENT_ROPE_DIM, MAX_HEAD_DIM, FwdSpec
 
 import json
 import re
@@ -174,8 +174,9 @@ def fwd_smem_bytes(spec: FwdSpec, cfg: FwdConfig) -> int:
         return aligned(max(cfg.tile_m * d, cfg.tile_m * dv * BYTES_PER_ELEM)) + fp8_stages
     q_or_o = max(cfg.tile_m * d, cfg.tile_m * dv) * BYTES_PER_ELEM
     if cfg.dv_warps > 1:  # + P (16-bit) and the row statistics the warps exchange (``wide_exchange_bytes``)
-        return (aligned(q_or_o) + aligned(cfg.num_stages * cfg.tile_n * d * BYTES_PER_ELEM)
-                + aligned(cfg.num_stages * cfg.tile_n * dv * BYTES_PER_ELEM) + aligned(wide_exchange_bytes(cfg)))
+        v_stages = 0 if spec.latent_v else aligned(cfg.num_stages * cfg.tile_n * dv * BYTES_PER_ELEM)  # MLA: V in K
+        return (aligned(q_or_o) + aligned(cfg.num_stages * cfg.tile_n * d * BYTES_PER_ELEM) + v_stages
+                + aligned(wide_exchange_bytes(cfg)))
     if spec.kv_dtype and cfg.warps_on_keys:  # FP8 stages only, Q / O over the last (``keysplit_q_offset``)
         return fp8_stages
     stages = cfg.num_stages
@@ -299,7 +300,10 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
                    f"releases per warp)")
     if cfg.tile_n % 16:
         out.append(f"tile_n={cfg.tile_n} is not a multiple of 16 (two n8 atoms form one k16 step of P@V)")
-    for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
+    if spec.latent_v and (spec.k_head_dim != LATENT_ROPE_DIM or cfg.dv_warps == 1):
+        out.append(f"latent_v (MLA) runs the dv_warps tiles with {LATENT_ROPE_DIM} rope columns per key (got "
+                   f"head_dim={spec.head_dim}, head_dim_v={spec.head_dim_v}, dv_warps={cfg.dv_warps})")
+    for name, d in (("head_dim", spec.k_head_dim), ("head_dim_v", spec.head_dim_v)):
         if d % 8 or not 8 <= d <= MAX_HEAD_DIM:
             out.append(f"{name}={d} is not a multiple of 8 in [8, {MAX_HEAD_DIM}] (16-byte rows)")
     for name, d in (("head_dim", spec.head_dim), ("head_dim_v", spec.head_dim_v)):
@@ -394,6 +398,10 @@ def wide_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
     if spec.mods is not None or spec.block_sparse is not None or spec.dropout or spec.kv_dtype:
         out.append("dv_warps > 1 with score_mod / mask_mod, block sparsity, dropout or FP8: not built (head dims "
                    "past 256 serve 16-bit inference attention)")
+    if spec.latent_v and (cfg.num_stages < 2 or spec.head_dim_v % LATENT_ROPE_DIM):
+        out.append(f"latent_v (MLA) loads the latent and the rope keys of a block together into one K tile: "
+                   f"num_stages >= 2 and head_dim_v a multiple of {LATENT_ROPE_DIM} (got num_stages="
+                   f"{cfg.num_stages}, head_dim_v={spec.head_dim_v})")
     return out
 
 
@@ -407,7 +415,9 @@ def wide_features(spec: FwdSpec) -> tuple:
     packed K/V with masks, softcap, sinks, GQA packing and split-KV."""
     if max(spec.head_dim, spec.head_dim_v) <= WIDE_HEAD_DIM:
         return ()
-    return tuple(name for name, on in (("paged_kv", spec.page_size), ("fp8", spec.kv_dtype or spec.fp8_mma),
+    # MLA's two-stage tiles gather pages like every cp.async tile; the one-stage wide tiles' paged copy spills
+    return tuple(name for name, on in (("paged_kv", spec.page_size and not spec.latent_v),
+                                       ("fp8", spec.kv_dtype or spec.fp8_mma),
                                        ("score_mod", spec.mods is not None),
                                        ("block_sparsity", spec.block_sparse is not None), ("dropout", spec.dropout))
                  if on)
@@ -673,7 +683,7 @@ def table_notes() -> dict:
 
 
 def head_dim_class(spec: FwdSpec) -> int:
-    d = max(spec.head_dim, spec.head_dim_v)
+    d = max(spec.k_head_dim, spec.head_dim_v)
     for c in HEAD_DIM_CLASSES:
         if d <= c:
             return c
@@ -711,6 +721,8 @@ def table_keys(spec: FwdSpec) -> list[str]:
     cp.async entry (for specs or models the class entry's mainloop cannot serve: varlen / seqused K,
     parts without TMA); specs with mods or block sparsity try the class's 64-row alternate before that."""
     key = table_key(spec)
+    if spec.latent_v:  # MLA: the latent class's tile, V read from the K tile
+        return [f"d{head_dim_class(spec)}_latent"]
     if spec.fp8_mma:  # Q, K, V e4m3: the class's FP8 MMA tile
         return [f"d{head_dim_class(spec)}_fp8mma"]
     if spec.kv_dtype:  # FP8 K/V: the class's staging tile (two 16-bit buffers beside the FP8 stages)
@@ -972,6 +984,20 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
     specs.append(replace(_spec("bf16", 512, 512, "causal"), varlen_q=True, varlen_k=True, seqused_q=True,
                          seqused_k=True, pack_gqa=True, split_kv=True))
     specs.append(replace(_spec("fp16", 512, 512, "causal"), seqused_k=True, pack_gqa=True, split_kv=True))
+    # MLA (latent_v: 512-wide latent + 64 rope columns per key): decode over dense and paged caches (packed GQA,
+    # split), speculative decode (causal), prefill over packed Q/K, both dtypes, softcap + sink
+    mla = dict(head_dim=512 + LATENT_ROPE_DIM, head_dim_v=512, latent_v=True)
+    for mask in MASKS:
+        specs.append(replace(_spec("bf16", 512, 512, mask), **mla))
+        specs.append(replace(_spec("bf16", 512, 512, mask), seqused_k=True, pack_gqa=True, split_kv=True, **mla))
+        specs.append(replace(_spec("bf16", 512, 512, mask, True, True), seqused_k=True, page_size=64, pack_gqa=True,
+                             **mla))
+    for page_size in (1, 16, 64):
+        specs.append(replace(_spec("bf16", 512, 512, "causal"), seqused_k=True, page_size=page_size, pack_gqa=True,
+                             split_kv=True, **mla))
+    specs.append(replace(_spec("fp16", 512, 512, "causal"), seqused_k=True, page_size=64, pack_gqa=True, **mla))
+    specs.append(replace(_spec("bf16", 512, 512, "causal"), varlen_q=True, varlen_k=True, seqused_q=True,
+                         seqused_k=True, **mla))
     # exact-head-dims entries: both dtypes, with and without the sink (the features their key omits)
     for key in fwd_table():
         m = EXACT_KEY.match(key)

@@ -61,6 +61,7 @@ class Case:
         if s.block_sparse is not None:
             mask += "_sparse{}x{}{}".format(*s.block_sparse[:2], "" if s.block_sparse[2] else "_nofull")
         mask += "_dropout" if s.dropout else ""
+        mask += "_latent" if s.latent_v else ""
         qr = "_qreg" if c.q_in_regs else ""
         ml = "_" + c.mainloop if c.uses_tma else ""
         ml += "" if c.frag_prefetch else "_nopf"
@@ -474,12 +475,13 @@ def make_case(
     page_size: int = 0,
     dtype: str = "bf16",
     kv_dtype: Optional[str] = None,
+    latent_v: bool = False,
     model: str = SM120.name,
 ) -> Case:
     spec = FwdSpec(dtype=dtype, head_dim=head_dim, head_dim_v=head_dim_v or head_dim, causal=causal and not local,
                    local=local, softcap=softcap, has_sink=has_sink, varlen_q=varlen, varlen_k=varlen and not page_size,
                    seqused_q=seqused, seqused_k=seqused or bool(page_size), pack_gqa=pack_gqa, split_kv=split_kv,
-                   page_size=page_size, kv_dtype=kv_dtype)
+                   page_size=page_size, kv_dtype=kv_dtype, latent_v=latent_v)
     cfg = FwdConfig(tile_m=tile_m, tile_n=tile_n, num_warps=num_warps, num_stages=num_stages, q_in_regs=q_in_regs,
                     mainloop=mainloop, frag_prefetch=frag_prefetch, overlap=overlap, pingpong=pingpong,
                     persistent=persistent, mbarrier_release=mbarrier_release, warps_on_keys=warps_on_keys,

@@ -124,10 +124,10 @@ def _fake_fwd_args(spec: FwdSpec):
     q = rows(spec.varlen_q, seqlen_q, total_q, heads_q, spec.head_dim, kv_dtype if spec.fp8_mma else dtype)
     if spec.page_size:  # (num_pages, page_size, heads_kv, d) caches, the page size static
         num_pages = cute.sym_int()
-        k = _fake_tensor(kv_dtype, (num_pages, spec.page_size, heads_kv, spec.head_dim))
+        k = _fake_tensor(kv_dtype, (num_pages, spec.page_size, heads_kv, spec.k_head_dim))
         v = _fake_tensor(kv_dtype, (num_pages, spec.page_size, heads_kv, spec.head_dim_v))
     else:
-        k = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim, kv_dtype)
+        k = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.k_head_dim, kv_dtype)
         v = rows(spec.varlen_k, seqlen_k, total_k, heads_kv, spec.head_dim_v, kv_dtype)
     # split-KV: fp32 partial O and LSE with a leading (num_splits,) dimension
     splits = (cute.sym_int(),) if spec.split_kv else ()

@@ -21,6 +21,7 @@ from .custom_ops import CompiledFwd, CompiledVarlenFwd, distinct, fp8_call
 from .launch import dispatch_model, launch_fwd, varlen_rememberable, with_packing
 from .problem import kernel_layout
 from .fp8 import fp8_args, is_fp8
+from .latent import latent_call
 from .validation import (check_options, has_mods, mods_of, refuse_unimplemented, rng_of, validate_varlen_call,
                          validated, validated_call, window_entries, with_block_sparse, with_mods)
 
@@ -70,7 +71,13 @@ def flash_attn_func(
                                       score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse, **kwargs)
     mods = mods_of(score_mod, mask_mod, kwargs)
     descales = fp8_args(kwargs)
+    qv = kwargs.pop("qv", None)
     refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
+    if qv is not None:  # MLA's absorbed attention (latent.py)
+        return latent_call(q, k, v, qv, None, mods, descales is not None or is_fp8(k) or is_fp8(q),
+                           softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                           learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
+                           return_lse=return_lse)
     if descales is not None or is_fp8(k) or is_fp8(q):
         return fp8_call(q, k, v, None, descales, mods, softmax_scale=softmax_scale, causal=causal,
                          window_size=window_size, learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits,
@@ -148,12 +155,17 @@ def flash_attn_varlen_func(
     """
     mods = mods_of(score_mod, mask_mod, kwargs)
     descales = fp8_args(kwargs)
+    qv = kwargs.pop("qv", None)
     refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
     fp8 = descales is not None or is_fp8(k) or is_fp8(q)
-    if fp8 or has_mods(mods):
+    if fp8 or has_mods(mods) or qv is not None:
         varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                       max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
                       check_metadata=check_metadata)
+    if qv is not None:  # MLA's absorbed attention (latent.py)
+        return latent_call(q, k, v, qv, varlen, mods, fp8, softmax_scale=softmax_scale, causal=causal,
+                           window_size=window_size, learnable_sink=learnable_sink, softcap=softcap,
+                           num_splits=num_splits, pack_gqa=pack_gqa, return_lse=return_lse)
     if fp8:
         return fp8_call(q, k, v, varlen, descales, mods, softmax_scale=softmax_scale, causal=causal,
                          window_size=window_size, learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits,

@@ -70,6 +70,15 @@ class FwdSpec:
     #: (m16n8k32), P is rounded to e4m3 in registers, as FlashAttention-3's FP8 forward does; the tiles move and
     #: are read by ldmatrix as 16-bit tiles of byte pairs (``_kernels/fwd_fp8_mma``). False: Q has ``dtype``
     fp8_mma: bool = False
+    #: MLA's absorbed attention (``qv``): each key's ``head_dim``-wide row is [latent | rope], stored as V (the
+    #: latent, ``head_dim_v`` columns) and K (the rope, ``LATENT_ROPE_DIM`` columns); V is the latent itself, read
+    #: once into the key tile for both GEMMs; q is [qv | q]
+    latent_v: bool = False
+
+    @property
+    def k_head_dim(self) -> int:
+        """K's own head dim: the rope part of an MLA key (``latent_v``), else ``head_dim``."""
+        return self.head_dim - self.head_dim_v if self.latent_v else self.head_dim
 
     @property
     def mask(self) -> str:
@@ -201,6 +210,8 @@ class FwdShape:
 MAX_HEAD_DIM = 512
 #: The backward's: past it a CTA's K / V tiles with their fp32 gradients exceed an SM120 CTA (``BwdSpec.of``)
 MAX_BWD_HEAD_DIM = 256
+#: MLA's rope head dim (``FwdSpec.latent_v``): DeepSeek-V2 / V3 and Kimi-K2 keep 64 of each key's 576 columns
+LATENT_ROPE_DIM = 64
 
 
 def check_head_dim(name: str, d: int) -> None:

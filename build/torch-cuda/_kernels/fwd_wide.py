@@ -61,6 +61,16 @@ class FlashFwdWide(FlashFwdMultistage):
         super()._setup()
         self.tiled_mma = self.grid_mma()
 
+    def kv_loader(self, kv_src, tidx, sm: FwdSmem):
+        """cp.async into the stages; with MLA (``v_in_k``) both sources land in the K tile: the latent (V, zero-filled
+        past the keys, since P V reads it) in its first head_dim_v columns, the rope keys (K) in the rest."""
+        if const_expr(not self.v_in_k):
+            return FlashFwdMultistage.kv_loader(self, kv_src, tidx, sm)
+        dv, rope, stages = self.head_dim_v, self.head_dim - self.head_dim_v, self.config.num_stages
+        s_latent = cute.local_tile(sm.sK, (self.tile_n, dv, stages), (0, 0, 0))
+        s_rope = cute.local_tile(sm.sK, (self.tile_n, rope, stages), (0, dv // rope, 0))
+        return kv_src.cp_async(tidx, s_rope, s_latent, self.g2s_v, self.g2s_v)
+
     def extra_smem_fields(self) -> dict:
         """P (tile_m, tile_n) and one fp32 statistic per (warp of a row block, row)."""
         return {"sP": cute.struct.Align[cute.struct.MemRange[self.dtype, self.tile_m * self.tile_n], 1024],

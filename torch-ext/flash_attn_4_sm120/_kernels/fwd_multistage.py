@@ -100,6 +100,10 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         #: Q / O's tile lies in the last K/V stage instead of its own storage (``fwd_keysplit_fp8``): the first
         #: mainloop step fills that stage, after a barrier that follows Q's read into registers
         self.q_over_stages = False
+        #: MLA (``spec.latent_v``): V is the first head_dim_v columns of the K tile, which has no V tile beside it
+        self.v_in_k = spec.latent_v
+        #: K's own columns in global memory (the rope part of an MLA key)
+        self.k_head_dim = spec.k_head_dim
         self.head_dim, self.head_dim_v = smem_head_dims(spec, config)
         # Padded head dims need column predicates (and zeroed Q/K padding); exact ones compile without.
         self.pad_qk = spec.head_dim != self.head_dim
@@ -216,8 +220,9 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         1024-aligned; ahead of them the TMA mainloops' mbarriers and the ping-pong turns' softmax scale."""
         dt = self.dtype
         fields = {} if self.q_over_stages else {"sQ": cute.struct.Align[cute.struct.MemRange[dt, q_o_elems], 1024]}
-        fields.update(sK=cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024],
-                      sV=cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024])
+        fields["sK"] = cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sK_layout)], 1024]
+        if not self.v_in_k:
+            fields["sV"] = cute.struct.Align[cute.struct.MemRange[dt, cute.cosize(self.sV_layout)], 1024]
         if self.widens_kv:
             for name, layout in zip(("sK8", "sV8"), self.staging_layouts()):
                 fields[name] = cute.struct.Align[cute.struct.MemRange[self.kv_dtype, cute.cosize(layout)], 1024]
@@ -286,17 +291,23 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                 sScale[0] = softmax_scale_log2
         bars = self.init_mbarriers(storage)
         sQ = storage.tiles.sQ.get_tensor(sQ_layout)
-        sV = storage.tiles.sV.get_tensor(sV_layout)
-        sVt = cute.composition(
-            sV, cute.make_layout((self.head_dim_v, self.tile_n, self.mma_stages),
-                                 stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
-        )
+        sK = storage.tiles.sK.get_tensor(sK_layout)
+        if const_expr(self.v_in_k):  # V^T: the K tile's first head_dim_v columns, transposed
+            sV = None
+            sVt = cute.composition(sK, cute.make_layout((self.head_dim_v, self.tile_n, self.mma_stages),
+                                                        stride=(self.tile_n, 1, self.tile_n * self.head_dim)))
+        else:
+            sV = storage.tiles.sV.get_tensor(sV_layout)
+            sVt = cute.composition(
+                sV, cute.make_layout((self.head_dim_v, self.tile_n, self.mma_stages),
+                                     stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
+            )
         sK8 = sV8 = None
         if const_expr(self.widens_kv):
             sK8_layout, sV8_layout = self.staging_layouts()
             sK8 = storage.tiles.sK8.get_tensor(sK8_layout)
             sV8 = storage.tiles.sV8.get_tensor(sV8_layout)
-        return FwdSmem(bars=bars, sScale=sScale, sQ=sQ, sK=storage.tiles.sK.get_tensor(sK_layout), sV=sV,
+        return FwdSmem(bars=bars, sScale=sScale, sQ=sQ, sK=sK, sV=sV,
                        sO=cute.make_tensor(sQ.iterator, sO_layout), sVt=sVt, sK8=sK8, sV8=sV8,
                        extra=self.extra_smem_views(storage.tiles))
 
@@ -550,7 +561,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                 # (tile_m, d) (unpacked; packed rows are gathered one by one); K/V's key blocks
                 gQ = cute.local_tile(mQ_h[None, 0 if const_expr(pack) else head, None], (self.tile_m, self.head_dim),
                                      (m_block, 0))
-                kv_blocks = kv_src.blocks(self.tile_n, self.head_dim, self.head_dim_v)
+                kv_blocks = kv_src.blocks(self.tile_n, self.k_head_dim, self.head_dim_v)
 
                 sm = self.shared_tiles(tidx, softmax_scale_log2, sQ_layout, sK_layout, sV_layout, sO_layout)
 

@@ -1,0 +1,68 @@
+"""MLA's absorbed attention on the host: upstream's ``qv`` argument (FlashAttention-3's convention).
+
+DeepSeek-V2 / V3-style models cache one latent row per token (``v``: (…, heads_kv, head_dim_v), usually 512 wide) and
+a rope key (``k``: (…, heads_kv, 64)); with the key up-projection absorbed into the query, each head's score is
+``q k^T + qv v^T`` (``q`` the rope query, ``qv`` (…, heads, head_dim_v) the absorbed one) and its output ``P v``.
+That is attention with 576-wide queries [qv | q] and keys [v | k] whose values are the keys' first 512 columns
+(``FwdSpec.latent_v``): the kernel (``_kernels/fwd_wide``) loads both halves of a key block into one shared-memory tile
+and reads it for both GEMMs. The softmax scale defaults to ``1 / sqrt(head_dim + head_dim_v)``, as FlashAttention-3's.
+
+The call is validated as the rope attention (q against k, v as the values), then runs with q widened to [qv | q]
+(one copy of q: a decode step's few rows). Forward only: a gradient, FP8, mods, block sparsity and dropout raise the
+manifest's messages (``head_dim_512``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+import torch
+
+from .autograd import needs_grad, run_call
+from .launch import with_packing
+from .problem import LATENT_ROPE_DIM, MAX_HEAD_DIM, kernel_layout
+from .validation import refusal, validated_call
+
+
+@torch.compiler.disable
+def latent_call(q, k, v, qv, varlen: Optional[dict], mods: dict, fp8: bool, softmax_scale, causal, window_size,
+                learnable_sink, softcap, num_splits, pack_gqa, return_lse):
+    """An entry's forward with ``qv``, dense (``varlen`` None) or varlen / paged (its keyword arguments). Eager even
+    under ``torch.compile``: the graph breaks here."""
+    if needs_grad(q, k, v, learnable_sink) or (isinstance(qv, torch.Tensor) and qv.requires_grad):
+        raise NotImplementedError(refusal(("head_dim_512", "backward")))
+    if fp8:
+        raise NotImplementedError(refusal(("head_dim_512", "fp8")))
+    refused = [name for name, on in (("score_mod", any(mods.get(m) is not None for m in ("score_mod", "mask_mod"))),
+                                     ("block_sparsity", mods.get("block_sparse_tensors") is not None),
+                                     ("dropout", mods.get("dropout") is not None)) if on]
+    if refused:
+        raise NotImplementedError(refusal(("head_dim_512", *refused)))
+    check_latent(q, k, v, qv)
+    if softmax_scale is None:
+        softmax_scale = (q.shape[-1] + qv.shape[-1]) ** -0.5
+    q, k, v, spec, shape, params, tensors = validated_call(q, k, v, varlen, softmax_scale, causal, window_size, softcap,
+                                                          learnable_sink)
+    q_full = torch.cat([kernel_layout(qv), q], dim=-1)
+    spec = dataclasses.replace(spec, head_dim=q_full.shape[-1], latent_v=True)
+    return run_call(q_full, k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse,
+                    None, learnable_sink, False, grad=False)
+
+
+def check_latent(q, k, v, qv) -> None:
+    """``qv`` beside q, k, v: a tensor of q's dtype and device with q's rows and heads and v's head dim, and k the
+    rope keys (``LATENT_ROPE_DIM`` wide)."""
+    if not isinstance(qv, torch.Tensor):
+        raise TypeError(f"qv must be a torch.Tensor, got {type(qv).__name__}")
+    if qv.dtype != q.dtype or qv.device != q.device:
+        raise TypeError(f"qv must have q's dtype and device ({q.dtype} on {q.device}), got {qv.dtype} on {qv.device}")
+    expected = (*q.shape[:-1], v.shape[-1])
+    if tuple(qv.shape) != expected:
+        raise ValueError(f"qv must have shape {expected} (q's rows and heads, v's head dim), got {tuple(qv.shape)}")
+    if v.shape[-1] % LATENT_ROPE_DIM or not LATENT_ROPE_DIM <= v.shape[-1] <= MAX_HEAD_DIM:
+        raise ValueError(f"with qv, v holds the latent: a head dim that is a multiple of {LATENT_ROPE_DIM} up to "
+                         f"{MAX_HEAD_DIM}, got {v.shape[-1]}")
+    if k.shape[-1] != LATENT_ROPE_DIM:
+        raise ValueError(f"with qv, k holds the rope keys: head dim {LATENT_ROPE_DIM} (DeepSeek-V2 / V3's), got "
+                         f"{k.shape[-1]}; v holds the latent (head_dim_v)")
