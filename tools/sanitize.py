@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: families whose synchronization racecheck / synccheck should see (named barriers, mbarriers, WS, and the
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
-                 "paged_fp8", "paged_fp8_mma", "paged_decode_tile", "paged_fp8_decode_tile",
+                 "paged_fp8", "paged_fp8_mma", "paged_decode_tile", "paged_fp8_decode_tile", "wide_varlen", "mla_paged",
                  "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "bwd_det_orders", "flex", "sparse", "dropout")
 
 
@@ -245,6 +245,36 @@ def _paged_runs(fp8: bool = False, fp8_q: bool = False, d: int = 128):
             fa.flash_attn_varlen_func(qp, kc, kc, seqused_k=seqused, page_table=table, causal=True, **scales)
             fa.flash_attn_varlen_func(q_packed, kc, kc, cu_seqlens_q=cu_q, max_seqlen_q=300, seqused_k=seqused,
                                       page_table=table, causal=True, window_size=(256, 0), **scales)
+    torch.cuda.synchronize()
+
+
+def _mla_paged_runs():
+    """MLA (``qv``) over paged latent / rope caches sharing one page table, decode with splits and speculative
+    rows (16 and 128 heads packed), with good and corrupt tables: pages past the pool, negative pages, seqused_k
+    past the table row's capacity or negative."""
+    import torch
+
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(6)
+    for page_size in (64, 1):
+        num_pages, max_pages = -(-2000 // page_size) * 3, -(-2000 // page_size)
+        kc = torch.randn(num_pages, page_size, 1, 64, dtype=torch.bfloat16, device="cuda")
+        vc = torch.randn(num_pages, page_size, 1, 512, dtype=torch.bfloat16, device="cuda")
+        good = torch.randperm(num_pages, device="cuda")[: 3 * max_pages].view(3, max_pages).to(torch.int32)
+        past, negative = good.clone(), good.clone()
+        past[0, 1], past[2, -1] = num_pages, 2**30
+        negative[1, 0], negative[2, 3] = -1, -(2**30)
+        used = _i32([2000, 1, 1500])
+        tables = [("good", good, used), ("page past the pool", past, used), ("negative page", negative, used),
+                  ("seqused past the row", good, _i32([10**7, 1, 2001])), ("negative seqused", good, _i32([-5, 1, 7]))]
+        for hq, sq in ((16, 1), (128, 1), (16, 4)):
+            q = torch.randn(3, sq, hq, 64, dtype=torch.bfloat16, device="cuda")
+            qv = torch.randn(3, sq, hq, 512, dtype=torch.bfloat16, device="cuda")
+            for label, table, seqused in tables:
+                for splits in (0, 1, 5):
+                    fa.flash_attn_varlen_func(q, kc, vc, qv=qv, seqused_k=seqused, page_table=table,
+                                              num_splits=splits, causal=sq > 1, return_lse=True)
     torch.cuda.synchronize()
 
 
@@ -455,6 +485,9 @@ FAMILIES = {
     "paged_fp8_decode_tile": lambda: [_paged_runs(fp8=True, d=d) for d in (64, 96, 128)],
     "kvcache": _kvcache_runs,
     "combine": _combine_run,
+    # head dims past 256 (the dv_warps tiles: P and row statistics exchanged in shared memory) and MLA
+    "wide_varlen": lambda: [_varlen_runs(splits, pack, d=512) for splits, pack in ((1, False), (4, True))],
+    "mla_paged": _mla_paged_runs,
     "bwd": _bwd_runs,
     "bwd_det": lambda: _bwd_runs(deterministic=True),
     "bwd_rolesplit": lambda: _bwd_runs(deterministic=True, role_split=True),
