@@ -26,9 +26,10 @@ def test_every_dispatchable_config_passes_the_predicate(model):
     # at each representative head dim that is a multiple of 16, plus per class softcap + sink, packed Q/K, decode over
     # a dense and over a paged cache; head dims past 256 (config.WIDE_HEAD_DIMS): both dtypes per mask, and at 512
     # per mask softcap, softcap + sink, packed GQA with both, packed split, packed Q/K; plus two packed split decodes;
+    # paged prefill and packed split decode at three head-dim pairs, a page-1 local decode;
     # MLA per mask prefill, packed split decode and paged decode with softcap + sink, paged split decode at page sizes
     # 1 / 16 / 64, fp16 paged decode and packed Q/K
-    wide = 2 * masks * len(config.WIDE_HEAD_DIMS) + 6 * masks + 2 + 3 * masks + 3 + 2  # + MLA
+    wide = 2 * masks * len(config.WIDE_HEAD_DIMS) + 6 * masks + 2 + 3 * 2 + 1 + 3 * masks + 3 + 2  # + paged, MLA
     fp8_dims = sum(1 for ds in config.REPRESENTATIVE_HEAD_DIMS.values() for d, dv in ds if d % 16 == dv % 16 == 0)
     fp8_classes = classes
     if model.fp8_mma is Fp8MmaKind.NONE:  # no FP8 mma.sync: no FP8 MMA specs

@@ -4,8 +4,8 @@ the error of the same attention in the input dtype plus atol (``max|out-ref| <= 
 
 Head dims 264-512 (dv != d too), bf16 and fp16, full / causal / window masks, softcap and the learnable sink, GQA
 ratios 1-8, odd lengths around the 32-key block, prefill, decode and speculative decode (packed GQA), varlen with an
-empty sequence, split-KV with the combine at 512 columns, NaN-poisoned outputs, the same call twice giving the same
-bits, and the refusals (backward, paged K/V, FP8, mods).
+empty sequence, paged K/V at page sizes 1 / 16 / 64, split-KV with the combine at 512 columns, NaN-poisoned outputs,
+the same call twice giving the same bits, and the refusals (backward, FP8, mods); MLA (``qv``) below.
 """
 
 import pytest
@@ -81,19 +81,42 @@ def test_varlen_with_an_empty_sequence():
         _check_call(out[qs][None], None, q[:, qs], k[:, ks], v[:, ks], causal=True)
 
 
-@pytest.mark.parametrize("feature", ["paged", "fp8", "mask_mod"])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("splits", [1, None])
+@pytest.mark.parametrize("d,dv", [(512, 512), (320, 512)])
+def test_paged_decode(page_size, splits, d, dv):
+    """A paged cache (pages shuffled over a pool) with an empty sequence and odd lengths (d512_paged: 32 rows,
+    two 16-key stages)."""
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(page_size + d)
+    b, hq, hkv = 4, 16, 2
+    lens = [0, 1, 333, 3001]
+    max_pages = -(-max(lens) // page_size)
+    num_pages = b * max_pages + 2
+    kc = torch.randn(num_pages, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
+    vc = torch.randn(num_pages, page_size, hkv, dv, dtype=torch.bfloat16, device="cuda")
+    table = torch.randperm(num_pages, device="cuda")[: b * max_pages].reshape(b, max_pages).int()
+    used = torch.tensor(lens, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, 2, hq, d, dtype=torch.bfloat16, device="cuda")
+    out, _ = fa.flash_attn_varlen_func(q, kc, vc, seqused_k=used, page_table=table, num_splits=splits, causal=True)
+    k = kc[table.long()].reshape(b, max_pages * page_size, hkv, d)
+    v = vc[table.long()].reshape(b, max_pages * page_size, hkv, dv)
+    for i, n in enumerate(lens):
+        if n == 0:
+            assert torch.equal(out[i], torch.zeros_like(out[i])), "a sequence without keys gives O = 0"
+            continue
+        _check_call(out[i : i + 1], None, q[i : i + 1], k[i : i + 1, :n], v[i : i + 1, :n], causal=True)
+
+
+@pytest.mark.parametrize("feature", ["fp8", "mask_mod"])
 def test_refused_combinations_name_themselves(feature):
-    """Paged K/V, FP8 and mods past 256 raise NotImplementedError naming the combination (no kernel runs)."""
+    """FP8 and mods past 256 raise NotImplementedError naming the combination (no kernel runs)."""
     import flash_attn_4_sm120 as fa
     from flash_attn_4_sm120 import flex_examples
 
     q, k, v = _qkv(2, 1, 64, 8, 2, 512, 512)
-    if feature == "paged":
-        table = torch.arange(8, device="cuda", dtype=torch.int32).view(2, 4)
-        call = lambda: fa.flash_attn_varlen_func(q, k.view(8, 16, 2, 512), v.view(8, 16, 2, 512),  # noqa: E731
-                                                 seqused_k=torch.full((2,), 64, dtype=torch.int32, device="cuda"),
-                                                 page_table=table)
-    elif feature == "fp8":
+    if feature == "fp8":
         call = lambda: fa.flash_attn_func(q, k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn))  # noqa: E731
     else:
         call = lambda: fa.flash_attn_func(q, k, v, mask_mod=flex_examples.causal().mask_mod)  # noqa: E731

@@ -411,13 +411,11 @@ WIDE_HEAD_DIM = 256
 
 def wide_features(spec: FwdSpec) -> tuple:
     """The manifest features a call at head dims past ``WIDE_HEAD_DIM`` combines with that its ``dv_warps`` tiles do
-    not serve (refused: ``head_dim_512`` + each); empty at head dims up to 256, and for 16-bit dense, varlen and
-    packed K/V with masks, softcap, sinks, GQA packing and split-KV."""
+    not serve (refused: ``head_dim_512`` + each); empty at head dims up to 256, and for 16-bit dense, varlen, paged
+    and packed K/V with masks, softcap, sinks, GQA packing and split-KV."""
     if max(spec.head_dim, spec.head_dim_v) <= WIDE_HEAD_DIM:
         return ()
-    # MLA's two-stage tiles gather pages like every cp.async tile; the one-stage wide tiles' paged copy spills
-    return tuple(name for name, on in (("paged_kv", spec.page_size and not spec.latent_v),
-                                       ("fp8", spec.kv_dtype or spec.fp8_mma),
+    return tuple(name for name, on in (("fp8", spec.kv_dtype or spec.fp8_mma),
                                        ("score_mod", spec.mods is not None),
                                        ("block_sparsity", spec.block_sparse is not None), ("dropout", spec.dropout))
                  if on)
@@ -984,6 +982,12 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
     specs.append(replace(_spec("bf16", 512, 512, "causal"), varlen_q=True, varlen_k=True, seqused_q=True,
                          seqused_k=True, pack_gqa=True, split_kv=True))
     specs.append(replace(_spec("fp16", 512, 512, "causal"), seqused_k=True, pack_gqa=True, split_kv=True))
+    # paged K/V past 256 (d512_paged: two 16-key stages): prefill, and decode (packed GQA, split) with softcap + sink
+    for d, dv in ((512, 512), (320, 512), (512, 128)):
+        specs.append(replace(_spec("bf16", d, dv, "causal"), seqused_k=True, page_size=16))
+        specs.append(replace(_spec("bf16", d, dv, "causal", True), seqused_k=True, page_size=16, pack_gqa=True,
+                             split_kv=True))
+    specs.append(replace(_spec("bf16", 512, 512, "local", True, True), seqused_k=True, page_size=1, pack_gqa=True))
     # MLA (latent_v: 512-wide latent + 64 rope columns per key): decode over dense and paged caches (packed GQA,
     # split), speculative decode (causal), prefill over packed Q/K, both dtypes, softcap + sink
     mla = dict(head_dim=512 + LATENT_ROPE_DIM, head_dim_v=512, latent_v=True)
