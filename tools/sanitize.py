@@ -202,6 +202,20 @@ def _decode_run():
     torch.cuda.synchronize()
 
 
+def _page_tables(num_pages: int, max_pages: int) -> list:
+    """(label, page table, seqused_k) for 3 sequences of up to 2000 keys: a good table, then pages past the pool,
+    negative pages, seqused_k past the table row's capacity and negative seqused_k."""
+    import torch
+
+    good = torch.randperm(num_pages, device="cuda")[: 3 * max_pages].view(3, max_pages).to(torch.int32)
+    past, negative = good.clone(), good.clone()
+    past[0, 1], past[2, -1] = num_pages, 2**30
+    negative[1, 0], negative[2, 3] = -1, -(2**30)
+    used = _i32([2000, 1, 1500])
+    return [("good", good, used), ("page past the pool", past, used), ("negative page", negative, used),
+            ("seqused past the row", good, _i32([10**7, 1, 2001])), ("negative seqused", good, _i32([-5, 1, 7]))]
+
+
 def _paged_runs(fp8: bool = False, fp8_q: bool = False, d: int = 128):
     """Paged K/V through the page table (dense and packed q, decode with splits and prefill tiles, page sizes
     1, 16 and 48), with good and corrupt tables: pages past the pool, negative pages, seqused_k past the
@@ -225,13 +239,7 @@ def _paged_runs(fp8: bool = False, fp8_q: bool = False, d: int = 128):
         if fp8:
             kc = kc.to(torch.float8_e4m3fn)
             scales = dict(k_descale=torch.rand(3, hkv, device="cuda"), v_descale=torch.rand(3, hkv, device="cuda"))
-        good = torch.randperm(num_pages, device="cuda")[: 3 * max_pages].view(3, max_pages).to(torch.int32)
-        past, negative = good.clone(), good.clone()
-        past[0, 1], past[2, -1] = num_pages, 2**30
-        negative[1, 0], negative[2, 3] = -1, -(2**30)
-        used = _i32([2000, 1, 1500])
-        tables = [("good", good, used), ("page past the pool", past, used), ("negative page", negative, used),
-                  ("seqused past the row", good, _i32([10**7, 1, 2001])), ("negative seqused", good, _i32([-5, 1, 7]))]
+        tables = _page_tables(num_pages, max_pages)
         qd = torch.randn(3, 1, hq, d, dtype=torch.bfloat16, device="cuda")
         qp = torch.randn(3, 300, hq, d, dtype=torch.bfloat16, device="cuda")
         cu_q = _i32([0, 100, 101, 400])
@@ -261,13 +269,7 @@ def _mla_paged_runs():
         num_pages, max_pages = -(-2000 // page_size) * 3, -(-2000 // page_size)
         kc = torch.randn(num_pages, page_size, 1, 64, dtype=torch.bfloat16, device="cuda")
         vc = torch.randn(num_pages, page_size, 1, 512, dtype=torch.bfloat16, device="cuda")
-        good = torch.randperm(num_pages, device="cuda")[: 3 * max_pages].view(3, max_pages).to(torch.int32)
-        past, negative = good.clone(), good.clone()
-        past[0, 1], past[2, -1] = num_pages, 2**30
-        negative[1, 0], negative[2, 3] = -1, -(2**30)
-        used = _i32([2000, 1, 1500])
-        tables = [("good", good, used), ("page past the pool", past, used), ("negative page", negative, used),
-                  ("seqused past the row", good, _i32([10**7, 1, 2001])), ("negative seqused", good, _i32([-5, 1, 7]))]
+        tables = _page_tables(num_pages, max_pages)
         for hq, sq in ((16, 1), (128, 1), (16, 4)):
             q = torch.randn(3, sq, hq, 64, dtype=torch.bfloat16, device="cuda")
             qv = torch.randn(3, sq, hq, 512, dtype=torch.bfloat16, device="cuda")
