@@ -17,7 +17,13 @@ num_warps / W row blocks by W, and one tiled MMA with that atom grid serves both
   * each warp's row sums cover its own keys; after the last block the W partial sums of a row are added in warp
     order in shared memory (the same bits on every run), and the usual epilogue normalizes and stores O.
 
-Loads, masks, KV addressing, the schedule and the epilogue are the multistage kernel's; K/V stages are 16-bit.
+MLA (``spec.latent_v``): each key's [latent | rope] row lands in one K tile (``kv_loader``: the latent through the V
+copy, zero-filled past the keys, the rope through the K copy), and P V reads the latent columns of that tile (the base
+kernel's ``v_in_k`` view), so the latent crosses shared memory once for both GEMMs.
+
+Loads, masks, KV addressing, the schedule and the epilogue are the multistage kernel's; K/V stages are 16-bit. The
+table's tiles: 16 rows on 4 warps (W = 4) with one 32-key K/V stage at d512, two stages for MLA; over paged K/V 32
+rows on 4 warps (W = 2) with two 16-key stages (``fwd_table.json``).
 """
 
 import cutlass
