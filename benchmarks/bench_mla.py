@@ -20,12 +20,11 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_fwd import OCCUPANCY_METHOD, timed  # noqa: E402
+from bench_fwd import OCCUPANCY_METHOD, sdpa, timed  # noqa: E402
 from bench_serving import copy_gbps, paged, time_impl  # noqa: E402
 
 import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: E402
+from torch.nn.attention import SDPBackend  # noqa: E402
 
 import flash_attn_4_sm120 as fa  # noqa: E402
 
@@ -41,15 +40,6 @@ DECODE_CASES = [
 #: (name, batch, seqlen, heads, head dim, causal)
 PREFILL_CASES = [("d512 2x4096 16/16 causal", 2, 4096, 16, 512, True), ("d512 2x4096 16/16 full", 2, 4096, 16, 512, False)]
 SDPA_PEERS = {"sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa_math": SDPBackend.MATH}
-
-
-def sdpa_call(backend, q, k, v, causal):
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-
-    def run():
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal, enable_gqa=kt.shape[1] != qt.shape[1])
-    return run
 
 
 def decode_rows(cases, model, copy):
@@ -72,7 +62,7 @@ def decode_rows(cases, model, copy):
         }
         q576, k576 = torch.cat([qv, q], -1), torch.cat([v, k], -1)
         for peer, backend in SDPA_PEERS.items():
-            calls[peer] = sdpa_call(backend, q576, k576, v, causal)
+            calls[peer] = lambda run=sdpa(backend): run(q576, k576, v, causal, None)
         row = {"case": name, "batch": b, "seqlen_k": sk, "heads_q": hq, "seqlen_q": sq, "results": {}, "emulation": {}}
         cache_bytes = b * sk * (512 + 64) * 2
         for label, call in calls.items():
@@ -109,7 +99,7 @@ def prefill_rows(cases, model):
         flops = 4 * b * h * s * s * d // (2 if causal else 1)
         calls = {"ours": lambda: fa.flash_attn_func(q, k, v, causal=causal)}
         for peer, backend in SDPA_PEERS.items():
-            calls[peer] = sdpa_call(backend, q, k, v, causal)
+            calls[peer] = lambda run=sdpa(backend): run(q, k, v, causal, None)
         row = {"case": name, "results": {}, "emulation": {}}
         for label, call in calls.items():
             try:

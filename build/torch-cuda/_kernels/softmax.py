@@ -101,10 +101,7 @@ def softmax_step(row_max: cute.Tensor, row_sum: cute.Tensor, acc_S_rc: cute.Tens
     changed = False
     for r in cutlass.range_constexpr(cute.size(row_max)):
         s_row = acc_S_rc[r, None].load()
-        if cutlass.const_expr(block_max is None):
-            m_blk = quad_allreduce_max(s_row.reduce(cute.ReductionOp.MAX, -Float32.inf, 0))
-        else:
-            m_blk = block_max[r]
+        m_blk = row_block_max(acc_S_rc, r) if cutlass.const_expr(block_max is None) else block_max[r]
         m_old = row_max[r]
         m_cand = cute.arch.fmax(m_old, m_blk)
         # Keep the old reference unless the new max exceeds it by more than rescale_log2 (then P

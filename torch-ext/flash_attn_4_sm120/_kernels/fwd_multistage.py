@@ -292,16 +292,11 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         bars = self.init_mbarriers(storage)
         sQ = storage.tiles.sQ.get_tensor(sQ_layout)
         sK = storage.tiles.sK.get_tensor(sK_layout)
-        if const_expr(self.v_in_k):  # V^T: the K tile's first head_dim_v columns, transposed
-            sV = None
-            sVt = cute.composition(sK, cute.make_layout((self.head_dim_v, self.tile_n, self.mma_stages),
-                                                        stride=(self.tile_n, 1, self.tile_n * self.head_dim)))
-        else:
-            sV = storage.tiles.sV.get_tensor(sV_layout)
-            sVt = cute.composition(
-                sV, cute.make_layout((self.head_dim_v, self.tile_n, self.mma_stages),
-                                     stride=(self.tile_n, 1, self.tile_n * self.head_dim_v))
-            )
+        # V's tile, or with MLA (v_in_k) the K tile, whose first head_dim_v columns are V
+        sV = None if const_expr(self.v_in_k) else storage.tiles.sV.get_tensor(sV_layout)
+        v_src, v_row = (sK, self.head_dim) if const_expr(self.v_in_k) else (sV, self.head_dim_v)
+        sVt = cute.composition(v_src, cute.make_layout((self.head_dim_v, self.tile_n, self.mma_stages),
+                                                       stride=(self.tile_n, 1, self.tile_n * v_row)))
         sK8 = sV8 = None
         if const_expr(self.widens_kv):
             sK8_layout, sV8_layout = self.staging_layouts()
