@@ -11,11 +11,21 @@ Head dim 512 prefill (q, k, v 512 wide, MHA): eager, the bundle against SDPA's m
 the SM120's occupancy, in TFLOPS (causal: half the square).
 
     python benchmarks/bench_mla.py --out results.json [--cases SUBSTR ...]
+
+Tile sweep (``--tile``): ours only, with the table's ``--entries`` (default ``d512_latent``) replaced by each given
+tile (FwdConfig knobs over each entry, e.g. ``tile_m=32,tile_n=16,dv_warps=2,num_stages=3``; each in a fresh process,
+the table's own tiles first): the MLA decode rows at each ``--splits`` count (0: automatic) for latent entries, else
+the prefill rows, into the result's ``tile_sweep``.
+
+    python benchmarks/bench_mla.py --tile tile_m=32,tile_n=16,dv_warps=2 --splits 0 16 --cases h128 --out sweep.json
+    python benchmarks/bench_mla.py --entries d512_causal d512_full --tile tile_m=32,tile_n=16,dv_warps=2 --out p.json
 """
 
 import argparse
+import dataclasses
 import datetime
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,7 +52,9 @@ PREFILL_CASES = [("d512 2x4096 16/16 causal", 2, 4096, 16, 512, True), ("d512 2x
 SDPA_PEERS = {"sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa_math": SDPBackend.MATH}
 
 
-def decode_rows(cases, model, copy):
+def decode_rows(cases, model, copy, peers=True, num_splits=None, warm=False):
+    """Rows of the decode cases: ours dense and paged (``num_splits``: None automatic), and SDPA when ``peers``;
+    ``warm``: each call run once, untimed (its kernels compiled into the disk cache)."""
     rows = []
     for name, b, sk, hq, sq in DECODE_CASES:
         if cases and not any(c in name for c in cases):
@@ -56,16 +68,19 @@ def decode_rows(cases, model, copy):
         used = torch.full((b,), sk, dtype=torch.int32, device="cuda")
         causal = sq > 1
         calls = {
-            "ours dense": lambda: fa.flash_attn_func(q, k, v, qv=qv, causal=causal),
+            "ours dense": lambda: fa.flash_attn_func(q, k, v, qv=qv, causal=causal, num_splits=num_splits),
             "ours paged64": lambda: fa.flash_attn_varlen_func(q, kc, vc, qv=qv, seqused_k=used, page_table=table,
-                                                              causal=causal),
+                                                              causal=causal, num_splits=num_splits),
         }
         q576, k576 = torch.cat([qv, q], -1), torch.cat([v, k], -1)
-        for peer, backend in SDPA_PEERS.items():
+        for peer, backend in SDPA_PEERS.items() if peers else ():
             calls[peer] = lambda run=sdpa(backend): run(q576, k576, v, causal, None)
         row = {"case": name, "batch": b, "seqlen_k": sk, "heads_q": hq, "seqlen_q": sq, "results": {}, "emulation": {}}
         cache_bytes = b * sk * (512 + 64) * 2
         for label, call in calls.items():
+            if warm:
+                call()
+                continue
             try:
                 if label.startswith("ours"):
                     r = time_impl("ours", call, "graph", model, row["emulation"])
@@ -89,7 +104,8 @@ def decode_rows(cases, model, copy):
     return rows
 
 
-def prefill_rows(cases, model):
+def prefill_rows(cases, model, peers=True, warm=False):
+    """Rows of the prefill cases: ours, and SDPA when ``peers``; ``warm``: each call once, untimed."""
     rows = []
     for name, b, s, h, d, causal in PREFILL_CASES:
         if cases and not any(c in name for c in cases):
@@ -98,10 +114,13 @@ def prefill_rows(cases, model):
         q, k, v = (torch.randn(b, s, h, d, dtype=torch.bfloat16, device="cuda") for _ in range(3))
         flops = 4 * b * h * s * s * d // (2 if causal else 1)
         calls = {"ours": lambda: fa.flash_attn_func(q, k, v, causal=causal)}
-        for peer, backend in SDPA_PEERS.items():
+        for peer, backend in SDPA_PEERS.items() if peers else ():
             calls[peer] = lambda run=sdpa(backend): run(q, k, v, causal, None)
         row = {"case": name, "results": {}, "emulation": {}}
         for label, call in calls.items():
+            if warm:
+                call()
+                continue
             try:
                 r = timed(label, call, "sm120", model, row["emulation"], peers=tuple(SDPA_PEERS))
             except Exception as e:
@@ -111,7 +130,7 @@ def prefill_rows(cases, model):
             row["results"][label] = r
         res = row["results"]
         best_peer = min((r["ms"] for k_, r in res.items() if k_.startswith("sdpa") and "ms" in r), default=None)
-        if best_peer is not None and "ms" in res["ours"]:
+        if best_peer is not None and "ms" in res.get("ours", {}):
             row["ours_over_best_sdpa"] = best_peer / res["ours"]["ms"]
         print(f"{name}: " + " ".join(f"{k_}={r['tflops']:.0f}TF" if "ms" in r else f"{k_}=-" for k_, r in res.items()),
               flush=True)
@@ -119,18 +138,57 @@ def prefill_rows(cases, model):
     return rows
 
 
+def tile_rows(entries: list, knobs: str, splits: list, cases, model, copy, warm=False) -> list:
+    """Rows (ours only) with the table's ``entries`` replaced by ``knobs`` (in this process, before any call plans;
+    "" keeps the table's tiles): MLA decode rows once per split count for latent entries, else the prefill rows."""
+    from flash_attn_4_sm120 import config
+
+    table = config.fwd_table()
+    pairs = {k: int(v) for k, v in (kv.split("=") for kv in knobs.split(",") if kv)}
+    for entry in entries:
+        table[entry] = dataclasses.replace(table[entry], **pairs)
+    tile = dataclasses.asdict(table[entries[0]])
+    if not any("latent" in e for e in entries):
+        return [{"tile": tile, **row} for row in prefill_rows(cases, model, peers=False, warm=warm)]
+    return [{"tile": tile, "splits": s or "auto", **row}
+            for s in splits for row in decode_rows(cases, model, copy, peers=False, num_splits=s or None, warm=warm)]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--cases", nargs="*", help="only the cases whose names contain one of these strings")
+    ap.add_argument("--tile", action="append", default=[], metavar="KNOB=VALUE,...",
+                    help="sweep the decode rows over these d512_latent tiles (the table's first)")
+    ap.add_argument("--splits", type=int, nargs="+", default=[0], help="split counts of the tile sweep (0: automatic)")
+    ap.add_argument("--entries", nargs="+", default=["d512_latent"], help="the table entries the tile sweep replaces")
+    ap.add_argument("--one-tile", help=argparse.SUPPRESS)
+    ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     model = fa.dispatch_model(torch.device("cuda"))
     copy = copy_gbps()
+    if args.one_tile is not None:
+        rows = tile_rows(args.entries, args.one_tile, args.splits, args.cases, model, copy, args.warm)
+        print("ROWS " + json.dumps([] if args.warm else rows))
+        return
     print(f"device copy bandwidth {copy:.0f} GB/s", flush=True)
     result = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
               "torch": torch.__version__, "bundle_version": fa.__version__, "copy_gbps": copy,
-              "method": OCCUPANCY_METHOD + "; MLA decode: every call replayed from a CUDA graph",
-              "decode": decode_rows(args.cases, model, copy), "prefill": prefill_rows(args.cases, model)}
+              "method": OCCUPANCY_METHOD + "; MLA decode: every call replayed from a CUDA graph"}
+    if args.tile:
+        result["tile_sweep"] = []
+        cmds = [[sys.executable, __file__, "--one-tile", knobs, "--splits", *map(str, args.splits),
+                 "--entries", *args.entries, *(["--cases", *args.cases] if args.cases else [])]
+                for knobs in ["", *args.tile]]
+        for warming in [subprocess.Popen(cmd + ["--warm"]) for cmd in cmds]:  # compile every tile's kernels at once
+            warming.wait()
+        for cmd in cmds:
+            out = subprocess.run(cmd, capture_output=True, text=True)
+            print(out.stdout[-4000:], out.stderr[-2000:], flush=True)
+            result["tile_sweep"] += [r for line in out.stdout.splitlines() if line.startswith("ROWS ")
+                                     for r in json.loads(line[5:])]
+    else:
+        result.update(decode=decode_rows(args.cases, model, copy), prefill=prefill_rows(args.cases, model))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))
 

@@ -61,7 +61,8 @@ def test_table_records_device_and_date():
     assert base <= set(data["table"])
     suffixes = ("bf16", "fp16", "local", "cp_async", "m128", "m64", "mha")
     packed = {f"d{c}_{kind}" for c in config.HEAD_DIM_CLASSES
-              for kind in ("packgqa", "paged", "paged_m64", "fp8kv", "fp8mma", "decode", "fp8kv_decode", "latent")}
+              for kind in ("packgqa", "paged", "paged_m64", "fp8kv", "fp8mma", "decode", "fp8kv_decode", "latent",
+                                                       "latent_decode")}
     exact = config.EXACT_KEY
     assert all(k in base or k in packed or any(k == f"{b}_{s}" for b in base for s in suffixes) or exact.match(k)
                for k in data["table"])

@@ -32,7 +32,6 @@ def _tensors():
 
 @pytest.mark.parametrize("name,value,words", [
     ("alibi_slopes", torch.zeros(4), "ALiBi"),
-    ("qv", torch.zeros(1), "qv"),
     ("scheduler_metadata", torch.zeros(1), "scheduler_metadata"),
     ("attention_chunk", 128, "window_size"),
     ("sm_margin", 4, "num_splits"),
@@ -79,3 +78,17 @@ def test_validation(case, error, words):
         kw["cache_seqlens"] = lens.long()
     with pytest.raises(error, match=words):
         fa.flash_attn_with_kvcache(q, kc, vc, **kw)
+
+
+@pytest.mark.parametrize("case", ["mla", "d320"])
+def test_fp8_caches_past_256_refused_before_appending(case):
+    """FP8 caches with qv (MLA) or head dims past 256 raise the manifest's message before anything is written."""
+    d, dv = (64, 512) if case == "mla" else (320, 320)
+    q = torch.zeros(2, 1, 16, d, dtype=torch.bfloat16)
+    kc = torch.zeros(2, 32, 1, d, dtype=torch.float8_e4m3fn)
+    vc = torch.zeros(2, 32, 1, dv, dtype=torch.float8_e4m3fn)
+    qv = torch.zeros(2, 1, 16, dv, dtype=torch.bfloat16) if case == "mla" else None
+    with pytest.raises(NotImplementedError, match="head_dim > 256 with FP8"):
+        fa.flash_attn_with_kvcache(q, kc, vc, k=torch.ones(2, 1, 1, d, dtype=torch.bfloat16),
+                                   v=torch.ones(2, 1, 1, dv, dtype=torch.bfloat16), qv=qv)
+    assert not kc.float().any() and not vc.float().any()

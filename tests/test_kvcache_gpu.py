@@ -8,8 +8,9 @@ output (2x rule), the LSE, the cache after the call (new rows written, every oth
 the caller's q left as it was. Covers dense and paged caches (page sizes 1, 16, 48), append of 1-5 tokens and
 none, rotary off / GPT-NeoX / GPT-J / partial rotary_dim / rotary_seqlens, cache_batch_idx and
 cache_leftpad, packed q with cu_seqlens_q and packed new k/v with cu_seqlens_k_new (mixed prefill and
-decode), GQA, head dims 64-256 and dv != d, causal / window / softcap / sink, split-KV, ``out=``,
-int and default cache_seqlens, appends past the cache's end (dropped), corrupt metadata (no fault).
+decode), GQA, head dims 64-512 and dv != d, causal / window / softcap / sink, split-KV, ``out=``,
+int and default cache_seqlens, appends past the cache's end (dropped), corrupt metadata (no fault), and MLA
+(``qv``: the rope key cache rotated and appended, the latent cache appended, attention over [qv | q] . [v | k]).
 """
 
 import pytest
@@ -55,8 +56,10 @@ class Cache:
 
 def run_case(batch=3, seqlen_q=1, seqlen_new=1, hq=8, hkv=2, d=128, dv=None, capacity=300, page_size=0,
              lens=None, causal=True, rotary_dim=0, interleaved=False, rotary_offsets=False, batch_idx=False,
-             leftpad=False, varlen=None, dtype=torch.bfloat16, out_buffer=False, num_splits=0, seed=0, **features):
-    """One call and its checks. ``varlen``: per-sequence (q rows, new rows) for packed q / k / v."""
+             leftpad=False, varlen=None, dtype=torch.bfloat16, out_buffer=False, num_splits=0, seed=0, mla=False,
+             **features):
+    """One call and its checks. ``varlen``: per-sequence (q rows, new rows) for packed q / k / v. ``mla``: q and
+    the key cache are the rope part (``d``), the value cache the latent (``dv``), with an absorbed query ``qv``."""
     import flash_attn_4_sm120 as fa
 
     dv = dv or d
@@ -90,6 +93,11 @@ def run_case(batch=3, seqlen_q=1, seqlen_new=1, hq=8, hkv=2, d=128, dv=None, cap
             v_new = torch.randn(batch, seqlen_new, hkv, dv, dtype=dtype, device="cuda")
         new_of = [(k_new[b], v_new[b]) if seqlen_new else None for b in range(batch)]
     q_copy = q.clone()
+    qv_of = [None] * batch
+    if mla:
+        qv = torch.randn(*q.shape[:-1], dv, dtype=dtype, device="cuda")
+        kw["qv"] = qv
+        qv_of = [qv[kw["cu_seqlens_q"][b]:kw["cu_seqlens_q"][b + 1]] for b in range(batch)] if varlen else list(qv)
     if rotary_dim:
         cos, sin = rotary_tables(capacity + 16, rotary_dim, dtype)
         kw.update(rotary_cos=cos, rotary_sin=sin, rotary_interleaved=interleaved)
@@ -135,6 +143,8 @@ def run_case(batch=3, seqlen_q=1, seqlen_new=1, hq=8, hkv=2, d=128, dv=None, cap
             per_row = causal or features.get("window_size") not in (None, (None, None), (-1, -1))
             offs = torch.arange(qb.shape[0], device="cuda") if per_row else torch.zeros(qb.shape[0], device="cuda")
             qb = rotary_ref(qb, cos, sin, base[b] + offs.long(), interleaved)
+        if mla:  # [qv | q] against [latent | rope], the latent as values
+            qb, keys = torch.cat([qv_of[b], qb], -1), torch.cat([vals, keys], -1)
         ref, ref_lse = attention_ref(qb[None], keys[None], vals[None], causal=causal, **features)
         pt, _ = attention_ref(qb[None], keys[None], vals[None], causal=causal, upcast=False, **features)
         got = res[b] if not varlen else res[kw["cu_seqlens_q"][b]:kw["cu_seqlens_q"][b + 1]]
@@ -202,6 +212,30 @@ def test_features(features):
 @pytest.mark.parametrize("num_splits", [1, 3, 0], ids=lambda s: f"splits{s}")
 def test_splits_and_out(num_splits):
     run_case(batch=2, capacity=2000, lens=[1900, 700], page_size=16, num_splits=num_splits, out_buffer=True)
+
+
+@pytest.mark.parametrize("d,dv,page_size,rotary_dim", [(320, 384, 16, 128), (512, 512, 0, 512), (512, 512, 1, 0)],
+                         ids=["d320x384_page16_rot128", "d512_dense_rot512", "d512_page1"])
+def test_head_dims_past_256(d, dv, page_size, rotary_dim):
+    """Rows past 256 columns: appended in two passes, rotated over any prefix, attended by the wide tiles."""
+    run_case(d=d, dv=dv, seqlen_q=3, seqlen_new=3, page_size=page_size, hq=4, hkv=2, rotary_dim=rotary_dim,
+             interleaved=rotary_dim == 512, capacity=200)
+
+
+@pytest.mark.parametrize("hq,seqlen_q,page_size,interleaved", [(16, 1, 64, True), (64, 2, 1, False), (128, 1, 0, True)],
+                         ids=["h16_page64", "h64_spec2_page1", "h128_dense"])
+def test_mla(hq, seqlen_q, page_size, interleaved):
+    """MLA decode and speculative decode: rope keys rotated and appended, the latent appended, one KV head."""
+    run_case(batch=3, d=64, dv=512, hq=hq, hkv=1, seqlen_q=seqlen_q, seqlen_new=seqlen_q, page_size=page_size,
+             rotary_dim=64, interleaved=interleaved, capacity=500, mla=True, seed=hq)
+
+
+def test_mla_mixed_prefill_decode_with_starts():
+    """Packed q and new rows (a prefill chunk beside decodes) on MLA caches, and a dense cache read from starts."""
+    run_case(batch=3, d=64, dv=512, hq=16, hkv=1, varlen=[(21, 21), (1, 1), (0, 0)], lens=[40, 300, 9],
+             capacity=400, rotary_dim=64, mla=True, learnable_sink="sink")
+    run_case(batch=2, d=64, dv=512, hq=16, hkv=1, seqlen_q=1, seqlen_new=1, batch_idx=True, leftpad=True,
+             capacity=300, mla=True, softcap=20.0)
 
 
 def test_fp16_mqa_full():

@@ -32,18 +32,39 @@ def test_every_wide_layout_has_a_valid_tile_within_the_budget(d, dv, layout):
 
 @pytest.mark.parametrize("layout", [{}, dict(seqused_k=True, page_size=64, pack_gqa=True, split_kv=True),
                                     dict(varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True)])
-def test_mla_takes_the_latent_tile_with_two_key_stages_and_no_v_tile(layout):
+def test_mla_takes_the_latent_tiles_with_key_stages_and_no_v_tile(layout):
     spec = _spec(**MLA, **layout)
-    cfg = config.select_fwd_config(spec, SM120)
-    assert cfg == config.fwd_table()["d512_latent"] and cfg.num_stages == 2
+    table = config.fwd_table()
+    for cfg in (config.select_fwd_config(spec, SM120), config.decode_entry(spec, SM120)):
+        assert cfg in (table["d512_latent"], table["d512_latent_decode"]) and cfg.num_stages >= 2
+        assert config.is_valid(spec, cfg, SM120)
+        assert config.fwd_smem_bytes(spec, cfg) + config.STATIC_SMEM_BYTES <= SM120.smem_per_cta
+        plain = dataclasses.replace(spec, latent_v=False)
+        # V read from the K tile: the stages hold 576 columns of K and none of V
+        assert config.fwd_smem_bytes(spec, cfg) < config.fwd_smem_bytes(plain, cfg)
     assert spec.k_head_dim == LATENT_ROPE_DIM
-    plain = dataclasses.replace(spec, latent_v=False)
-    # V read from the K tile: the stages hold 576 columns of K and none of V
-    assert config.fwd_smem_bytes(spec, cfg) < config.fwd_smem_bytes(plain, cfg)
+
+
+@pytest.mark.parametrize("rows,tile_m", [(1, 16), (16, 16), (17, 32), (64, 32), (128, 32), (4096, 32)])
+def test_mla_rows_pick_the_tile(rows, tile_m):
+    """Rows that fit the 16-row tile (16 heads decoding) run it; more rows (128 heads, speculative decode, prefill)
+    the 32-row tile, which reads each latent block for twice the rows."""
+    spec = _spec(**MLA, seqused_k=True, pack_gqa=True)
+    assert config.choose_fwd_config(spec, SM120, rows, 1, 8192).tile_m == tile_m
+    unpacked = _spec(**MLA, seqused_k=True)
+    assert config.choose_fwd_config(unpacked, SM120, rows, rows, 8192).tile_m == tile_m
+
+
+@pytest.mark.parametrize("rows,tile_m", [(8, 16), (16, 16), (32, 32), (4096, 32)])
+def test_wide_rows_pick_the_tile(rows, tile_m):
+    """Past 256, packed rows that fit 16 (a decode step's GQA group) run the 16-row tile, more rows the 32-row one."""
+    spec = _spec(seqused_k=True, pack_gqa=True)
+    assert config.choose_fwd_config(spec, SM120, rows, 1, 8192).tile_m == tile_m
+    assert config.choose_fwd_config(_spec(), SM120, rows, rows, 8192).tile_m == 32  # unpacked: the class entry
 
 
 def test_predicate_names_the_wide_rules():
-    base = config.fwd_table()["d512_causal"]
+    base = config.fwd_table()["d512_decode"]  # 16 rows, 4 warps splitting each row block
     problems = config.fwd_config_problems(_spec(), dataclasses.replace(base, q_in_regs=True), SM120)
     assert any("Q read from shared memory" in p for p in problems)
     problems = config.fwd_config_problems(_spec(), dataclasses.replace(base, tile_m=32), SM120)

@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
                  "paged_fp8", "paged_fp8_mma", "paged_decode_tile", "paged_fp8_decode_tile", "wide_varlen", "mla_paged",
-                 "kvcache", "bwd", "bwd_det", "bwd_rolesplit", "bwd_det_orders", "flex", "sparse", "dropout")
+                 "kvcache", "kvcache_wide", "kvcache_mla", "bwd", "bwd_det", "bwd_rolesplit", "bwd_det_orders", "flex",
+                 "sparse", "dropout")
 
 
 def _i32(xs, device="cuda"):
@@ -280,11 +281,13 @@ def _mla_paged_runs():
     torch.cuda.synchronize()
 
 
-def _kvcache_runs():
+def _kvcache_runs(d: int = 128, dv: int = 128, mla: bool = False):
     """flash_attn_with_kvcache: append + rotary into paged (page size 16) and dense caches (cache_batch_idx,
     cache_leftpad), packed q and new k / v, with good and corrupt metadata: cache_seqlens past the cache or
     negative, page entries past the pool or negative, cache_batch_idx past the cache rows or negative,
-    cache_leftpad past the sequence, cu_seqlens_k_new past the new rows, rotary positions past cos / sin."""
+    cache_leftpad past the sequence, cu_seqlens_k_new past the new rows, rotary positions past cos / sin.
+    ``d`` / ``dv``: the key and value caches' head dims (rows past 256 take two passes of the append); ``mla``: a
+    rope key cache, a latent value cache and ``qv`` (16 heads over one KV head)."""
     import torch
 
     import flash_attn_4_sm120 as fa
@@ -293,11 +296,15 @@ def _kvcache_runs():
         print("no flash_attn_with_kvcache in this build: skipped")
         return
     torch.manual_seed(5)
-    hq, hkv, d, b = 8, 2, 128, 3
-    cos, sin = (torch.randn(300, 32, dtype=torch.bfloat16, device="cuda") for _ in range(2))
-    q = torch.randn(b, 2, hq, d, dtype=torch.bfloat16, device="cuda")
-    k = torch.randn(b, 2, hkv, d, dtype=torch.bfloat16, device="cuda")
-    kc = torch.randn(60, 16, hkv, d, dtype=torch.bfloat16, device="cuda")
+    (hq, hkv), b = ((16, 1) if mla else (8, 2)), 3
+
+    def rand(*shape):
+        return torch.randn(*shape, dtype=torch.bfloat16, device="cuda")
+
+    cos, sin = rand(300, 32), rand(300, 32)
+    q, k, v = rand(b, 2, hq, d), rand(b, 2, hkv, d), rand(b, 2, hkv, dv)
+    qv = {"qv": rand(b, 2, hq, dv)} if mla else {}
+    kc, vc = rand(60, 16, hkv, d), rand(60, 16, hkv, dv)
     good = torch.randperm(60, device="cuda")[:48].view(b, 16).to(torch.int32)
     bad = good.clone()
     bad[0, 0], bad[1, 3], bad[2, 15] = 60, -1, 2**30
@@ -305,20 +312,21 @@ def _kvcache_runs():
             ("negative", _i32([-1, -(2**30), 3]))]
     for label, cache_seqlens in lens:
         for table in (good, bad):
-            fa.flash_attn_with_kvcache(q, kc, kc, k, k, cos, sin, cache_seqlens=cache_seqlens, block_table=table,
-                                       causal=True)
-            fa.flash_attn_with_kvcache(q, kc, kc, cache_seqlens=cache_seqlens, page_table=table, num_splits=3)
-        dense = torch.randn(b + 1, 256, hkv, d, dtype=torch.bfloat16, device="cuda")
+            fa.flash_attn_with_kvcache(q, kc, vc, k, v, cos, sin, cache_seqlens=cache_seqlens, block_table=table,
+                                       causal=True, **qv)
+            fa.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=cache_seqlens, page_table=table, num_splits=3, **qv)
+        dense_k, dense_v = rand(b + 1, 256, hkv, d), rand(b + 1, 256, hkv, dv)
         for idx, pad in ((_i32([3, 0, 1]), _i32([0, 5, 7])), (_i32([4, -1, 2**30]), _i32([300, -3, 2**30]))):
-            fa.flash_attn_with_kvcache(q, dense, dense, k, k, cos, sin, cache_seqlens=cache_seqlens, cache_batch_idx=idx,
-                                       cache_leftpad=pad, causal=True, rotary_interleaved=False)
+            fa.flash_attn_with_kvcache(q, dense_k, dense_v, k, v, cos, sin, cache_seqlens=cache_seqlens,
+                                       cache_batch_idx=idx, cache_leftpad=pad, causal=True, rotary_interleaved=False,
+                                       **qv)
         cu = _i32([0, 2, 3, 6])
-        qp = torch.randn(6, hq, d, dtype=torch.bfloat16, device="cuda")
-        kp = torch.randn(6, hkv, d, dtype=torch.bfloat16, device="cuda")
+        qp, kp, vp = rand(6, hq, d), rand(6, hkv, d), rand(6, hkv, dv)
+        qvp = {"qv": rand(6, hq, dv)} if mla else {}
         for cu_new in (cu, _i32([0, 5, 2, 10**6])):
-            fa.flash_attn_with_kvcache(qp, kc, kc, kp, kp, cos, sin, cache_seqlens=cache_seqlens, page_table=good,
+            fa.flash_attn_with_kvcache(qp, kc, vc, kp, vp, cos, sin, cache_seqlens=cache_seqlens, page_table=good,
                                        cu_seqlens_q=cu, max_seqlen_q=3, cu_seqlens_k_new=cu_new, causal=True,
-                                       rotary_seqlens=_i32([0, 10**6, -4]))
+                                       rotary_seqlens=_i32([0, 10**6, -4]), **qvp)
     torch.cuda.synchronize()
 
 
@@ -490,6 +498,8 @@ FAMILIES = {
     # head dims past 256 (the dv_warps tiles: P and row statistics exchanged in shared memory) and MLA
     "wide_varlen": lambda: [_varlen_runs(splits, pack, d=512) for splits, pack in ((1, False), (4, True))],
     "mla_paged": _mla_paged_runs,
+    "kvcache_wide": lambda: _kvcache_runs(512, 512),
+    "kvcache_mla": lambda: _kvcache_runs(64, 512, mla=True),
     "bwd": _bwd_runs,
     "bwd_det": lambda: _bwd_runs(deterministic=True),
     "bwd_rolesplit": lambda: _bwd_runs(deterministic=True, role_split=True),

@@ -226,7 +226,7 @@ def plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, conf
     splits = 1
     if num_splits != 1:  # (block-sparse calls always pass 1: their specs have no split entry)
         # the decode tile splits too (decode_entry), else the split spec's own entry
-        split_cfg = (config or (decode_entry(split_spec, model) if cfg.warps_on_keys else None)
+        split_cfg = (config or (decode_entry(split_spec, model) if cfg == decode_entry(spec, model) else None)
                      or select_fwd_config(split_spec, model))
         splits = _splits(num_splits, spec, shape, cfg, split_spec, split_cfg, model, device)
     band = 1  # masked tiles run longest first in bands of (batch, head) pairs sized to the L2

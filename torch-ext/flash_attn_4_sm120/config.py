@@ -398,6 +398,9 @@ def wide_problems(spec: FwdSpec, cfg: FwdConfig) -> list:
     if spec.mods is not None or spec.block_sparse is not None or spec.dropout or spec.kv_dtype:
         out.append("dv_warps > 1 with score_mod / mask_mod, block sparsity, dropout or FP8: not built (head dims "
                    "past 256 serve 16-bit inference attention)")
+    if spec.page_size and not spec.latent_v and cfg.num_stages < 2:
+        out.append("paged K/V past 256 columns take two K/V stages: the one-stage tile's page lookups beside its "
+                   "live accumulators spill on sm_120a (255 registers, 32-92 B at d320-d512)")
     if spec.latent_v and (cfg.num_stages < 2 or spec.head_dim_v % LATENT_ROPE_DIM):
         out.append(f"latent_v (MLA) loads the latent and the rope keys of a block together into one K tile: "
                    f"num_stages >= 2 and head_dim_v a multiple of {LATENT_ROPE_DIM} (got num_stages="
@@ -821,13 +824,16 @@ def dispatch_candidates(spec: FwdSpec, model: ExecutionModel) -> tuple[FwdConfig
 
 @lru_cache(maxsize=None)
 def decode_entry(spec: FwdSpec, model: ExecutionModel) -> Optional[FwdConfig]:
-    """The decode tile of a packed spec, when the table has one valid for it: ``d{class}_decode`` (16-bit K/V) or
-    ``d{class}_fp8kv_decode`` (FP8 K/V), a ``warps_on_keys`` tile of 16 rows. ``choose_fwd_config`` takes it for
-    calls whose packed rows fit it (seqlen_q x group <= 16: decode, short speculative decode), where the 64-row
-    short-query tile's MMAs would run mostly on padding."""
-    if not spec.pack_gqa:
+    """The decode tile of a spec, when the table has one valid for it: over packed rows ``d{class}_decode`` (16-bit
+    K/V) or ``d{class}_fp8kv_decode`` (FP8 K/V), ``warps_on_keys`` tiles of 16 rows; for MLA ``d{class}_latent_decode``,
+    the 16-row ``dv_warps`` tile beside the class's 32-row one. ``choose_fwd_config`` takes it for calls whose rows fit
+    it (seqlen_q x group <= 16: decode, short speculative decode), where a larger tile's MMAs would run mostly on
+    padding (MLA at 16 heads: 36 us against 52 on the 32-row tile, 16x4096 on an H200,
+    mla_tile_sweep_h200_2026-11-29.json)."""
+    if not (spec.pack_gqa or spec.latent_v):
         return None
-    cfg = fwd_table().get(f"d{head_dim_class(spec)}_{'fp8kv_' if spec.kv_dtype else ''}decode")
+    kind = "fp8kv_" if spec.kv_dtype else "latent_" if spec.latent_v else ""
+    cfg = fwd_table().get(f"d{head_dim_class(spec)}_{kind}decode")
     return cfg if cfg is not None and is_valid(spec, cfg, model) else None
 
 

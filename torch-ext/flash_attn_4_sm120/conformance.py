@@ -218,6 +218,14 @@ def append_specs() -> list[AppendSpec]:
     for rotary in (0, 128):
         specs.append(AppendSpec("bf16", 128, 128, rotary_dim=rotary, rotary_q_per_row=True, new_kv=True,
                                 batch_idx=True, leftpad=True, cache_dtype="e4m3"))
+    # rows past 256 columns (two passes per warp): head dims to 512, rotary off / partial halves / full pairs, and
+    # MLA's caches (64 rope keys rotated, a 512-wide latent copied)
+    for d, dv, rotary, inter in ((512, 512, 0, False), (512, 512, 128, False), (512, 512, 512, True),
+                                 (320, 384, 320, False), (64, 512, 64, True), (64, 512, 64, False)):
+        for paged, starts, varlen in ((16, False, True), (0, True, False), (1, False, False)):
+            specs.append(AppendSpec("bf16", d, dv, rotary_dim=rotary, rotary_interleaved=inter, rotary_q_per_row=True,
+                                    new_kv=True, varlen_q=varlen, varlen_new=varlen, page_size=paged,
+                                    batch_idx=starts, leftpad=starts))
     return specs
 
 

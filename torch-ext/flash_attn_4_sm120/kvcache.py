@@ -35,7 +35,11 @@ FP8 caches (``torch.float8_e4m3fn`` / ``float8_e5m2``, FlashAttention-3's ``q_de
 ``v_descale``, ``FwdSpec.kv_dtype``) are read in place; new keys / values (in q's 16-bit dtype) are quantized into
 them with ``k_descale`` / ``v_descale`` (``AppendSpec.cache_dtype``: value / scale, rounded, saturating).
 
-Not supported (raise, naming the alternative): ``alibi_slopes``, ``qv``, ``attention_chunk``,
+MLA (``qv``, ``latent.py``): ``k_cache`` holds the rope keys (64 wide), ``v_cache`` the latent and ``qv`` the absorbed
+query; new ``k`` / ``v`` are appended into them (the rope keys rotated, the latent copied), q (the rope query) is rotated,
+and the attention runs on [qv | q] against each key's [latent | rope] (``FwdSpec.latent_v``).
+
+Not supported (raise, naming the alternative): ``alibi_slopes``, ``attention_chunk``,
 ``scheduler_metadata``, ``sm_margin``, dropout; gradients (a KV-cache call is inference: nothing is recorded
 for autograd).
 """
@@ -52,6 +56,7 @@ from .config import WIDE_HEAD_DIM
 from .launch import call_key, launch_env, launch_on, model_and_target, plan_for, remember, remembered, with_packing
 from .problem import FP8_DTYPES, AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
 from .fp8 import is_fp8, widened_q
+from .latent import check_latent
 from .validation import check_options, fp8_scales, plain_sink, refusal
 
 
@@ -71,7 +76,9 @@ class _KVCachePlan:
     return_lse: bool
 
     def run(self, q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-            page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, sink, out, descale=(), cache_descale=()):
+            page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, sink, out, descale=(), cache_descale=(),
+            qv=None):
+        """The call on its tensors; ``qv``: MLA's absorbed query, joined to the (rotated) rope query as [qv | q]."""
         device = q.device
         used_k = cache_seqlens
         key_start = None
@@ -88,6 +95,8 @@ class _KVCachePlan:
             launch_on(device, ((self.append, args),))
             if q_out is not None:
                 q_att = q_out
+        if qv is not None:
+            q_att = torch.cat([kernel_layout(qv), q_att], dim=-1)
         if self.packed_cache is not None:
             k_cache, v_cache = k_cache.view(self.packed_cache[0]), v_cache.view(self.packed_cache[1])
         varlen = (cu_seqlens_q, key_start, None, used_k, page_table)
@@ -98,7 +107,6 @@ class _KVCachePlan:
 _UNSUPPORTED = {
     "alibi_slopes": ("ALiBi slopes are not supported by flash_attn_with_kvcache; flash_attn_func and "
                      "flash_attn_varlen_func (paged K/V included) take ALiBi as a score_mod: flex_examples.alibi_slopes"),
-    "qv": "qv (a second query for MLA-style head dims) is not supported",
     "scheduler_metadata": "scheduler_metadata (FA3's precomputed schedule) is not used; drop the argument: "
                           "launch plans are cached per shape",
 }
@@ -162,10 +170,14 @@ def flash_attn_with_kvcache(
 
     Returns ``out`` (q's layout, head dim dv), or ``(out, softmax_lse)`` with ``return_softmax_lse`` (lse
     fp32 (batch, heads, seqlen_q), or (heads, total_q) for packed q).
+
+    MLA: ``qv`` (q's rows and heads, v_cache's head dim) is the absorbed query beside the rope query q; k_cache holds
+    the rope keys (64 wide), v_cache the latent (new ``k`` / ``v`` alike); the score is ``q k^T + qv v^T``, the softmax
+    scale ``1 / sqrt(64 + head_dim_v)`` by default, and the output ``P v`` (head dim dv).
     """
     if kwargs:
         raise TypeError(f"flash_attn_with_kvcache got unexpected arguments: {sorted(kwargs)}")
-    given = {"alibi_slopes": alibi_slopes, "qv": qv, "scheduler_metadata": scheduler_metadata}
+    given = {"alibi_slopes": alibi_slopes, "scheduler_metadata": scheduler_metadata}
     for name, value in given.items():
         if value is not None:
             raise NotImplementedError(f"flash_attn_with_kvcache({name}=...): {_UNSUPPORTED[name]}")
@@ -180,16 +192,16 @@ def flash_attn_with_kvcache(
             raise ValueError("pass page_table or block_table (FA2's name for it), not both")
         page_table = block_table
     check_options(num_splits, pack_gqa)
-    if max(q.shape[-1], v_cache.shape[-1]) > WIDE_HEAD_DIM:  # before anything is appended
-        raise NotImplementedError(refusal(("head_dim_512", "kvcache_api")))
     descales = (q_descale, k_descale, v_descale) if any(d is not None for d in (q_descale, k_descale, v_descale)) \
         else None
     fp8 = descales is not None or is_fp8(k_cache) or is_fp8(q)
     fp8_q = is_fp8(q)
+    if fp8 and (qv is not None or max(q.shape[-1], v_cache.shape[-1]) > WIDE_HEAD_DIM):  # before anything is appended
+        raise NotImplementedError(refusal(("head_dim_512", "fp8")))
     if fp8:
         q = widened_q(q, k_cache, v_cache, descales, fp8_mma=False)
     tensors = (q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
-               page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, learnable_sink, out)
+               page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, learnable_sink, out, qv)
     if isinstance(cache_seqlens, int):  # FA2: one length for every sequence
         tensors = tensors[:7] + (None,) + tensors[8:]
     plain_max_q = max_seqlen_q if cu_seqlens_q is not None else None  # ignored for dense q (no sync)
@@ -204,7 +216,7 @@ def flash_attn_with_kvcache(
         plan = remember(key, _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                                    cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, plain_max_q,
                                    rotary_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                                   learnable_sink, num_splits, pack_gqa, return_softmax_lse))
+                                   learnable_sink, num_splits, pack_gqa, return_softmax_lse, qv))
     descale = cache_descale = ()
     if fp8:  # the attention's scales (q's joined to K's), and the cache's own for the rows appended
         descale = fp8_scales(descales, fp8_q, plan.batch, k_cache.shape[-2], q.device)
@@ -212,7 +224,7 @@ def flash_attn_with_kvcache(
             cache_descale = fp8_scales(descales, False, plan.batch, k_cache.shape[-2], q.device) if fp8_q else descale
     return plan.run(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad,
                     page_table, cu_seqlens_q, cu_seqlens_k_new, rotary_seqlens, plain_sink(learnable_sink), out,
-                    descale, cache_descale)
+                    descale, cache_descale, qv)
 
 
 def _full_lengths(q, k_cache, page_table, cu_seqlens_q, length: Optional[int]) -> torch.Tensor:
@@ -228,8 +240,8 @@ def _full_lengths(q, k_cache, page_table, cu_seqlens_q, length: Optional[int]) -
 def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
           cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens, softmax_scale, causal,
           window_size, softcap, rotary_interleaved, learnable_sink, num_splits, pack_gqa,
-          return_lse) -> _KVCachePlan:
-    """Validate a call and build its ``_KVCachePlan``."""
+          return_lse, qv=None) -> _KVCachePlan:
+    """Validate a call and build its ``_KVCachePlan`` (``qv``: MLA's absorbed query, ``latent.py``)."""
     paged = page_table is not None
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
@@ -290,6 +302,10 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
             raise ValueError(f"{name} must be contiguous in its last dimension with 16-byte aligned rows "
                              "(the cache is written in place, so it is never copied)")
 
+    if qv is not None:
+        check_latent(q, k_cache, v_cache, qv)
+        if softmax_scale is None:
+            softmax_scale = (q.shape[-1] + qv.shape[-1]) ** -0.5
     key_starts = cache_batch_idx is not None or cache_leftpad is not None
     spec = AppendSpec(dtype=_DTYPES.get(q.dtype, "bf16"), head_dim=q.shape[-1], head_dim_v=v_cache.shape[-1],
                       rotary_dim=rotary_dim, rotary_interleaved=bool(rotary_interleaved),
@@ -315,6 +331,8 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
                                               learnable_sink, page_table)
     if rotary_dim:
         spec = dataclasses.replace(spec, rotary_q_per_row=spec_att.causal or spec_att.local)
+    if qv is not None:  # the attention runs on [qv | q] against [latent | rope]
+        spec_att = dataclasses.replace(spec_att, head_dim=q.shape[-1] + qv.shape[-1], latent_v=True)
     append = None
     max_rows = 0
     if new_kv or rotary_dim or key_starts:

@@ -22,8 +22,9 @@ copy, zero-filled past the keys, the rope through the K copy), and P V reads the
 kernel's ``v_in_k`` view), so the latent crosses shared memory once for both GEMMs.
 
 Loads, masks, KV addressing, the schedule and the epilogue are the multistage kernel's; K/V stages are 16-bit. The
-table's tiles: 16 rows on 4 warps (W = 4) with one 32-key K/V stage at d512, two stages for MLA; over paged K/V 32
-rows on 4 warps (W = 2) with two 16-key stages (``fwd_table.json``).
+table's tiles (``fwd_table.json``): rows that fit 16 run 16 rows on 4 warps (W = 4) with one 32-key K/V stage at d512,
+two for MLA; more rows run 32 rows on 4 warps (W = 2) with 16-key stages (one at d512, three for MLA, two over paged
+K/V).
 """
 
 import cutlass

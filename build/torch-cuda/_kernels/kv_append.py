@@ -19,8 +19,8 @@ Rotary embedding (``AppendSpec.rotary_dim`` columns, fp32 arithmetic, rounded on
 map ``(x[j], x[j + r/2])`` to ``(x[j] c[j] - x[j + r/2] s[j], x[j] s[j] + x[j + r/2] c[j])``; GPT-J pairs
 (``True``) do the same to ``(x[2j], x[2j + 1])``. Columns past rotary_dim are copied.
 
-Work split: one warp per (row, head) of a job; lane l moves 8 elements (16 bytes), so a row of up to
-256 columns is one pass. Grid (ceil(max rows x heads of a job / warps), 3 jobs, batch): a block past its
+Work split: one warp per (row, head) of a job; lane l moves 8 elements (16 bytes) per pass: a row of up to
+256 columns is one pass, up to 512 two. Grid (ceil(max rows x heads of a job / warps), 3 jobs, batch): a block past its
 job's rows, or a job the spec does not have, returns at once.
 
 Cache addressing: dense (batch_cache, seqlen_cache, heads_kv, d), sequence b in row
@@ -234,24 +234,26 @@ class KVCacheAppend:
         """One (width,) row from ``src`` to ``dst`` by a warp, rotated at position ``pos`` when ``rotate``
         and the spec has a rotary embedding; ``inv``: an FP8 ``dst``'s 1 / scale (``store_vec``)."""
         r = self.spec.rotary_dim if const_expr(rotate) else 0
-        if const_expr(r == 0):
-            if lane < width // VEC:
-                self.copy_vec(src, dst, lane, inv)
-        else:
-            p = clamp(pos, 0, mCos.shape[0] - 1)
-            if const_expr(self.spec.rotary_interleaved):
-                if lane < r // VEC:
-                    self.rotate_pairs(src, dst, mCos[p, None], mSin[p, None], lane, inv)
-                else:
-                    if lane < width // VEC:
-                        self.copy_vec(src, dst, lane, inv)
+        pc = clamp(pos, 0, mCos.shape[0] - 1) if const_expr(r > 0) else None
+        for p in cutlass.range_constexpr((width + 32 * VEC - 1) // (32 * VEC)):  # a pass per 256 columns
+            v = lane + 32 * p
+            if const_expr(r == 0):
+                if v < width // VEC:
+                    self.copy_vec(src, dst, v, inv)
             else:
-                half = r // 2 // VEC  # vectors per half of the rotated columns
-                if lane < half:
-                    self.rotate_halves(src, dst, mCos[p, None], mSin[p, None], lane, half, inv)
+                if const_expr(self.spec.rotary_interleaved):
+                    if v < r // VEC:
+                        self.rotate_pairs(src, dst, mCos[pc, None], mSin[pc, None], v, inv)
+                    else:
+                        if v < width // VEC:
+                            self.copy_vec(src, dst, v, inv)
                 else:
-                    if lane >= 2 * half and lane < width // VEC:
-                        self.copy_vec(src, dst, lane, inv)
+                    half = r // 2 // VEC  # vectors per half of the rotated columns
+                    if v < half:
+                        self.rotate_halves(src, dst, mCos[pc, None], mSin[pc, None], v, half, inv)
+                    else:
+                        if v >= 2 * half and v < width // VEC:
+                            self.copy_vec(src, dst, v, inv)
 
     @cute.jit
     def copy_vec(self, src: cute.Tensor, dst: cute.Tensor, v, inv=None):
