@@ -135,6 +135,19 @@ def varlen_batch(lens_q, lens_k, hq, hkv, d, dtype=torch.bfloat16):
     return q, k, v, cu(lens_q), cu(lens_k)
 
 
+def paged_cache(batch, max_len, page_size, hkv, d, dv, spare=2, dtype=torch.bfloat16):
+    """A paged K/V cache of random values for ``batch`` sequences of up to ``max_len`` keys: (k_cache, v_cache,
+    table, k, v), the table's pages shuffled over a pool with ``spare`` pages no sequence uses, and k / v each
+    sequence's keys in order, (batch, pages per sequence x page_size, hkv, d / dv), for the reference."""
+    max_pages = -(-max_len // page_size)
+    num_pages = batch * max_pages + spare
+    kc = torch.randn(num_pages, page_size, hkv, d, dtype=dtype, device="cuda")
+    vc = torch.randn(num_pages, page_size, hkv, dv, dtype=dtype, device="cuda")
+    table = torch.randperm(num_pages, device="cuda")[: batch * max_pages].reshape(batch, max_pages).int()
+    rows = (batch, max_pages * page_size)
+    return kc, vc, table, kc[table.long()].reshape(*rows, hkv, d), vc[table.long()].reshape(*rows, hkv, dv)
+
+
 def rotary_ref(x, cos, sin, positions, interleaved):
     """x (s, h, d) rotated at ``positions`` (s,) in fp32 and rounded once, as the kernel does."""
     r = 2 * cos.shape[1]

@@ -12,7 +12,7 @@ the same call twice giving the same bits (the merge sums the warps in a fixed or
 import pytest
 import torch
 
-from reference import attention_ref
+from reference import attention_ref, paged_cache
 from test_fp8_gpu import E4M3, E5M2, check, dequantized, quantize
 
 pytestmark = pytest.mark.gpu
@@ -95,17 +95,12 @@ def test_decode_tile_paged(kv_dtype, d, page_size, splits):
     torch.manual_seed(page_size + d)
     b, hq, hkv = 4, 32, 8
     lens = [0, 1, 777, 5000]
-    max_pages = -(-max(lens) // page_size)
-    num_pages = b * max_pages + 3
-    kc = torch.randn(num_pages, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
-    vc = torch.randn(num_pages, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
-    table = torch.randperm(num_pages, device="cuda")[: b * max_pages].reshape(b, max_pages).int()
+    kc, vc, table, dense_k, dense_v = paged_cache(b, max(lens), page_size, hkv, d, d, spare=3)
+    num_pages = kc.shape[0]
     used = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, hq, d, dtype=torch.bfloat16, device="cuda")
     kw = {}
     if kv_dtype is not None:
-        dense_k = kc[table.long()].reshape(b, max_pages * page_size, hkv, d)
-        dense_v = vc[table.long()].reshape(b, max_pages * page_size, hkv, d)
         k8, kd = quantize(dense_k, kv_dtype)
         v8, vd = quantize(dense_v, kv_dtype)
         kc8 = torch.empty(num_pages, page_size, hkv, d, dtype=kv_dtype, device="cuda")
@@ -116,8 +111,7 @@ def test_decode_tile_paged(kv_dtype, d, page_size, splits):
         k_ref, v_ref = dequantized(k8, kd), dequantized(v8, vd)
         kc, vc = kc8, vc8
     else:
-        k_ref = kc[table.long()].reshape(b, max_pages * page_size, hkv, d)
-        v_ref = vc[table.long()].reshape(b, max_pages * page_size, hkv, d)
+        k_ref, v_ref = dense_k, dense_v
     assert takes_decode_tile(q, k_ref, d, d, "e4m3" if kv_dtype is not None else None, paged=True)
     import flash_attn_4_sm120 as fa
 

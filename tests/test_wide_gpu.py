@@ -11,7 +11,7 @@ the same call twice giving the same bits, and the refusals (backward, FP8, mods)
 import pytest
 import torch
 
-from reference import attention_ref
+from reference import attention_ref, paged_cache
 from test_fp8_gpu import check
 from test_keysplit_gpu import check_lse
 
@@ -92,16 +92,10 @@ def test_paged_decode(page_size, splits, d, dv):
     torch.manual_seed(page_size + d)
     b, hq, hkv = 4, 16, 2
     lens = [0, 1, 333, 3001]
-    max_pages = -(-max(lens) // page_size)
-    num_pages = b * max_pages + 2
-    kc = torch.randn(num_pages, page_size, hkv, d, dtype=torch.bfloat16, device="cuda")
-    vc = torch.randn(num_pages, page_size, hkv, dv, dtype=torch.bfloat16, device="cuda")
-    table = torch.randperm(num_pages, device="cuda")[: b * max_pages].reshape(b, max_pages).int()
+    kc, vc, table, k, v = paged_cache(b, max(lens), page_size, hkv, d, dv)
     used = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(b, 2, hq, d, dtype=torch.bfloat16, device="cuda")
     out, _ = fa.flash_attn_varlen_func(q, kc, vc, seqused_k=used, page_table=table, num_splits=splits, causal=True)
-    k = kc[table.long()].reshape(b, max_pages * page_size, hkv, d)
-    v = vc[table.long()].reshape(b, max_pages * page_size, hkv, dv)
     for i, n in enumerate(lens):
         if n == 0:
             assert torch.equal(out[i], torch.zeros_like(out[i])), "a sequence without keys gives O = 0"
@@ -178,17 +172,11 @@ def test_mla_paged_decode_with_an_empty_sequence(page_size):
     torch.manual_seed(page_size)
     b, hq = 4, 64
     lens = [0, 1, 500, 2049]
-    max_pages = -(-max(lens) // page_size)
-    num_pages = b * max_pages + 3
-    kc = torch.randn(num_pages, page_size, 1, 64, dtype=torch.bfloat16, device="cuda")
-    vc = torch.randn(num_pages, page_size, 1, 512, dtype=torch.bfloat16, device="cuda")
-    table = torch.randperm(num_pages, device="cuda")[: b * max_pages].reshape(b, max_pages).int()
+    kc, vc, table, k, v = paged_cache(b, max(lens), page_size, 1, 64, 512, spare=3)
     used = torch.tensor(lens, dtype=torch.int32, device="cuda")
     q = torch.randn(b, 1, hq, 64, dtype=torch.bfloat16, device="cuda")
     qv = torch.randn(b, 1, hq, 512, dtype=torch.bfloat16, device="cuda")
     out, _ = fa.flash_attn_varlen_func(q, kc, vc, qv=qv, seqused_k=used, page_table=table)
-    k = kc[table.long()].reshape(b, max_pages * page_size, 1, 64)
-    v = vc[table.long()].reshape(b, max_pages * page_size, 1, 512)
     for i, n in enumerate(lens):
         if n == 0:
             assert torch.equal(out[i], torch.zeros_like(out[i])), "a sequence without keys gives O = 0"
