@@ -2,8 +2,10 @@
 
 MLA decode (``qv``: 64-wide rope q / k, 512-wide latent v, one KV head, every query head packed): graph replays of the
 bundle over a dense and a page-64 latent cache, in bytes of latent + rope cache read per second and as a fraction of
-the device's copy bandwidth (``bench_serving.copy_gbps``, same run). Peer: the same attention as 576 / 512-wide GQA
-through SDPA (its K the concatenated [v | k], built outside the timing, as a cache an engine would keep), with
+the device's copy bandwidth (``bench_serving.copy_gbps``, same run). Peers: FlashInfer's MLA decode
+(``BatchMLAPagedAttentionWrapper`` on its fa2 backend, the one that runs on SM120; staged by
+``probes/stage_flashinfer.sh``) over the same page-64 caches, its output checked against ours; and the same attention
+as 576 / 512-wide GQA through SDPA (its K the concatenated [v | k], built outside the timing, as a cache an engine would keep), with
 whichever of its backends runs, pinned to the SM120's occupancy through the cache preference its eager run chose
 (``bench_fwd.timed``), then replayed from a graph like ours.
 
@@ -31,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_fwd import OCCUPANCY_METHOD, sdpa, timed  # noqa: E402
-from bench_serving import copy_gbps, paged, time_impl  # noqa: E402
+from bench_serving import copy_gbps, flashinfer_and_workspace, paged, time_impl  # noqa: E402
 
 import torch  # noqa: E402
 from torch.nn.attention import SDPBackend  # noqa: E402
@@ -50,12 +52,36 @@ DECODE_CASES = [
 #: (name, batch, seqlen, heads, head dim, causal)
 PREFILL_CASES = [("d512 2x4096 16/16 causal", 2, 4096, 16, 512, True), ("d512 2x4096 16/16 full", 2, 4096, 16, 512, False)]
 SDPA_PEERS = {"sdpa_efficient": SDPBackend.EFFICIENT_ATTENTION, "sdpa_math": SDPBackend.MATH}
+PEERS = ("flashinfer_mla", *SDPA_PEERS)
+
+
+def flashinfer_mla():
+    """FlashInfer's MLA decode over paged latent / rope caches: ``make(q, qv, k_cache, v_cache, table, used, causal)``
+    plans a ``BatchMLAPagedAttentionWrapper`` (fa2 backend) and returns the call; None when FlashInfer is absent."""
+    staged = flashinfer_and_workspace()
+    if staged is None:
+        return None
+    flashinfer, workspace = staged
+
+    def make(q, qv, kc, vc, table, used, causal):
+        b, sq, hq, rope = q.shape
+        latent = qv.shape[-1]
+        indptr = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+        w = flashinfer.mla.BatchMLAPagedAttentionWrapper(workspace, backend="fa2")
+        w.plan(indptr * sq, indptr * table.shape[1], table.flatten().contiguous(), used, hq, latent, rope,
+               kc.shape[1], causal, (rope + latent) ** -0.5, q.dtype, kc.dtype)
+        q_nope, q_pe = qv.reshape(b * sq, hq, latent), q.reshape(b * sq, hq, rope)
+        ckv, kpe = vc.squeeze(2), kc.squeeze(2)  # one KV head: (pages, page_size, columns)
+        return lambda: w.run(q_nope, q_pe, ckv, kpe)
+
+    return make
 
 
 def decode_rows(cases, model, copy, peers=True, num_splits=None, warm=False):
-    """Rows of the decode cases: ours dense and paged (``num_splits``: None automatic), and SDPA when ``peers``;
-    ``warm``: each call run once, untimed (its kernels compiled into the disk cache)."""
+    """Rows of the decode cases: ours dense and paged (``num_splits``: None automatic), and FlashInfer and SDPA when
+    ``peers``; ``warm``: each call run once, untimed (its kernels compiled into the disk cache)."""
     rows = []
+    fi = flashinfer_mla() if peers else None
     for name, b, sk, hq, sq in DECODE_CASES:
         if cases and not any(c in name for c in cases):
             continue
@@ -73,9 +99,18 @@ def decode_rows(cases, model, copy, peers=True, num_splits=None, warm=False):
                                                               causal=causal, num_splits=num_splits),
         }
         q576, k576 = torch.cat([qv, q], -1), torch.cat([v, k], -1)
+        row = {"case": name, "batch": b, "seqlen_k": sk, "heads_q": hq, "seqlen_q": sq, "results": {}, "emulation": {}}
+        if fi is not None:
+            try:
+                calls["flashinfer_mla"] = fi(q, qv, kc, vc, table, used, causal)
+                theirs, ours = (r[0] if isinstance(r, tuple) else r
+                                for r in (calls["flashinfer_mla"](), calls["ours paged64"]()))
+                row["flashinfer_max_diff"] = (theirs.view(b, sq, hq, 512).float() - ours.float()).abs().max().item()
+            except Exception as e:  # noqa: BLE001  (reported, not fatal)
+                row["results"]["flashinfer_mla"] = {"error": f"{type(e).__name__}: {str(e)[:200]}"}
+                calls.pop("flashinfer_mla", None)
         for peer, backend in SDPA_PEERS.items() if peers else ():
             calls[peer] = lambda run=sdpa(backend): run(q576, k576, v, causal, None)
-        row = {"case": name, "batch": b, "seqlen_k": sk, "heads_q": hq, "seqlen_q": sq, "results": {}, "emulation": {}}
         cache_bytes = b * sk * (512 + 64) * 2
         for label, call in calls.items():
             if warm:
@@ -85,7 +120,7 @@ def decode_rows(cases, model, copy, peers=True, num_splits=None, warm=False):
                 if label.startswith("ours"):
                     r = time_impl("ours", call, "graph", model, row["emulation"])
                 else:  # its eager run picks the cache preference the graph is captured under
-                    r = timed(label, call, "sm120", model, row["emulation"], peers=tuple(SDPA_PEERS))
+                    r = timed(label, call, "sm120", model, row["emulation"], peers=PEERS)
                     if "ms" in r:
                         r = time_impl(label, call, "graph", model, row["emulation"])
             except Exception as e:
@@ -98,6 +133,8 @@ def decode_rows(cases, model, copy, peers=True, num_splits=None, warm=False):
         best_peer = min((r["ms"] for k_, r in res.items() if k_.startswith("sdpa") and "ms" in r), default=None)
         if best_peer is not None and "ms" in res.get("ours paged64", {}):
             row["ours_paged_over_best_sdpa"] = best_peer / res["ours paged64"]["ms"]
+        if "ms" in res.get("flashinfer_mla", {}) and "ms" in res.get("ours paged64", {}):
+            row["ours_paged_over_flashinfer"] = res["flashinfer_mla"]["ms"] / res["ours paged64"]["ms"]
         print(f"{name}: " + " ".join(f"{k_}={r['ms'] * 1e3:.1f}us({r['copy_fraction']:.2f})" if "ms" in r else
                                      f"{k_}=-" for k_, r in res.items()), flush=True)
         rows.append(row)

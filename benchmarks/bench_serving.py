@@ -66,18 +66,27 @@ def paged(k, v, page_size, seed=0):
     return pool(k), pool(v), perm.view(b, per_seq).to(torch.int32)
 
 
+def flashinfer_and_workspace():
+    """(the flashinfer module, a 256 MiB workspace) for a FlashInfer wrapper; None when FlashInfer is not installed
+    (``probes/stage_flashinfer.sh`` stages it)."""
+    try:
+        import flashinfer
+    except Exception as e:  # not installed here: reported, not fatal
+        print(f"flashinfer unavailable: {e}")
+        return None
+    return flashinfer, torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+
+
 def flashinfer_paged():
     """FlashInfer (flashinfer-python, the paged attention vLLM runs on consumer Blackwell) over the same paged
     caches (its NHD layout is this bundle's (num_pages, page_size, heads_kv, d)): ``make(q, k_cache, v_cache,
     table, seqlen_k, page_size, causal)`` plans a decode wrapper (seqlen_q 1) or a prefill wrapper (causal
     bottom-right) on FlashInfer's fa2 backend, the one it runs on SM120 (its fa3 backend is SM90 wgmma), and
     returns the call; None when FlashInfer is not installed (``probes/stage_flashinfer.sh`` stages it)."""
-    try:
-        import flashinfer
-    except Exception as e:  # not installed here: reported, not fatal
-        print(f"flashinfer unavailable: {e}")
+    staged = flashinfer_and_workspace()
+    if staged is None:
         return None
-    workspace = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+    flashinfer, workspace = staged
 
     def make(q, kc, vc, table, seqlen_k, page_size, causal):
         b, sq, hq, d = q.shape

@@ -11,11 +11,12 @@ the same call twice giving the same bits, and the refusals (backward, FP8, mods)
 import pytest
 import torch
 
-from reference import attention_ref, paged_cache
+from reference import attention_ref, capture, paged_cache, rotary_tables
 from test_fp8_gpu import check
 from test_keysplit_gpu import check_lse
 
 pytestmark = pytest.mark.gpu
+BF16 = dict(dtype=torch.bfloat16, device="cuda")
 
 
 def _qkv(b, sq, sk, hq, hkv, d, dv, dtype=torch.bfloat16):
@@ -183,6 +184,34 @@ def test_mla_paged_decode_with_an_empty_sequence(page_size):
             continue
         ref, _, pt = _mla_ref(q[i : i + 1], qv[i : i + 1], k[i : i + 1, :n], v[i : i + 1, :n])
         check(out[i : i + 1], ref, pt)
+
+
+def test_mla_kvcache_step_replays_from_a_cuda_graph():
+    """A serving step (append the rope key and latent row, rotate, attend with qv over paged caches) captured in a
+    CUDA graph: each replay appends at the new lengths and gives the eager step's bits."""
+    import flash_attn_4_sm120 as fa
+
+    torch.manual_seed(11)
+    b, hq, page = 3, 128, 16
+    kc, vc, table, _, _ = paged_cache(b, 400, page, 1, 64, 512)
+    cos, sin = rotary_tables(512, 64, torch.bfloat16)
+    lens = torch.tensor([5, 200, 399 - 16], dtype=torch.int32, device="cuda")
+    q, qv = torch.randn(b, 1, hq, 64, **BF16), torch.randn(b, 1, hq, 512, **BF16)
+    k, v = torch.randn(b, 1, 1, 64, **BF16), torch.randn(b, 1, 1, 512, **BF16)
+
+    def step(k_cache, v_cache):
+        return fa.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cos, sin, cache_seqlens=lens, page_table=table,
+                                          qv=qv, causal=True, return_softmax_lse=True)
+
+    graph, (out, lse) = capture(lambda: step(kc, vc))
+    eager_k, eager_v = kc.clone(), vc.clone()  # the warm-up steps' appends included
+    for _ in range(3):
+        lens += 1
+        graph.replay()
+        ref_out, ref_lse = step(eager_k, eager_v)
+        torch.cuda.synchronize()
+        assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+        assert torch.equal(kc, eager_k) and torch.equal(vc, eager_v)
 
 
 def test_mla_varlen_prefill_causal_and_scale():

@@ -445,16 +445,22 @@ def mla_full(result: dict, source: str) -> str:
     def cell(r):
         return f"{r['ms'] * 1e3:.1f} ({r['copy_fraction']:.2f})" if "ms" in r else "-"
 
+    fi = any("flashinfer_mla" in row["results"] for row in result["decode"])
     lines = [f"`benchmarks/bench_mla.py`, {result['device']}, {result['date']}, at an SM120's CTAs per SM, every call "
              f"replayed from a CUDA graph (`{source}`). Cells: microseconds per call (the latent + rope cache bytes read "
              f"over the call's time as a fraction of the device's {result['copy_gbps']:.0f} GB/s copy rate); one "
-             "latent head, 512 + 64 columns, every query head packed. SDPA runs the same attention as 576 / 512-wide "
-             "GQA; only its math backend takes these head dims (`-`: no kernel, or out of memory).", ""]
-    lines += _header(["case", "ours dense", "ours page 64", "SDPA math"])
+             "latent head, 512 + 64 columns, every query head packed."
+             + (" FlashInfer: its MLA decode (fa2 backend, on the tile it picks on an SM120, "
+                   "`probes/stage_flashinfer.sh`) over the same page-64 caches." if fi else "")
+             + " SDPA runs the same attention as 576 / 512-wide GQA; only its math backend takes these head dims "
+             "(`-`: no kernel, or out of memory).", ""]
+    lines += _header(["case", "ours dense", "ours page 64", *(["FlashInfer page 64", "ours / FlashInfer"] if fi else []),
+                      "SDPA math"])
     for row in result["decode"]:
         res = row["results"]
-        lines.append(f"| {row['case']} | {cell(res.get('ours dense', {}))} | {cell(res.get('ours paged64', {}))} | "
-                     f"{cell(res.get('sdpa_math', {}))} |")
+        peer = [cell(res.get("flashinfer_mla", {})), _fmt(row.get("ours_paged_over_flashinfer"), 2)] if fi else []
+        lines.append(" | ".join([f"| {row['case']}", cell(res.get("ours dense", {})), cell(res.get("ours paged64", {})),
+                                 *peer, cell(res.get("sdpa_math", {}))]) + " |")
     lines += ["", "Head dim 512 prefill, eager at an SM120's CTAs per SM, TFLOPS (causal: half the square):", ""]
     lines += _header(["case", "ours", "SDPA memory-efficient", "SDPA math", "ours / best SDPA"])
     for row in result["prefill"]:

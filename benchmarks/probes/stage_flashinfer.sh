@@ -12,7 +12,8 @@
 #
 # Modules built (bf16, int32 page indices, no rotary / window / softcap): the CUDA-core decode kernel at head
 # dims 64, 128, 256 and the fa2 paged prefill kernel (primary and stride-independent) at 64 and 128 (the decode
-# wrapper uses them with use_tensor_cores=True); both again with e4m3 K/V at d128 (bench_fp8.py).
+# wrapper uses them with use_tensor_cores=True); both again with e4m3 K/V at d128 (bench_fp8.py); the fa2 MLA
+# kernel at 512 / 64 (bench_mla.py).
 # bench_serving.flashinfer_paged asks for backend="fa2", the backend FlashInfer runs on SM120 (its fa3 backend is
 # SM90 wgmma, not an SM120 peer).
 set -euo pipefail
@@ -25,6 +26,12 @@ mkdir -p "$WORK/deps" "$WORK/site" "$WORK/stubs" "$WORK/ws" "$OUT"
 "$PY" -m pip download -q --no-deps -d "$WORK/deps" nvidia-ml-py tabulate click tqdm einops ninja
 "$PY" -m pip install -q --no-deps --no-index --target "$WORK/site" "$WORK"/deps/*.whl
 rm -rf "$WORK/pkg" && mkdir -p "$WORK/pkg" && (cd "$WORK/pkg" && "$PY" -m zipfile -e "$WORK"/flashinfer_python-0.7.2-py3-none-any.whl .)
+# FlashInfer's MLA kernel picks its tile from the device's shared memory per SM at run time (two 64-key stages in
+# 217 KB on an H100 / H200, which no SM120 CTA can hold). The kit's build reads an SM120's 102400 bytes instead, so
+# on the device it runs the tile it runs on SM120 (one 16-key stage) and can be pinned to an SM120's occupancy.
+MLA_H="$WORK/pkg/flashinfer/data/include/flashinfer/attention/mla.cuh"
+grep -q "cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);" "$MLA_H"
+sed -i 's/cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);/cudaDevAttrMaxSharedMemoryPerMultiprocessor, device);\n  smem_limit_per_sm = std::min(smem_limit_per_sm, 102400);  \/\/ an SM120 (bench kit)/' "$MLA_H"
 gcc -shared -o "$WORK/stubs/libcuda.so" -Wl,-soname,libcuda.so.1 -x c /dev/null
 export LIBRARY_PATH=/usr/local/cuda-13.0/lib:$WORK/stubs FLASHINFER_CUDA_ARCH_LIST=9.0a FLASHINFER_WORKSPACE_BASE=$WORK/ws
 PATH=$WORK/site/bin:$PATH PYTHONPATH=$WORK/pkg:$WORK/site "$PY" - <<'EOF'
@@ -46,6 +53,10 @@ gen_batch_decode_module(bf16, e4m3, bf16, i32, 128, 128, 0, False, False).build(
 args = (bf16, e4m3, bf16, i32, 128, 128, 0, False, False, False)
 _gen_batch_prefill_primary_module("fa2", *args).build()
 _gen_batch_prefill_independent_paged_module("fa2", *args).build()
+# MLA (512 latent + 64 rope columns, bf16): bench_mla.py's peer, FlashInfer's fa2 MLA kernel (its fa3 one is SM90
+# wgmma, not an SM120 peer)
+from flashinfer.jit.attention.modules import gen_batch_mla_module
+gen_batch_mla_module("fa2", bf16, bf16, bf16, i32, 512, 64, False).build()
 EOF
 # Python files and csrc's top-level templates and sources, which module specs read even when AOT (the
 # headers and the other kernels' sources are what the AOT modules replace), plus the modules
