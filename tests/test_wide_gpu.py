@@ -162,7 +162,8 @@ def test_mla_decode(hq, sq, sk, splits):
     out.copy_(res)
     ref, ref_lse, pt = _mla_ref(q, qv, k, v, causal=sq > 1)
     check(out, ref, pt)
-    check_lse(lse, ref_lse)
+    assert lse.shape == (2, sq, hq)  # upstream's layout with qv: heads last
+    check_lse(lse.transpose(1, 2), ref_lse)
 
 
 @pytest.mark.parametrize("page_size", [1, 16, 64])
@@ -223,12 +224,15 @@ def test_mla_varlen_prefill_causal_and_scale():
     cq = torch.tensor([0, *torch.tensor(lq).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     ck = torch.tensor([0, *torch.tensor(lk).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     q, qv, k, v = _mla(1, sum(lq), sum(lk), 16, dtype=torch.float16)
-    out = fa.flash_attn_varlen_func(q[0], k[0], v[0], qv=qv[0], cu_seqlens_q=cq, cu_seqlens_k=ck,
-                                    max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=True, softmax_scale=0.05)[0]
+    out, lse = fa.flash_attn_varlen_func(q[0], k[0], v[0], qv=qv[0], cu_seqlens_q=cq, cu_seqlens_k=ck,
+                                         max_seqlen_q=max(lq), max_seqlen_k=max(lk), causal=True, softmax_scale=0.05,
+                                         return_lse=True)
+    assert lse.shape == (sum(lq), 16)  # upstream's layout with qv: (total_q, heads)
     for i in range(len(lq)):
         qs, ks = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
-        ref, _, pt = _mla_ref(q[:, qs], qv[:, qs], k[:, ks], v[:, ks], causal=True, softmax_scale=0.05)
+        ref, ref_lse, pt = _mla_ref(q[:, qs], qv[:, qs], k[:, ks], v[:, ks], causal=True, softmax_scale=0.05)
         check(out[qs][None], ref, pt)
+        check_lse(lse[qs].T[None], ref_lse)
 
 
 def test_mla_refusals():

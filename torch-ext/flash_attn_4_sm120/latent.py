@@ -8,7 +8,8 @@ That is attention with 576-wide queries [qv | q] and keys [v | k] whose values a
 and reads it for both GEMMs. The softmax scale defaults to ``1 / sqrt(head_dim + head_dim_v)``, as FlashAttention-3's.
 
 The call is validated as the rope attention (q against k, v as the values), then runs with q widened to [qv | q]
-(one copy of q: a decode step's few rows). Forward only: a gradient, FP8, mods, block sparsity and dropout raise the
+(one copy of q: a decode step's few rows). The LSE comes back in upstream FlashAttention-4's layout for ``qv``: heads
+last, (batch, seqlen_q, heads) or (total_q, heads) (a transposed view of the kernel's). Forward only: a gradient, FP8, mods, block sparsity and dropout raise the
 manifest's messages (``head_dim_512``).
 """
 
@@ -46,8 +47,10 @@ def latent_call(q, k, v, qv, varlen: Optional[dict], mods: dict, fp8: bool, soft
                                                           learnable_sink)
     q_full = torch.cat([kernel_layout(qv), q], dim=-1)
     spec = dataclasses.replace(spec, head_dim=q_full.shape[-1], latent_v=True)
-    return run_call(q_full, k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits, return_lse,
-                    None, learnable_sink, False, grad=False)
+    out, lse = run_call(q_full, k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits,
+                        return_lse, None, learnable_sink, False, grad=False)
+    # upstream's LSE layout with qv: heads last, (batch, seqlen_q, heads) or (total_q, heads)
+    return out, (lse.transpose(-1, -2) if lse is not None else None)
 
 
 def check_latent(q, k, v, qv) -> None:
