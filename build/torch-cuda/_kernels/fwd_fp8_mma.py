@@ -44,9 +44,7 @@ from ..config import FwdConfig
 from ..execution_model import ExecutionModel
 from ..problem import FwdSpec
 from .fwd_multistage import FlashFwdMultistage
-from .fragments import acc_rows_cols
 from .fwd_state import FwdSmem, FwdTileState
-from .softmax import OnlineSoftmax
 from .tile_io import SWIZZLE_BITS, g2s_tiled_copy, smem_layout_atom
 
 #: FP8 MMA shape (m, n, k)
@@ -207,23 +205,9 @@ class FlashFwdFP8Mma(FlashFwdMultistage):
         s2r_k = cute.make_tiled_copy_B(cute.make_copy_atom(ldsm, self.dtype), shadow)
         s2r_v = cute.make_tiled_copy_B(
             cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), shadow)
-        thr_s2r_q, thr_s2r_k, thr_s2r_v = s2r_q.get_slice(tidx), s2r_k.get_slice(tidx), s2r_v.get_slice(tidx)
-        acc_O = cute.make_rmem_tensor(self.o_mma.get_slice(tidx).partition_shape_C((self.tile_m, self.head_dim_v)),
-                                      Float32)
-        acc_O.fill(0.0)
-        acc_O_rc = acc_rows_cols(acc_O)
-        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        return FwdTileState(
-            tidx=tidx, bars=None, sScale=None,
-            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt16, acc_O=acc_O, acc_O_rc=acc_O_rc,
-            tSsQ=thr_s2r_q.partition_S(sQ16), tSrQ_v=thr_s2r_q.retile(tSrQ16),
-            tSsK=thr_s2r_k.partition_S(sK16), tSrK_v=thr_s2r_k.retile(tSrK16),
-            tOsVt=thr_s2r_v.partition_S(sm.sVt), tOrVt_v=thr_s2r_v.retile(tOrVt16),
-            s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v, thr_mma=thr_mma,
-            tScS_rc=acc_rows_cols(thr_mma.partition_C(cS)),
-            t0ScS_rc=acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS)),
-            softmax=OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0]), P_RESCALE_LOG2),
-        )
+        return self.tile_state(tidx, None, None, (tSrQ, tSrK, tOrVt16), (tSrQ16, tSrK16, tOrVt16),
+                               (sQ16, sK16, sm.sVt), (s2r_q, s2r_k, s2r_v), self.o_mma.get_slice(tidx),
+                               softmax_scale_log2, P_RESCALE_LOG2)
 
     @cute.jit
     def dropped_p(self, ctx: FwdTileState, acc_S: cute.Tensor, n_block, rP: Optional[cute.Tensor] = None):

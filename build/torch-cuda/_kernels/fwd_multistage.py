@@ -75,7 +75,7 @@ from .fwd_state import EpilogueTarget, FwdSmem, FwdTileState, PersistentArgs
 from .kv_dequant import MMA_BUFFERS, staged_loader
 from .kv_source import CpAsyncKV, DenseKV, PagedKV
 from .score_step import ScoreStep
-from .softmax import OnlineSoftmax
+from .softmax import RESCALE_LOG2, OnlineSoftmax
 from .tile_io import column_predicate, copy_rows, g2s_tiled_copy, smem_layout_atom, zero_masked_cols
 from .seqlen_info import num_batches, num_heads, row_tile, sequence_heads
 from .tile_scheduler import PersistentTileScheduler, SingleTileScheduler
@@ -324,22 +324,34 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         s2r_v = cute.make_tiled_copy_B(
             cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), self.pv_mma
         )
-        thr_s2r_q, thr_s2r_k, thr_s2r_v = s2r_q.get_slice(tidx), s2r_k.get_slice(tidx), s2r_v.get_slice(tidx)
-        # (MMA, MMA_M, MMA_N) accumulator of O and its (rows, cols) view
-        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
+        operands = (tSrQ, tSrK, tOrVt)
+        return self.tile_state(tidx, sm.bars, sm.sScale, operands, operands, (sm.sQ, sm.sK, sm.sVt),
+                               (s2r_q, s2r_k, s2r_v), thr_pv, softmax_scale_log2)
+
+    @cute.jit
+    def tile_state(self, tidx, bars, sScale, operands, fills, smem, copies, thr_o, softmax_scale_log2,
+                   rescale_log2: cutlass.Constexpr[float] = RESCALE_LOG2) -> FwdTileState:
+        """A thread's ``FwdTileState``: its MMA fragments ``operands`` (tSrQ, tSrK, tOrVt); the registers ``fills``
+        (the fragments, or 16-bit views of them) that ``copies`` (Q, K, V^T) load from ``smem`` (sQ, sK, sVt) with
+        the stage mode; O's (MMA, MMA_M, MMA_N) accumulator, zeroed, in ``thr_o``'s partition and its (rows, cols)
+        view; the online softmax (``rescale_log2``: how far a block's max may pass the reference before it moves);
+        and the S coordinates for masking (this thread's and thread 0's compile-time partition)."""
+        thr_mma = self.tiled_mma.get_slice(tidx)
+        thr_q, thr_k, thr_v = copies[0].get_slice(tidx), copies[1].get_slice(tidx), copies[2].get_slice(tidx)
+        acc_O = cute.make_rmem_tensor(thr_o.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
         acc_O.fill(0.0)
         acc_O_rc = acc_rows_cols(acc_O)
         cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
         return FwdTileState(
-            tidx=tidx, bars=sm.bars, sScale=sm.sScale,
-            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
-            tSsQ=thr_s2r_q.partition_S(sm.sQ), tSrQ_v=thr_s2r_q.retile(tSrQ),
-            tSsK=thr_s2r_k.partition_S(sm.sK), tSrK_v=thr_s2r_k.retile(tSrK),
-            tOsVt=thr_s2r_v.partition_S(sm.sVt), tOrVt_v=thr_s2r_v.retile(tOrVt),
-            s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v, thr_mma=thr_mma,
+            tidx=tidx, bars=bars, sScale=sScale,
+            tSrQ=operands[0], tSrK=operands[1], tOrVt=operands[2], acc_O=acc_O, acc_O_rc=acc_O_rc,
+            tSsQ=thr_q.partition_S(smem[0]), tSrQ_v=thr_q.retile(fills[0]),
+            tSsK=thr_k.partition_S(smem[1]), tSrK_v=thr_k.retile(fills[1]),
+            tOsVt=thr_v.partition_S(smem[2]), tOrVt_v=thr_v.retile(fills[2]),
+            s2r_q=copies[0], s2r_k=copies[1], s2r_v=copies[2], thr_mma=thr_mma,
             tScS_rc=acc_rows_cols(thr_mma.partition_C(cS)),
             t0ScS_rc=acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS)),
-            softmax=OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0])),
+            softmax=OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0]), rescale_log2),
         )
 
     def score_step(self, ctx: FwdTileState, softcap_scale, window_left, window_right, batch=None, head=None,

@@ -30,11 +30,10 @@ from cutlass.cutlass_dsl import dsl_user_op
 from ..config import FwdConfig, keysplit_q_offset
 from ..execution_model import ExecutionModel
 from ..problem import FwdSpec
-from .fragments import acc_as_operand_a, acc_rows_cols
+from .fragments import acc_as_operand_a
 from .fwd_fp8_mma import fp8_g2s_copy, fp8_view, words
 from .fwd_keysplit import KEYS_PER_WARP, FlashFwdKeySplit
 from .fwd_state import FwdSmem, FwdTileState
-from .softmax import OnlineSoftmax
 from .tile_io import smem_layout_atom
 
 #: PRMT selectors: a word's bytes (0, 1), (2, 3) (K: columns 4j, 4j+1 / 4j+2, 4j+3) and (0, 2), (1, 3) (V: the even /
@@ -157,22 +156,8 @@ class FlashFwdKeySplitFP8(FlashFwdKeySplit):
             cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype), self.key_shadow)
         s2r_v = cute.make_tiled_copy_B(
             cute.make_copy_atom(warp.LdMatrix8x8x16bOp(transpose=True, num_matrices=4), self.dtype), self.value_shadow)
-        thr_s2r_q, thr_s2r_k, thr_s2r_v = s2r_q.get_slice(tidx), s2r_k.get_slice(tidx), s2r_v.get_slice(tidx)
-        acc_O = cute.make_rmem_tensor(thr_pv.partition_shape_C((self.tile_m, self.head_dim_v)), Float32)
-        acc_O.fill(0.0)
-        acc_O_rc = acc_rows_cols(acc_O)
-        cS = cute.make_identity_tensor((self.tile_m, self.tile_n))
-        ctx = FwdTileState(
-            tidx=tidx, bars=None, sScale=None,
-            tSrQ=tSrQ, tSrK=tSrK, tOrVt=tOrVt, acc_O=acc_O, acc_O_rc=acc_O_rc,
-            tSsQ=thr_s2r_q.partition_S(sQ), tSrQ_v=thr_s2r_q.retile(tSrQ),
-            tSsK=thr_s2r_k.partition_S(sK16), tSrK_v=thr_s2r_k.retile(tSrK16),
-            tOsVt=thr_s2r_v.partition_S(sm.sVt), tOrVt_v=thr_s2r_v.retile(tOrVt16),
-            s2r_q=s2r_q, s2r_k=s2r_k, s2r_v=s2r_v, thr_mma=thr_mma,
-            tScS_rc=acc_rows_cols(thr_mma.partition_C(cS)),
-            t0ScS_rc=acc_rows_cols(self.tiled_mma.get_slice(0).partition_C(cS)),
-            softmax=OnlineSoftmax(softmax_scale_log2, cute.size(acc_O_rc, mode=[0])),
-        )
+        ctx = self.tile_state(tidx, None, None, (tSrQ, tSrK, tOrVt), (tSrQ, tSrK16, tOrVt16), (sQ, sK16, sm.sVt),
+                              (s2r_q, s2r_k, s2r_v), thr_pv, softmax_scale_log2)
         ctx.update(merge=self.merge_views(sm), shadow=(tSrK16, tOrVt16))
         return ctx
 
