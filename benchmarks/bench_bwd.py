@@ -64,37 +64,48 @@ def upstream():
     return run
 
 
-def main():
-    args = training_args()
-    occupancies = args.occupancies
-    model = fa.dispatch_model(torch.device("cuda"))
+def peers_and_ours(names=None) -> dict:
+    """The implementations a backward benchmark times (``--impls`` names, all when None): ours (and its deterministic
+    mode), FA2 and cuDNN through SDPA, and upstream's SM120 path when installed."""
     impls = {"ours": ours, "ours_deterministic": ours_deterministic, "sdpa_flash_fa2": sdpa(SDPBackend.FLASH_ATTENTION),
              "sdpa_cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     up = upstream()
     if up is not None:
         impls["fa4_sm120_path"] = up
-    impls = select_impls(impls, args.impls)
-    rows = []
-    for name, b, sq, sk, hq, hkv, d, dv, causal in CASES:
-        if args.cases and not any(s in name for s in args.cases):
-            continue
+    return select_impls(impls, names)
+
+
+def run_cases(cases, impls: dict, occupancies, out=None, fwd_bwd: bool = True, rows=(), **extra) -> list:
+    """Rows of ``cases`` ((name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, d, dv, causal) tuples): each
+    implementation's backward (and, with ``fwd_bwd``, forward + backward) at each occupancy, printed as they come and
+    saved to ``out`` after every row, after ``rows`` (an earlier run's), with ``extra`` in the header."""
+    model = fa.dispatch_model(torch.device("cuda"))
+    rows = list(rows)
+    for name, b, sq, sk, hq, hkv, d, dv, causal in cases:
         q, k, v, dout = training_inputs(b, sq, sk, hq, hkv, d, dv)
         fwd_flops = 2 * b * hq * sq * sk * (d + dv) * (0.5 if causal else 1.0)
         row = {"case": name, "batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads_q": hq, "heads_kv": hkv,
                "head_dim": d, "head_dim_v": dv, "causal": causal}
         parts = {"bwd": (lambda fn: functools.partial(torch.autograd.grad, fn(q, k, v, causal), (q, k, v), dout,
-                                                      retain_graph=True), 2.5),
-                 "fwd_bwd": (lambda fn: lambda: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout), 3.5)}
+                                                      retain_graph=True), 2.5)}
+        if fwd_bwd:
+            parts["fwd_bwd"] = (lambda fn: lambda: torch.autograd.grad(fn(q, k, v, causal), (q, k, v), dout), 3.5)
         time_parts(row, impls, parts, occupancies, model, fwd_flops)
         for occ in occupancies:
             key = "results" if occ == "sm120" else "results_h100"
-            cells = [f"{i}={r['bwd']['tflops']:.0f}/{r['fwd_bwd']['tflops']:.0f}TF"
-                     if "tflops" in r.get("bwd", {}) and "tflops" in r.get("fwd_bwd", {}) else f"{i}=-"
+            cells = [f"{i}=" + "/".join(f"{r[p]['tflops']:.0f}" if "tflops" in r.get(p, {}) else "-" for p in parts)
                      for i, r in row[key].items()]
-            print(f"{name:30s} [{occ}] bwd/fwd+bwd " + " ".join(cells), flush=True)
+            print(f"{name:30s} [{occ}] {'/'.join(parts)} TFLOPS " + " ".join(cells), flush=True)
         rows.append(row)
-        if args.out:
-            save_result(args.out, occupancies, rows, method=OCCUPANCY_METHOD)
+        if out:
+            save_result(out, occupancies, rows, method=OCCUPANCY_METHOD, **extra)
+    return rows
+
+
+def main():
+    args = training_args()
+    cases = [c for c in CASES if not args.cases or any(s in c[0] for s in args.cases)]
+    run_cases(cases, peers_and_ours(args.impls), args.occupancies, args.out)
 
 
 if __name__ == "__main__":
