@@ -32,7 +32,6 @@ def _tensors():
 
 @pytest.mark.parametrize("name,value,words", [
     ("alibi_slopes", torch.zeros(4), "ALiBi"),
-    ("scheduler_metadata", torch.zeros(1), "scheduler_metadata"),
     ("attention_chunk", 128, "window_size"),
     ("sm_margin", 4, "num_splits"),
 ], ids=lambda x: x if isinstance(x, str) else "")

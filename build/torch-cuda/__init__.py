@@ -10,6 +10,7 @@ from .execution_model import ExecutionModel, UnsupportedDeviceError
 from .combine import flash_attn_combine
 from .interface import dispatch_model, flash_attn_bwd, flash_attn_func, flash_attn_fwd, flash_attn_varlen_func
 from .kvcache import flash_attn_with_kvcache
+from .scheduler_metadata import SchedulerMetadata, get_scheduler_metadata
 
 __all__ = [
     "flash_attn_func",
@@ -18,6 +19,8 @@ __all__ = [
     "flash_attn_varlen_func",
     "flash_attn_with_kvcache",
     "flash_attn_combine",
+    "get_scheduler_metadata",
+    "SchedulerMetadata",
     "dispatch_model",
     "ExecutionModel",
     "UnsupportedDeviceError",

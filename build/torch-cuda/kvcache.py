@@ -39,9 +39,11 @@ MLA (``qv``, ``latent.py``): ``k_cache`` holds the rope keys (64 wide), ``v_cach
 query; new ``k`` / ``v`` are appended into them (the rope keys rotated, the latent copied), q (the rope query) is rotated,
 and the attention runs on [qv | q] against each key's [latent | rope] (``FwdSpec.latent_v``).
 
-Not supported (raise, naming the alternative): ``alibi_slopes``, ``attention_chunk``,
-``scheduler_metadata``, ``sm_margin``, dropout; gradients (a KV-cache call is inference: nothing is recorded
-for autograd).
+``scheduler_metadata`` (``get_scheduler_metadata``'s, or FA3's int32 tensor) is accepted and advisory: launch plans
+come from shapes (``scheduler_metadata.py``).
+
+Not supported (raise, naming the alternative): ``alibi_slopes``, ``attention_chunk``, ``sm_margin``, dropout;
+gradients (a KV-cache call is inference: nothing is recorded for autograd).
 """
 
 from __future__ import annotations
@@ -57,6 +59,7 @@ from .launch import call_key, launch_env, launch_on, model_and_target, plan_for,
 from .problem import FP8_DTYPES, AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
 from .fp8 import is_fp8, widened_q
 from .latent import check_latent
+from .scheduler_metadata import check_scheduler_metadata
 from .validation import check_options, fp8_scales, plain_sink, refusal
 
 
@@ -107,8 +110,6 @@ class _KVCachePlan:
 _UNSUPPORTED = {
     "alibi_slopes": ("ALiBi slopes are not supported by flash_attn_with_kvcache; flash_attn_func and "
                      "flash_attn_varlen_func (paged K/V included) take ALiBi as a score_mod: flex_examples.alibi_slopes"),
-    "scheduler_metadata": "scheduler_metadata (FA3's precomputed schedule) is not used; drop the argument: "
-                          "launch plans are cached per shape",
 }
 
 
@@ -177,7 +178,8 @@ def flash_attn_with_kvcache(
     """
     if kwargs:
         raise TypeError(f"flash_attn_with_kvcache got unexpected arguments: {sorted(kwargs)}")
-    given = {"alibi_slopes": alibi_slopes, "scheduler_metadata": scheduler_metadata}
+    check_scheduler_metadata(scheduler_metadata, allow_tensor=True)  # advisory: plans come from shapes
+    given = {"alibi_slopes": alibi_slopes}
     for name, value in given.items():
         if value is not None:
             raise NotImplementedError(f"flash_attn_with_kvcache({name}=...): {_UNSUPPORTED[name]}")

@@ -22,6 +22,7 @@ from .launch import dispatch_model, launch_fwd, varlen_rememberable, with_packin
 from .problem import kernel_layout
 from .fp8 import fp8_args, is_fp8
 from .latent import latent_call
+from .scheduler_metadata import check_scheduler_metadata
 from .validation import (check_options, has_mods, mods_of, refuse_unimplemented, rng_of, validate_varlen_call,
                          validated, validated_call, window_entries, with_block_sparse, with_mods)
 
@@ -152,7 +153,12 @@ def flash_attn_varlen_func(
     them (page indices into the caches' pages). ``check_metadata=True`` (or ``FA4_SM120_CHECK_METADATA=1``)
     also checks ``cu_seqlens``, ``seqused``, ``max_seqlen_*`` and the page table on the host (one sync) and
     raises ``ValueError`` naming the first bad entry (``metadata.py``).
+
+    ``scheduler_metadata`` (``get_scheduler_metadata``'s) and ``disable_scheduler_metadata`` are upstream's; they
+    are accepted and advisory: the call plans from shapes as without them (``scheduler_metadata.py``).
     """
+    check_scheduler_metadata(kwargs.pop("scheduler_metadata", None))
+    kwargs.pop("disable_scheduler_metadata", None)
     mods = mods_of(score_mod, mask_mod, kwargs)
     descales = fp8_args(kwargs)
     qv = kwargs.pop("qv", None)
