@@ -64,3 +64,37 @@ def test_varlen_and_kvcache_take_it_and_refuse_other_types():
         fa.flash_attn_varlen_func(q, cache, cache.clone(), seqused_k=lens, scheduler_metadata=torch.zeros(8))
     with pytest.raises(TypeError, match="scheduler_metadata must be"):
         fa.flash_attn_with_kvcache(q, cache, cache.clone(), cache_seqlens=lens, scheduler_metadata={})
+
+
+def _qkv():
+    q = torch.zeros(2, 8, 4, 64, dtype=torch.bfloat16)
+    return q, q.clone(), q.clone()
+
+
+@pytest.mark.parametrize("entry", ["dense", "varlen"])
+@pytest.mark.parametrize("kw,error,words", [
+    (dict(block_sparse_tensors_bwd=object()), ValueError, "CUDA"),  # accepted: the call reaches the device check
+    (dict(gather_kv_indices=torch.zeros(2, 8, 16, dtype=torch.int32)), NotImplementedError, "qv over dense or paged"),
+    (dict(gather_bwd_recompute_p=True), ValueError, "only apply to sparse top-k"),
+    (dict(gather_bwd_token_chunk=64), ValueError, "only apply to sparse top-k"),
+], ids=["sparse_bwd", "gather", "recompute", "chunk"])
+def test_upstreams_other_keywords(entry, kw, error, words):
+    """Upstream's keyword arguments are taken, or refused by name, before anything else is checked."""
+    q, k, v = _qkv()
+    call = fa.flash_attn_func if entry == "dense" else fa.flash_attn_varlen_func
+    with pytest.raises(error, match=words):
+        call(q, k, v, **kw)
+
+
+@pytest.mark.parametrize("kw,error,words", [
+    (dict(min_seqlen_k=4, disable_scheduler_metadata=True), ValueError, "CUDA"),
+    (dict(min_seqlen_k=-1), TypeError, "min_seqlen_k"),
+    (dict(seqlen_k_per_split=256), NotImplementedError, "num_splits=1"),
+], ids=["min_seqlen_k", "bad_min_seqlen_k", "seqlen_k_per_split"])
+def test_upstreams_varlen_keywords(kw, error, words):
+    q, k, v = _qkv()
+    with pytest.raises(error, match=words):
+        fa.flash_attn_varlen_func(q, k, v, **kw)
+    if error is ValueError:  # the dense entry has no such arguments, as upstream's
+        with pytest.raises(TypeError, match="unexpected"):
+            fa.flash_attn_func(q, k, v, **kw)

@@ -22,9 +22,8 @@ from .launch import dispatch_model, launch_fwd, varlen_rememberable, with_packin
 from .problem import kernel_layout
 from .fp8 import fp8_args, is_fp8
 from .latent import latent_call
-from .scheduler_metadata import check_scheduler_metadata
-from .validation import (check_options, has_mods, mods_of, refuse_unimplemented, rng_of, validate_varlen_call,
-                         validated, validated_call, window_entries, with_block_sparse, with_mods)
+from .validation import (check_options, has_mods, mods_of, refuse_unimplemented, rng_of, upstream_options,
+                         validate_varlen_call, validated, validated_call, window_entries, with_block_sparse, with_mods)
 
 
 def flash_attn_func(
@@ -64,6 +63,8 @@ def flash_attn_func(
     (num_pages, page_size, heads_kv, d), every sequence max_pages * page_size keys long (for per-sequence
     lengths use ``flash_attn_varlen_func(..., seqused_k=...)`` or ``flash_attn_with_kvcache``).
     """
+    if kwargs:  # (most calls pass none)
+        upstream_options(kwargs, varlen=False)
     page_table = kwargs.pop("page_table", None)
     if page_table is not None:
         return flash_attn_varlen_func(q, k, v, page_table=page_table, softmax_scale=softmax_scale, causal=causal,
@@ -154,11 +155,13 @@ def flash_attn_varlen_func(
     also checks ``cu_seqlens``, ``seqused``, ``max_seqlen_*`` and the page table on the host (one sync) and
     raises ``ValueError`` naming the first bad entry (``metadata.py``).
 
-    ``scheduler_metadata`` (``get_scheduler_metadata``'s) and ``disable_scheduler_metadata`` are upstream's; they
-    are accepted and advisory: the call plans from shapes as without them (``scheduler_metadata.py``).
+    Upstream's ``scheduler_metadata`` (``get_scheduler_metadata``'s), ``disable_scheduler_metadata``,
+    ``min_seqlen_k`` and ``block_sparse_tensors_bwd`` are accepted (the call plans from shapes, the backward derives
+    its block lists from the forward's); ``gather_kv_indices`` and ``seqlen_k_per_split`` raise
+    ``NotImplementedError`` naming the alternatives (``validation.upstream_options``).
     """
-    check_scheduler_metadata(kwargs.pop("scheduler_metadata", None))
-    kwargs.pop("disable_scheduler_metadata", None)
+    if kwargs:  # (most calls pass none)
+        upstream_options(kwargs, varlen=True)
     mods = mods_of(score_mod, mask_mod, kwargs)
     descales = fp8_args(kwargs)
     qv = kwargs.pop("qv", None)

@@ -16,6 +16,7 @@ import torch
 from . import block_sparse, compiler, dropout, flex, manifest
 from .metadata import check_requested, check_varlen_metadata
 from .problem import LOG2_E, kernel_layout, misaligned_row_dim, validate_fwd, validate_varlen
+from .scheduler_metadata import check_scheduler_metadata
 
 
 def check_options(num_splits, pack_gqa) -> None:
@@ -108,6 +109,39 @@ def window_entries(window_size) -> tuple:
     if len(window) != 2:
         raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}")
     return window
+
+
+def upstream_options(kwargs: dict, varlen: bool) -> None:
+    """Take upstream flash-attn-4's keyword arguments that need no kernel here out of ``kwargs``, checked:
+
+    * ``block_sparse_tensors_bwd``: accepted; the backward derives its per-key-tile lists from the forward's
+      ``block_sparse_tensors`` on the device (manifest: block_sparsity+backward), which describe the same mask.
+    * ``gather_kv_indices`` (top-k sparse MLA) raises ``NotImplementedError`` naming the alternatives;
+      ``gather_bwd_recompute_p`` / ``gather_bwd_token_chunk`` without it raise upstream's ``ValueError``.
+    * varlen only: ``scheduler_metadata`` / ``disable_scheduler_metadata`` (advisory, ``scheduler_metadata.py``),
+      ``min_seqlen_k`` (a lower bound upstream's gather path reads; an int or None, unused here), and
+      ``seqlen_k_per_split``, which raises ``NotImplementedError``: ``num_splits=1`` keeps one reduction order.
+    """
+    kwargs.pop("block_sparse_tensors_bwd", None)
+    gather = kwargs.pop("gather_kv_indices", None)
+    recompute, chunk = kwargs.pop("gather_bwd_recompute_p", False), kwargs.pop("gather_bwd_token_chunk", None)
+    if gather is not None:
+        raise NotImplementedError("gather_kv_indices (top-k sparse MLA) is not supported by flash-attn-4-sm120: "
+                                  "use qv over dense or paged latent caches, or block_sparse_tensors for block-level "
+                                  "sparsity")
+    if recompute or chunk is not None:
+        raise ValueError("gather_bwd_recompute_p / gather_bwd_token_chunk only apply to sparse top-k MLA attention "
+                         "(gather_kv_indices is not set on this call, so they would be silently ignored)")
+    if not varlen:
+        return
+    check_scheduler_metadata(kwargs.pop("scheduler_metadata", None))
+    kwargs.pop("disable_scheduler_metadata", None)
+    min_k = kwargs.pop("min_seqlen_k", None)
+    if min_k is not None and (isinstance(min_k, bool) or not isinstance(min_k, int) or min_k < 0):
+        raise TypeError(f"min_seqlen_k must be a non-negative int or None, got {min_k!r}")
+    if kwargs.pop("seqlen_k_per_split", None) is not None:
+        raise NotImplementedError("seqlen_k_per_split (a fixed key range per split) is not supported by "
+                                  "flash-attn-4-sm120: num_splits=1 keeps one key reduction order for every call")
 
 
 def refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, extra) -> None:
