@@ -35,9 +35,9 @@ FP8 caches (``torch.float8_e4m3fn`` / ``float8_e5m2``, FlashAttention-3's ``q_de
 ``v_descale``, ``FwdSpec.kv_dtype``) are read in place; new keys / values (in q's 16-bit dtype) are quantized into
 them with ``k_descale`` / ``v_descale`` (``AppendSpec.cache_dtype``: value / scale, rounded, saturating).
 
-MLA (``qv``, ``latent.py``): ``k_cache`` holds the rope keys (64 wide), ``v_cache`` the latent and ``qv`` the absorbed
-query; new ``k`` / ``v`` are appended into them (the rope keys rotated, the latent copied), q (the rope query) is rotated,
-and the attention runs on [qv | q] against each key's [latent | rope] (``FwdSpec.latent_v``).
+MLA (``qv``, ``latent.py``): ``k_cache`` holds the rope keys (64 wide), ``v_cache`` the latent and ``qv`` the
+absorbed query; new ``k`` / ``v`` are appended into them (the rope keys rotated, the latent copied), q (the rope
+query) is rotated, and the attention runs on [qv | q] against each key's [latent | rope] (``FwdSpec.latent_v``).
 
 ``scheduler_metadata`` (``get_scheduler_metadata``'s, or FA3's int32 tensor) is accepted and advisory: launch plans
 come from shapes (``scheduler_metadata.py``).
@@ -58,7 +58,7 @@ from .config import WIDE_HEAD_DIM
 from .launch import call_key, launch_env, launch_on, model_and_target, plan_for, remember, remembered, with_packing
 from .problem import FP8_DTYPES, AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
 from .fp8 import is_fp8, widened_q
-from .latent import check_latent
+from .latent import joined_query, latent_scale, latent_spec
 from .scheduler_metadata import check_scheduler_metadata
 from .validation import check_options, fp8_scales, plain_sink, refusal
 
@@ -99,7 +99,7 @@ class _KVCachePlan:
             if q_out is not None:
                 q_att = q_out
         if qv is not None:
-            q_att = torch.cat([kernel_layout(qv), q_att], dim=-1)
+            q_att = joined_query(qv, q_att)
         if self.packed_cache is not None:
             k_cache, v_cache = k_cache.view(self.packed_cache[0]), v_cache.view(self.packed_cache[1])
         varlen = (cu_seqlens_q, key_start, None, used_k, page_table)
@@ -305,9 +305,7 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
                              "(the cache is written in place, so it is never copied)")
 
     if qv is not None:
-        check_latent(q, k_cache, v_cache, qv)
-        if softmax_scale is None:
-            softmax_scale = (q.shape[-1] + qv.shape[-1]) ** -0.5
+        softmax_scale = latent_scale(q, k_cache, v_cache, qv, softmax_scale)
     key_starts = cache_batch_idx is not None or cache_leftpad is not None
     spec = AppendSpec(dtype=_DTYPES.get(q.dtype, "bf16"), head_dim=q.shape[-1], head_dim_v=v_cache.shape[-1],
                       rotary_dim=rotary_dim, rotary_interleaved=bool(rotary_interleaved),
@@ -334,7 +332,7 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
     if rotary_dim:
         spec = dataclasses.replace(spec, rotary_q_per_row=spec_att.causal or spec_att.local)
     if qv is not None:  # the attention runs on [qv | q] against [latent | rope]
-        spec_att = dataclasses.replace(spec_att, head_dim=q.shape[-1] + qv.shape[-1], latent_v=True)
+        spec_att = latent_spec(spec_att, q, qv)
     append = None
     max_rows = 0
     if new_kv or rotary_dim or key_starts:

@@ -9,8 +9,9 @@ and reads it for both GEMMs. The softmax scale defaults to ``1 / sqrt(head_dim +
 
 The call is validated as the rope attention (q against k, v as the values), then runs with q widened to [qv | q]
 (one copy of q: a decode step's few rows). The LSE comes back in upstream FlashAttention-4's layout for ``qv``: heads
-last, (batch, seqlen_q, heads) or (total_q, heads) (a transposed view of the kernel's). Forward only: a gradient, FP8, mods, block sparsity and dropout raise the
-manifest's messages (``head_dim_512``).
+last, (batch, seqlen_q, heads) or (total_q, heads) (a transposed view of the kernel's). Forward only: a gradient, FP8,
+mods, block sparsity and dropout raise the manifest's messages (``head_dim_512``). ``flash_attn_with_kvcache`` builds
+its attention with the same pieces (``latent_scale``, ``latent_spec``, ``joined_query``).
 """
 
 from __future__ import annotations
@@ -40,17 +41,30 @@ def latent_call(q, k, v, qv, varlen: Optional[dict], mods: dict, fp8: bool, soft
                                      ("dropout", mods.get("dropout") is not None)) if on]
     if refused:
         raise NotImplementedError(refusal(("head_dim_512", *refused)))
-    check_latent(q, k, v, qv)
-    if softmax_scale is None:
-        softmax_scale = (q.shape[-1] + qv.shape[-1]) ** -0.5
+    softmax_scale = latent_scale(q, k, v, qv, softmax_scale)
     q, k, v, spec, shape, params, tensors = validated_call(q, k, v, varlen, softmax_scale, causal, window_size, softcap,
                                                           learnable_sink)
-    q_full = torch.cat([kernel_layout(qv), q], dim=-1)
-    spec = dataclasses.replace(spec, head_dim=q_full.shape[-1], latent_v=True)
-    out, lse = run_call(q_full, k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors, num_splits,
-                        return_lse, None, learnable_sink, False, grad=False)
+    spec = latent_spec(spec, q, qv)
+    out, lse = run_call(joined_query(qv, q), k, v, with_packing(spec, shape, pack_gqa), shape, params, tensors,
+                        num_splits, return_lse, None, learnable_sink, False, grad=False)
     # upstream's LSE layout with qv: heads last, (batch, seqlen_q, heads) or (total_q, heads)
     return out, (lse.transpose(-1, -2) if lse is not None else None)
+
+
+def latent_scale(q, k, v, qv, softmax_scale) -> float:
+    """``check_latent``, then the call's softmax scale: the caller's, else ``1 / sqrt(head_dim + head_dim_v)``."""
+    check_latent(q, k, v, qv)
+    return (q.shape[-1] + qv.shape[-1]) ** -0.5 if softmax_scale is None else softmax_scale
+
+
+def latent_spec(spec, q, qv):
+    """The rope attention's validated spec as the kernel runs it: queries [qv | q] wide, V read from the K tile."""
+    return dataclasses.replace(spec, head_dim=q.shape[-1] + qv.shape[-1], latent_v=True)
+
+
+def joined_query(qv, q) -> torch.Tensor:
+    """The kernel's query rows [qv | q] (one copy: a decode step's few rows)."""
+    return torch.cat([kernel_layout(qv), q], dim=-1)
 
 
 def check_latent(q, k, v, qv) -> None:
