@@ -16,10 +16,10 @@ import torch
 
 from ._ops import add_op_namespace_prefix
 from .autograd import dtype_of, gradients, needs_grad, per_call, replay, run_call
-from .fp8 import fp8_forward, fp8_refusals, is_fp8
+from .fp8 import fp8_forward, is_fp8
 from .launch import call_key, remember, remembered, varlen_rememberable, with_packing
 from .problem import kernel_layout
-from .validation import check_options, refusal, validate_varlen_call, validated, window_entries
+from .validation import check_options, refusal, refuse_beside, validate_varlen_call, validated, window_entries
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float], causal: bool,
@@ -265,7 +265,7 @@ def fp8_call(q, k, v, varlen: Optional[dict], descales: Optional[tuple], mods: d
     if not torch.compiler.is_compiling():
         return fp8_forward(q, k, v, varlen, descales, mods, softmax_scale, causal, window_size, learnable_sink, softcap,
                            num_splits, pack_gqa, return_lse)
-    fp8_refusals(mods, needs_grad(q, k, v, learnable_sink))
+    refuse_beside("fp8", mods, needs_grad(q, k, v, learnable_sink))
     vl = varlen or {}
     out, lse = _fp8_op(q, k, v, vl.get("cu_seqlens_q"), vl.get("cu_seqlens_k"), vl.get("seqused_q"), vl.get("seqused_k"),
                        vl.get("max_seqlen_q"), vl.get("max_seqlen_k"), softmax_scale, bool(causal),

@@ -144,6 +144,17 @@ def upstream_options(kwargs: dict, varlen: bool) -> None:
                                   "flash-attn-4-sm120: num_splits=1 keeps one key reduction order for every call")
 
 
+def refuse_beside(feature: str, mods: dict, needs_grad: bool = False) -> None:
+    """Raise the manifest's message for what ``feature`` (``fp8``, ``head_dim_512``) cannot combine with among a
+    call's mods (``mods_of``), block sparsity, dropout and, with ``needs_grad``, a gradient."""
+    flags = (("score_mod", mods.get("score_mod") is not None or mods.get("mask_mod") is not None),
+             ("block_sparsity", mods.get("block_sparse_tensors") is not None),
+             ("dropout", mods.get("dropout") is not None), ("backward", needs_grad))
+    message = refusal((feature, *(name for name, on in flags if on)))
+    if message is not None:
+        raise NotImplementedError(message)
+
+
 def refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, extra) -> None:
     """Check the options, then raise the manifest's message for each requested feature this version
     does not implement."""

@@ -16,7 +16,7 @@ from .autograd import needs_grad, run_call
 from .config import decode_entry
 from .launch import dispatch_model, with_packing
 from .problem import FP8_DTYPES
-from .validation import refusal, validated_call
+from .validation import refuse_beside, validated_call
 
 
 #: FlashAttention-3's FP8 scale arguments, taken out of an entry's keyword arguments (``fp8_args``)
@@ -57,23 +57,12 @@ def widened_q(q, k, v, descales: Optional[tuple], fp8_mma: bool = True):
     return q
 
 
-def fp8_refusals(mods: dict, needs_grad: bool) -> None:
-    """Raise the manifest's message for what an FP8 call cannot combine with (mods, block sparsity, dropout, a
-    gradient)."""
-    flags = (("score_mod", mods.get("score_mod") is not None or mods.get("mask_mod") is not None),
-             ("block_sparsity", mods.get("block_sparse_tensors") is not None),
-             ("dropout", mods.get("dropout") is not None), ("backward", needs_grad))
-    message = refusal(("fp8", *(name for name, on in flags if on)))
-    if message is not None:
-        raise NotImplementedError(message)
-
-
 def fp8_forward(q, k, v, varlen: Optional[dict], descales: Optional[tuple], mods: dict, softmax_scale, causal,
                 window_size, learnable_sink, softcap, num_splits, pack_gqa, return_lse):
     """A forward over FP8 K/V (``FwdSpec.kv_dtype``), dense (``varlen`` None) or varlen (its keyword arguments), with
     FlashAttention-3's ``descales`` (q, k, v; ``fp8_scales``); an FP8 q is widened first (``widened_q``). Returns
     ``(out, lse or None)``."""
-    fp8_refusals(mods, needs_grad(q, k, v, learnable_sink))
+    refuse_beside("fp8", mods, needs_grad(q, k, v, learnable_sink))
     fp8_q = is_fp8(q)
     q = widened_q(q, k, v, descales)
     q, k, v, spec, shape, params, tensors = validated_call(q, k, v, varlen, softmax_scale, causal, window_size, softcap,

@@ -24,7 +24,7 @@ import torch
 from .autograd import needs_grad, run_call
 from .launch import with_packing
 from .problem import LATENT_ROPE_DIM, MAX_HEAD_DIM, kernel_layout
-from .validation import refusal, validated_call
+from .validation import refusal, refuse_beside, validated_call
 
 
 @torch.compiler.disable
@@ -36,11 +36,7 @@ def latent_call(q, k, v, qv, varlen: Optional[dict], mods: dict, fp8: bool, soft
         raise NotImplementedError(refusal(("head_dim_512", "backward")))
     if fp8:
         raise NotImplementedError(refusal(("head_dim_512", "fp8")))
-    refused = [name for name, on in (("score_mod", any(mods.get(m) is not None for m in ("score_mod", "mask_mod"))),
-                                     ("block_sparsity", mods.get("block_sparse_tensors") is not None),
-                                     ("dropout", mods.get("dropout") is not None)) if on]
-    if refused:
-        raise NotImplementedError(refusal(("head_dim_512", *refused)))
+    refuse_beside("head_dim_512", mods)  # (the gradient is refused above, on its own)
     softmax_scale = latent_scale(q, k, v, qv, softmax_scale)
     q, k, v, spec, shape, params, tensors = validated_call(q, k, v, varlen, softmax_scale, causal, window_size, softcap,
                                                           learnable_sink)
