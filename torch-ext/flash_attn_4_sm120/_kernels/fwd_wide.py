@@ -35,7 +35,7 @@ from cutlass.cute.nvgpu import warp
 from ..config import FwdConfig
 from ..execution_model import ExecutionModel
 from ..problem import FwdSpec
-from .fragments import acc_rows_cols, quad_allreduce_sum
+from .fragments import quad_allreduce_sum
 from .fwd_multistage import FlashFwdMultistage
 from .fwd_state import FwdSmem, FwdTileState
 from .softmax import OnlineSoftmax, row_block_max, softmax_step
