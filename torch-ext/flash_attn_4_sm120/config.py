@@ -975,7 +975,7 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
                   replace(_spec("bf16", d, dv, "causal"), seqused_k=True, page_size=16, pack_gqa=True, split_kv=True,
                           **fp8)]
     # head dims past 256 (the dv_warps tiles): both dtypes and every mask at each wide head dim; at 512 softcap /
-    # sink, packed GQA (decode, speculative decode), varlen / seqused and split-KV (no paged K/V or FP8: wide_refusal)
+    # sink, packed GQA (decode, speculative decode), varlen / seqused and split-KV (FP8 is refused: wide_features)
     for d, dv in WIDE_HEAD_DIMS:
         specs += [_spec(dtype, d, dv, mask) for dtype in ("bf16", "fp16") for mask in MASKS]
     for mask in MASKS:
