@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "torch-ext"))
 
 #: (class, batch, seqlen, heads_q, heads_kv, causal): one timing shape per class, a few ms per backward
 SHAPES = {64: (2, 4096, 16, 4, True), 96: (2, 4096, 16, 4, True), 128: (2, 4096, 16, 4, False),
-          192: (2, 4096, 8, 8, True), 256: (2, 4096, 8, 8, True)}
+          160: (2, 4096, 8, 8, True), 192: (2, 4096, 8, 8, True), 256: (2, 4096, 8, 8, True)}
 
 
 def _use(cfg, cls):
@@ -83,7 +83,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--conformance", required=True)
     ap.add_argument("--out", default=None)
-    ap.add_argument("--classes", nargs="*", type=int, default=[64, 96, 128, 192, 256])
+    ap.add_argument("--classes", nargs="*", type=int, default=[64, 96, 128, 160, 192, 256])
     ap.add_argument("--jobs", type=int, default=12)
     ap.add_argument("--limit", type=int, default=0, help="at most this many candidates per class (fewest registers)")
     ap.add_argument("--role-split", choices=("any", "only", "none"), default="any",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -15,6 +16,7 @@ from flash_attn_4_sm120.bwd_config import (BWD_TABLE, BWD_TABLE_FALLBACK, BWD_TA
                                            candidate_bwd_configs, dispatchable_bwd, select_bwd_config)
 from flash_attn_4_sm120.bwd_schedule import bwd_tile_band
 from flash_attn_4_sm120.execution_model import SM80, SM90, SM120
+from flash_attn_4_sm120.flex import ModKey
 from flash_attn_4_sm120.problem import BwdSpec, FwdSpec
 from reference import visible
 
@@ -38,7 +40,22 @@ def test_predicate_names_each_problem():
     assert any("dq_chunks" in p for p in bwd_config_problems(spec, BwdConfig(64, 64, 8, 2, 1, dq_chunks=0), SM120))
 
 
-@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("d,dv,tile", [(136, 136, (64, 64)), (160, 160, (64, 64)), (160, 96, (64, 64)),
+                                       (168, 168, (32, 64)), (192, 128, (32, 64)), (192, 192, (32, 64))])
+def test_d129_to_d160_take_the_64x64_tile(d, dv, tile):
+    """The d160 class runs a 64x64 tile (97 KB at its padded 160 columns), the d192 class the 32x64 tile, whose 64x64
+    tile's Q, dO, K and V would exceed 101376 B; a score_mod at d160 takes the 32x64 tile (the predicate says why)."""
+    for det in (False, True):
+        cfg = select_bwd_config(BwdSpec("bf16", d, dv, causal=True, deterministic=det), SM120)
+        assert (cfg.tile_m, cfg.tile_n) == tile
+    assert any("shared memory" in p for p in bwd_config_problems(BwdSpec("bf16", 168, 168, True), BWD_TABLE[160],
+                                                                 SM120))
+    softcap_mod = dataclasses.replace(BwdSpec("bf16", 160, 160, True), mods=ModKey(score_mod="softcap"))
+    assert any("pre-mod scores" in p for p in bwd_config_problems(softcap_mod, BWD_TABLE[160], SM120))
+    assert select_bwd_config(softcap_mod, SM120) == BWD_TABLE_FALLBACK[160]
+
+
+@pytest.mark.parametrize("d", [64, 96, 128, 160, 192, 256])
 def test_tuning_candidates_are_valid_and_hold_the_table(d):
     spec = BwdSpec("bf16", d, d, causal=True)
     cands = candidate_bwd_configs(spec, SM120)

@@ -63,8 +63,9 @@ def test_bwd_basic(d, causal, dtype):
     run_dense(2, 256, 256, 4, 4, d, d, dtype, causal=causal)
 
 
-@pytest.mark.parametrize("d,dv", [(40, 40), (72, 72), (96, 96), (112, 112), (192, 192), (192, 128), (200, 200),
-                                  (256, 256), (8, 8), (128, 64), (96, 64)])
+@pytest.mark.parametrize("d,dv", [(40, 40), (72, 72), (96, 96), (104, 104), (112, 112), (120, 120), (136, 136),
+                                  (160, 160), (168, 168), (192, 192), (192, 128), (200, 200), (256, 256), (8, 8),
+                                  (128, 64), (96, 64)])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_head_dims(d, dv, causal):
     run_dense(1, 177, 177, 2, 1, d, dv, causal=causal)
@@ -90,7 +91,7 @@ def test_bwd_windows(window, d):
     run_dense(1, 200, 333, 2, 2, d, d, window_size=window)
 
 
-@pytest.mark.parametrize("d", [64, 128, 256])
+@pytest.mark.parametrize("d", [64, 128, 144, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_bwd_softcap(d, causal):
     run_dense(2, 190, 190, 4, 2, d, d, causal=causal, softcap=15.0)
@@ -195,7 +196,7 @@ def test_bwd_deterministic_varlen_is_correct():
     run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 96, causal=True, deterministic=True)
 
 
-@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("d", [64, 96, 128, 144, 192, 256])
 @pytest.mark.parametrize("mask", [dict(), dict(causal=True), dict(window_size=(300, 0)), dict(softcap=30.0)],
                          ids=["full", "causal", "window", "softcap"])
 def test_bwd_deterministic_is_bitwise_repeatable(d, mask):
@@ -217,7 +218,7 @@ def det_order(request, monkeypatch):
     backward.bwd_launch.cache_clear()  # before monkeypatch puts the rule back: no forced order stays cached
 
 
-@pytest.mark.parametrize("d", [64, 96, 128, 192, 256])
+@pytest.mark.parametrize("d", [64, 96, 128, 144, 192, 256])
 def test_bwd_deterministic_orders(det_order, d):
     """Both orders of the causal deterministic mode, whole, split and banded: gradients against the reference
     (square and bottom-right, dense and varlen) and bitwise repeatable (``_kernels/dq_accum``), on every class's

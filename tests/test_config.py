@@ -123,13 +123,16 @@ def test_smem_width_keeps_copy_passes_inside_the_tile(d, tile_n, width):
 @pytest.mark.parametrize("d, tile_m, tile_n, width", [(80, 256, 64, 80), (160, 128, 32, 160), (176, 128, 32, 192),
                                                       (144, 128, 32, 160), (72, 256, 64, 80), (112, 256, 32, 112)])
 def test_tma_kv_tiles_are_not_widened(d, tile_m, tile_n, width):
-    """TMA brings K/V in boxes of any width: only Q/O (tile_m rows, copied by the threads) and the
+    """TMA brings K/V in boxes of the tile's width: only Q/O (tile_m rows, copied by the threads) and the
     16-column atoms' limit bound the width. Widening d=80 to 96 for 64-row K tiles cost a sixth of the
     MMAs (d80 ping-pong 317 -> 332-352 TFLOPS with 80 columns, H100 at SM120 occupancy, 2026-11-24)."""
     cfg = config.FwdConfig(tile_m, tile_n, 8, 2, mainloop="tma", overlap=True, pingpong=True)
     assert config.padded_head_dim(d, cfg) == width
     assert config.rows_per_copy_pass(width, cfg.num_threads) <= tile_m
-    assert config.is_valid(FwdSpec("bf16", d, d, False), cfg, SM120)
+    # a TMA box spans the padded row: the predicate keeps TMA tiles to head dims they hold unpadded
+    problems = config.fwd_config_problems(FwdSpec("bf16", d, d, False), cfg, SM120)
+    assert (problems == ()) == (width == d)
+    assert width == d or any("cp_async mainloop serves them" in p for p in problems)
 
 
 def test_tile_efficiency_rule_moves_short_sequences_to_smaller_tiles():
@@ -419,3 +422,15 @@ def test_warps_on_keys_predicate():
     assert any("not built" in p for p in config.fwd_config_problems(replace(spec, dropout=True), good, SM120))
     # the merge reuses the K/V tiles (partial O) and Q's (row statistics): 4 warps x 16 rows x (64 + 4) fp32, 512 B
     assert config.keysplit_merge_bytes(spec, good) == (4 * 16 * 68 * 4, 512)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_no_head_dim_gets_a_tma_tile_it_would_pad(causal):
+    """A TMA box spans the tile's padded row, which a K / V row of a head dim that pads does not reach (the atom does
+    not build: d72-d88, d104, d120 on sm_120a): every head dim, at every row count the tile rule weighs, gets a
+    tile that holds its rows unpadded or a cp.async tile."""
+    for d in range(8, 257, 8):
+        spec = FwdSpec("bf16", d, d, causal=causal)
+        for rows in (16, 333, 1000, 2048, 8192):
+            cfg = config.choose_fwd_config(spec, SM120, rows, rows, rows)
+            assert not cfg.uses_tma or config.smem_head_dims(spec, cfg) == (d, d), (d, rows, cfg)

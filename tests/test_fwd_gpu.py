@@ -91,6 +91,16 @@ def test_fwd_any_head_dim(dtype, head_dim, head_dim_v, shape, causal):
     _run_and_check(q, k, v, causal)
 
 
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [104, 120])
+def test_head_dims_the_tma_tiles_would_pad(head_dim, causal):
+    """d104 and d120 at shapes where the d128 class's table picks its TMA tiles: a TMA box cannot span a padded row,
+    so these head dims run the cp.async tiles (``config.fwd_config_problems``)."""
+    torch.manual_seed(head_dim)
+    q, k, v = (torch.randn(1, 2048, 8, head_dim, dtype=torch.bfloat16, device="cuda") for _ in range(3))
+    _run_and_check(q, k, v, causal)
+
+
 WINDOWS = [pytest.param((64, 0), False, id="w64-0"), pytest.param((100, 37), False, id="w100-37"),
            pytest.param((0, 0), False, id="w0-0"), pytest.param((300, None), True, id="causal-w300"),
            pytest.param((None, 50), False, id="wNone-50"), pytest.param((1000, 1000), False, id="w-wide")]
