@@ -75,9 +75,9 @@ def main():
     scalars = (prm.scale_log2, prm.softcap_scale, prm.window_left, prm.window_right)
     rows = {
         "kernel call (tvm-ffi), unsplit": lambda: kern(q, k, k, o, lse, *scalars, None, None, None, None, None, None, 1, 1, 0, 1,
-                                                       *aux_args(), *sparse_args(), None),
+                                                       *aux_args(), *sparse_args(), None, None, None),
         "kernel call, split": lambda: split_kern(q, k, k, o_part, lse_part, *scalars, None, None, None, None, None, None,
-                                                 1, splits, 0, 1, *aux_args(), *sparse_args(), None),
+                                                 1, splits, 0, 1, *aux_args(), *sparse_args(), None, None, None),
         "combine call": lambda: comb(o_part, lse_part, o, lse, None, None, None, 1),
         "validate_fwd": lambda: validate_fwd(q, k, k, None, False),
         "torch.empty x2": lambda: (torch.empty_like(o), torch.empty_like(lse)),
@@ -155,6 +155,7 @@ def main():
         return torch.autograd.grad(out, (qg, kg, vg), dog.transpose(1, 2))
 
     rows["train: flash_attn_func fwd + bwd (autograd)"] = ours_train
+    rows["train: flash_attn_func fwd alone (inputs require grad)"] = lambda: fa.flash_attn_func(qg, kg, vg, causal=True)
     # the layout a transformers attention layer passes: (batch, heads, seqlen, d) storage seen as (b, s, h, d)
     qs, ks, vs = (t.detach().transpose(1, 2).contiguous().transpose(1, 2).requires_grad_() for t in (qg, kg, vg))
 
@@ -166,6 +167,13 @@ def main():
     rows["train: flash_attn_bwd (low level, into dq/dk/dv)"] = lambda: fa.flash_attn_bwd(
         dog, qg, kg, vg, og, lseg, causal=True, dq=grads[0], dk=grads[1], dv=grads[2])
     rows["train: torch SDPA flash fwd + bwd (autograd)"] = sdpa_train
+
+    def sdpa_fwd():
+        with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+            return F.scaled_dot_product_attention(qg.transpose(1, 2), kg.transpose(1, 2), vg.transpose(1, 2),
+                                                  is_causal=True, enable_gqa=True)
+
+    rows["train: torch SDPA flash fwd alone (inputs require grad)"] = sdpa_fwd
     result = median_host_us(rows)
     for name, us in result.items():
         print(f"{name:50s} {us:8.1f} us/call  ({us / result['torch SDPA flash']:.2f}x SDPA)", flush=True)

@@ -43,7 +43,8 @@ def heads(ratio: int) -> tuple[int, int]:
 def sweep_cases(head_dims=HEAD_DIMS) -> list[tuple]:
     """bench_bwd cases (name, batch, seqlen_q, seqlen_k, heads_q, heads_kv, d, dv, causal) of the covering design."""
     cases = []
-    for i, d in enumerate(head_dims):
+    for d in head_dims:
+        i = HEAD_DIMS.index(d) if d in HEAD_DIMS else (d - HEAD_DIMS[0]) // 8  # the rotation of the whole design
         length, ratio, causal = LENGTHS[i % len(LENGTHS)], RATIOS[i % len(RATIOS)], i % 2 == 1
         shapes = [(r, length) for r in RATIOS] + [(ratio, n) for n in LENGTHS if n != length]
         for r, n in shapes:

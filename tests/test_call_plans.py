@@ -150,6 +150,31 @@ def test_what_dispatch_reads_makes_a_new_plan(monkeypatch):
 
 
 @pytest.mark.gpu
+def test_the_low_level_forward_remembers_its_calls_and_checks_the_outputs_given(monkeypatch):
+    """``flash_attn_fwd`` replays its plan (into the ``out`` / ``lse`` given, each checked against the plan's shapes);
+    another dtype, stride or sink makes a new one."""
+    monkeypatch.setattr(launch, "_PLANS", {})
+    validations = _count_validations(monkeypatch)
+    q, k, v = _qkv("cuda", b=2, sq=40, sk=130, hq=4, hkv=2, d=64)
+    out, lse = fa.flash_attn_fwd(q, k, v, causal=True)
+    out2, lse2 = torch.full_like(out, float("nan")), torch.full_like(lse, float("nan"))
+    fa.flash_attn_fwd(q, k, v, causal=True, out=out2, lse=lse2)
+    assert len(validations) == 1 and torch.equal(out, out2) and torch.equal(lse, lse2)
+    with pytest.raises(ValueError, match="out"):
+        fa.flash_attn_fwd(q, k, v, causal=True, out=out2[:, :-1])
+    assert torch.equal(out, fa.flash_attn_func(q, k, v, causal=True)[0])
+    q16, k16, v16 = (t.half() for t in (q, k, v))
+    assert fa.flash_attn_fwd(q16, k16, v16, causal=True)[0].dtype == torch.float16
+    strided = q.transpose(1, 2).contiguous().transpose(1, 2)
+    assert torch.equal(fa.flash_attn_fwd(strided, k, v, causal=True)[0], out)
+    sink = torch.randn(4, device="cuda")
+    with_sink = fa.flash_attn_fwd(q, k, v, causal=True, learnable_sink=sink)[0]
+    assert not torch.equal(with_sink, out)
+    assert torch.equal(fa.flash_attn_fwd(q, k, v, causal=True, learnable_sink=sink)[0], with_sink)
+    assert len(validations) == 5 and len(launch._PLANS) == 5  # fwd x4 plans + flash_attn_func's
+
+
+@pytest.mark.gpu
 def test_gradients_and_misses_of_metadata_take_the_checked_path(monkeypatch):
     monkeypatch.setattr(launch, "_PLANS", {})
     validations = _count_validations(monkeypatch)

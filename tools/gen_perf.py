@@ -1,7 +1,7 @@
 """Generate the performance tables of README.md and docs/performance.md from kept benchmark results.
 
     python tools/gen_perf.py [--check] [--fwd PATH] [--bwd PATH] [--serving PATH] [--flex PATH] [--dropout PATH]
-                             [--step PATH] [--step-graphs PATH]
+                             [--step PATH] [--step-graphs PATH] [--host PATH] [--bwd-sweep PATH]
 
 Each table sits between a pair of markers, ``<!-- NAME:begin -->`` and ``<!-- NAME:end -->``; everything outside the
 markers is hand-written and left alone. README.md gets one short table per area (``perf-fwd``, ``perf-bwd``,
@@ -39,6 +39,8 @@ DEFAULTS = {
     "step_graphs": RESULTS / "step_cudagraphs_h200_2026-11-28.json",
     "fp8": RESULTS / "bench_fp8_h200_2026-11-29.json",
     "mla": RESULTS / "bench_mla_h200_2026-11-29.json",
+    "host": RESULTS / "overhead_h200_2026-11-29.json",
+    "bwd_sweep": RESULTS / "bwd_sweep_h200_2026-11-29.json",
 }
 
 #: Forward peers in table order (``tools/plot_bench.py`` draws its bars in the same order).
@@ -470,6 +472,68 @@ def mla_full(result: dict, source: str) -> str:
     return "\n".join(lines)
 
 
+#: (label, our row, SDPA's row) of the host-time table: each of our calls beside what an SDPA user runs for it.
+HOST_ROWS = [
+    ("forward, plain", "flash_attn_func, unsplit", "torch SDPA flash"),
+    ("forward, split-KV", "flash_attn_func, split", "torch SDPA flash"),
+    ("forward, low-level `flash_attn_fwd(out=, lse=)`", "flash_attn_fwd(out=, lse=), unsplit", "torch SDPA flash"),
+    ("forward, first call of its shape (no plan)", "flash_attn_func, unsplit, no plan", "torch SDPA flash"),
+    ("paged varlen forward", "flash_attn_varlen_func, paged", "torch SDPA flash"),
+    ("KV-cache step, paged", "flash_attn_with_kvcache, paged", "torch SDPA flash"),
+    ("KV-cache step + append", "flash_attn_with_kvcache, paged + append", "torch SDPA flash + cache append"),
+    ("KV-cache step + append + rotary", "flash_attn_with_kvcache, paged + append + rotary",
+     "torch SDPA flash + cache append + rotary"),
+    ("training forward, inputs requiring grad", "train: flash_attn_func fwd alone (inputs require grad)",
+     "train: torch SDPA flash fwd alone (inputs require grad)"),
+    ("training forward + backward (autograd)", "train: flash_attn_func fwd + bwd (autograd)",
+     "train: torch SDPA flash fwd + bwd (autograd)"),
+    ("the same, q / k / v transposed views", "train: flash_attn_func fwd + bwd, transposed q/k/v",
+     "train: torch SDPA flash fwd + bwd (autograd)"),
+]
+
+
+def host_full(result: dict, source: str) -> str:
+    """Host microseconds per call (``overhead.py``): ours beside SDPA's for the same work, same run."""
+    us = result["host_us"]
+    lines = [f"`benchmarks/overhead.py`, {result['device']} host, {result['date']} (`{source}`): microseconds of host "
+             "time per call over back-to-back calls, the median of 7 rounds that take the rows in turn; decode shapes "
+             "(4 x 2048 keys, 32 / 8 heads, d128) and, for training, 2 x 128 causal 8 / 2 heads.", ""]
+    lines += _header(["call", "ours", "SDPA (torch ops for the same work)", "ours / SDPA"])
+    for label, ours, sdpa in HOST_ROWS:
+        if ours in us and sdpa in us:
+            lines.append(f"| {label} | {us[ours]:.0f} | {us[sdpa]:.0f} | {us[ours] / us[sdpa]:.2f} |")
+    return "\n".join(lines)
+
+
+def bwd_sweep_full(result: dict, source: str) -> str:
+    """The backward off its grid (``sweep_bwd.py``): per head dim, ours over each peer (min and geometric mean over the
+    swept shapes) and the deterministic mode's cost (max)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sweep_bwd import ratios
+
+    entries = ratios(result["rows"])
+    lines = [f"`benchmarks/sweep_bwd.py`, {result['device']}, {result['date']}, at an SM120's CTAs per SM "
+             f"(`{source}`): {len(entries)} shapes, head dims 72-224 x GQA 1-16 x 500-8192 tokens. Cells: min / "
+             "geometric mean of ours' backward speed over the peer's (n: shapes it ran), and the deterministic "
+             "mode's time over the default's (max). Upstream's SM120 path runs to d160; FA2 at an SM120's occupancy "
+             "to d96.", ""]
+    lines += _header(["head dims", "shapes", "ours / FA4 SM120 path", "ours / FA2", "deterministic cost (max)"])
+
+    def cell(values):
+        return f"{min(values):.2f} / {_geomean(values):.2f} (n={len(values)})" if values else "n/a"
+
+    def row(label, part):
+        up = [e["over_fa4_sm120_path"] for e in part if "over_fa4_sm120_path" in e]
+        fa2 = [e["over_sdpa_flash_fa2"] for e in part if "over_sdpa_flash_fa2" in e]
+        det = [e["deterministic_cost"] for e in part if "deterministic_cost" in e]
+        return f"| {label} | {len(part)} | {cell(up)} | {cell(fa2)} | {_fmt(max(det) if det else None, 2)} |"
+
+    for lo, hi in ((72, 96), (104, 128), (136, 160), (168, 192), (200, 224)):
+        lines.append(row(f"d{lo}-d{hi}", [e for e in entries if lo <= e["head_dim"] <= hi]))
+    lines.append(row("all", entries))
+    return "\n".join(lines)
+
+
 def regions(paths: dict) -> dict:
     """{file: {marker name: table text}} from the result files in ``paths``."""
     data = {name: json.loads(path.read_text()) for name, path in paths.items()}
@@ -490,6 +554,8 @@ def regions(paths: dict) -> dict:
             "perf-step-full": step_full(data["step"], src["step"], data["step_graphs"], src["step_graphs"]),
             "perf-fp8-full": fp8_full(data["fp8"], src["fp8"]),
             "perf-mla-full": mla_full(data["mla"], src["mla"]),
+            "perf-host-full": host_full(data["host"], src["host"]),
+            "perf-bwd-sweep-full": bwd_sweep_full(data["bwd_sweep"], src["bwd_sweep"]),
         },
     }
 

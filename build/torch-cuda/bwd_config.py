@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from itertools import product
 
-from .config import BYTES_PER_ELEM, HEAD_DIM_CLASSES, STATIC_SMEM_BYTES, rows_per_copy_pass
+from .config import BYTES_PER_ELEM, STATIC_SMEM_BYTES, rows_per_copy_pass
 from .execution_model import CopyKind, ExecutionModel
 from .problem import MAX_BWD_HEAD_DIM, BwdSpec
 
@@ -312,6 +312,12 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
         acc_regs = (cfg.tile_n * (d + dv) + 2 * cfg.tile_m * cfg.tile_n) // cfg.num_threads + dq_regs
     if acc_regs > 224:
         out.append(f"{acc_regs} accumulator registers per thread (dK + dV + S + dP + dQ) leave too few for operands")
+    if spec.mods is not None and spec.mods.score_mod is not None and nw == 8 and acc_regs > 136:
+        # sm_120a gate, 2026-11-29: a softcap score_mod at d192 keys / d128 values on the 64x64 8-warp tile (160
+        # accumulator registers per thread) spilled 8 B; the 8-warp 32x64 tile (120-136) and d128's 64x64 fallback
+        # (128) hold it. (The 4-warp d256 tile walks dK / dV and dQ in head-dim slices: its count is not comparable.)
+        out.append(f"score_mod keeps the pre-mod scores beside {acc_regs} accumulator registers per thread of an "
+                   f"8-warp tile (more than 136 spill)")
     if not model.supports(CopyKind.CP_ASYNC):
         out.append(f"the {model.name} model has no cp.async")
     if model.s2r_copy is not CopyKind.LDMATRIX:
@@ -336,6 +342,11 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
 #:   16/16, full and causal; deterministic 1.04-1.28x its default
 #:   (``deterministic_tiles_d128_h100_2026-11-27.json.gz``). The role split, each warp group running one of the two S-sized GEMMs on 32x32 warp tiles, beats the 8-warp
 #:   tile by 20% (``tune_bwd_rolesplit_h100_2026-11-25.json.gz``).
+#: * d160 (d129-d160): the 64x64 8-warp tile with single Q and dO stages (4x2 warps on S / dP, dK / dV and dQ: head
+#:   dims pad to 32-column multiples; 97 KB at the padded 160). It takes 0.80-0.84x the time of the d192 class's
+#:   32x64 tile, which ran these dims before, and runs 1.14-1.35x upstream's SM120 path (deterministic 1.04-1.23x its
+#:   default) on 20 shapes of the off-grid sweep, d136-d160, at SM120 occupancy
+#:   (H200, ``bwd_tile_ab_192_h200_2026-11-29.json``). Past d160 its Q, dO, K and V tiles alone exceed 101376 B.
 #: * d192, d256: the 8- and 4-warp tiles ``benchmarks/tune_bwd.py`` picks (``tune_bwd_h100_2026-11-25.json.gz``).
 BWD_TABLE = {
     64: BwdConfig(64, 128, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, role_split=True, rotated_start=True),
@@ -343,6 +354,7 @@ BWD_TABLE = {
                   kv_in_regs=True),
     128: BwdConfig(64, 96, 8, 2, 1, sdp_warps_m=1, dkv_warps_n=2, dq_warps_m=1, role_split=True, step_divisor=True,
                    kv_in_regs=True),
+    160: BwdConfig(64, 64, 8, 1, 1, sdp_warps_m=4, dkv_warps_n=4, dq_warps_m=4),
     192: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
     256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=1, dq_chunks=2, dkv_chunks=2),
 }
@@ -367,9 +379,11 @@ BWD_TABLE_UNSPLIT = {
 #: nor head_dim != head_dim_v nor mods; the 8-warp tile it replaced serves them. At d64 a score_mod (its pre-mod
 #: scores kept beside S) needs smaller S fragments than either d64 entry has: the d96 heavy tile's shape. At d256
 #: block sparsity with mods keeps a local word in the class tile; dQ split over two warps along the rows does not.
+#: At d160 a score_mod (its pre-mod scores beside the 64x64 tile's accumulators) takes the d192 class's 32x64 tile.
 BWD_TABLE_FALLBACK = {
     64: BwdConfig(64, 64, 8, 2, 2, sdp_warps_m=2, dkv_warps_n=4, dq_warps_m=4),
     128: BwdConfig(64, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
+    160: BwdConfig(32, 64, 8, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2),
     # block sparsity with mods (the predicate says why): the class tile with dQ on two warps along the rows
     256: BwdConfig(32, 32, 4, 2, 1, sdp_warps_m=2, dkv_warps_n=2, dq_warps_m=2, dq_chunks=2, dkv_chunks=2),
 }
@@ -401,9 +415,14 @@ def _is_heavy(spec: BwdSpec) -> bool:
     return spec.softcap or spec.mods is not None or spec.block_sparse is not None
 
 
+#: The backward's head-dim classes: the forward's up to 256 and d160, where a 64x64 tile still fits beside Q, dO, K
+#: and V 160 columns wide (the d192 class's does not).
+BWD_HEAD_DIM_CLASSES = (64, 96, 128, 160, 192, 256)
+
+
 def bwd_head_dim_class(spec: BwdSpec) -> int:
     d = max(spec.head_dim, spec.head_dim_v)
-    return next(c for c in HEAD_DIM_CLASSES if d <= c)
+    return next(c for c in BWD_HEAD_DIM_CLASSES if d <= c)
 
 
 def _prefers_smem_operands(spec: BwdSpec, cfg: BwdConfig) -> bool:
@@ -457,6 +476,7 @@ BWD_TILE_CANDIDATES = {
          (32, 32, 4, 2, 1, 1, 1), (32, 64, 4, 1, 1, 1, 1), (64, 32, 4, 1, 1, 1, 1)),
     128: ((64, 64, 8, 2, 1, 1, 1), (64, 64, 4, 2, 1, 1, 1), (64, 64, 8, 1, 1, 1, 1), (32, 64, 4, 2, 2, 1, 1),
           (64, 32, 4, 2, 2, 1, 1), (32, 64, 4, 2, 2, 2, 1), (32, 64, 4, 2, 2, 2, 2)),
+    160: ((64, 64, 8, 1, 1, 1, 1), (32, 64, 8, 2, 1, 1, 1), (32, 64, 8, 2, 1, 2, 1), (32, 32, 4, 2, 2, 2, 1)),
     192: ((32, 64, 8, 2, 1, 1, 1), (64, 64, 8, 1, 1, 1, 1), (32, 64, 8, 2, 1, 2, 1), (32, 64, 4, 2, 1, 2, 2),
           (32, 32, 4, 2, 2, 2, 1), (32, 32, 4, 2, 2, 2, 2), (16, 64, 4, 2, 2, 1, 1)),
     256: ((32, 32, 4, 2, 1, 2, 1), (32, 32, 4, 2, 1, 2, 2), (32, 32, 4, 2, 1, 4, 2), (16, 64, 8, 2, 1, 1, 1),
@@ -507,7 +527,8 @@ def candidate_bwd_configs(spec: BwdSpec, model: ExecutionModel) -> list[BwdConfi
 
 #: (head_dim, head_dim_v) pairs the conformance gate compiles per class: the class size and a padded one.
 BWD_REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 96: ((96, 96), (72, 72)), 128: ((128, 128), (112, 112)),
-                                192: ((192, 192), (192, 128)), 256: ((256, 256), (200, 200))}
+                                160: ((160, 160), (144, 144)), 192: ((192, 192), (192, 128)),
+                                256: ((256, 256), (200, 200))}
 
 
 def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
@@ -520,25 +541,31 @@ def dispatchable_bwd(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
             for dtype in ("bf16", "fp16"):
                 for mask in ("full", "causal", "local"):
                     specs.append(BwdSpec(dtype, d, dv, causal=mask == "causal", local=mask == "local"))
-        d, dv = dims[0]
-        for mask in ("full", "causal", "local"):
-            specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", softcap=True))
-            specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", varlen_q=True,
-                                 varlen_k=True, seqused_q=True, seqused_k=True))
-            specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", deterministic=True))
-        specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True))
-        specs.append(BwdSpec("bf16", d, dv // 2, causal=True))  # head_dim != head_dim_v
-        # the group splits of small GQA grids (each a compile-time divisor), and the heaviest layout split
-        specs += [BwdSpec("bf16", d, dv, causal=True, group_split=s) for s in GROUP_SPLITS]
-        heaviest = BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True,
-                           deterministic=True, softcap=True, group_split=2)
-        specs.append(heaviest)
-        # the deterministic mode's lowest-first order (``bwd_det_order``) where the class's config admits it: dense
-        # whole and split, packed, and the heaviest layout
-        lowest = [BwdSpec("bf16", d, dv, causal=True, deterministic=True, group_split=g) for g in (1, 2)]
-        lowest += [BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True), heaviest]
-        specs += [s for s in (replace(x, lowest_first=True) for x in lowest) if bwd_lowest_first_open(s, model)]
+        specs += _variant_specs(*dims[0], model)
     return [(spec, select_bwd_config(spec, model)) for spec in dict.fromkeys(specs)]
+
+
+def _variant_specs(d: int, dv: int, model: ExecutionModel) -> list[BwdSpec]:
+    """The gate's variants at (d, dv): softcap, varlen and the deterministic mode under every mask, a head_dim_v of
+    half of it, the group splits, the heaviest layout, and the lowest-first order where the config admits it."""
+    specs = []
+    for mask in ("full", "causal", "local"):
+        specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", softcap=True))
+        specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", varlen_q=True,
+                             varlen_k=True, seqused_q=True, seqused_k=True))
+        specs.append(BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", deterministic=True))
+    specs.append(BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True))
+    specs.append(BwdSpec("bf16", d, dv // 2, causal=True))  # head_dim != head_dim_v
+    # the group splits of small GQA grids (each a compile-time divisor), and the heaviest layout split
+    specs += [BwdSpec("bf16", d, dv, causal=True, group_split=s) for s in GROUP_SPLITS]
+    heaviest = BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True,
+                       deterministic=True, softcap=True, group_split=2)
+    specs.append(heaviest)
+    # the deterministic mode's lowest-first order (``bwd_det_order``) where the class's config admits it: dense
+    # whole and split, packed, and the heaviest layout
+    lowest = [BwdSpec("bf16", d, dv, causal=True, deterministic=True, group_split=g) for g in (1, 2)]
+    lowest += [BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True), heaviest]
+    return specs + [s for s in (replace(x, lowest_first=True) for x in lowest) if bwd_lowest_first_open(s, model)]
 
 
 def bwd_lowest_first_open(spec: BwdSpec, model: ExecutionModel) -> bool:

@@ -127,7 +127,8 @@ def copied_tile_rows(cfg: "FwdConfig") -> int:
 #: Widest TMA K/V row laid out in 16-column swizzle atoms (32-byte rows: one TMA box per 16 columns). Past
 #: it the width goes to the next multiple of 32: same run, H100 at SM120 occupancy (2026-11-24), table
 #: entries, 16-column atoms -> 32/64-column ones: d80 (80 -> 96) 2-4% slower, d112 (112 -> 128) 1-4% faster
-#: causal and 1-4% slower full, d176 (176 -> 192) 6-14% faster (11 boxes of 32 bytes per row block).
+#: causal and 1-4% slower full. A width past the head dim itself is refused to the TMA tiles
+#: (``fwd_config_problems``: the box would span columns the K / V rows do not have).
 MAX_WIDTH_16_COLUMN_ATOMS = 128
 
 
@@ -267,6 +268,12 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
             out.append(f"mainloop={cfg.mainloop} needs TMA, which the {model.name} model lacks (use cp_async)")
         if spec.varlen_k or spec.seqused_k or spec.page_size:
             out.append(f"mainloop={cfg.mainloop} needs dense K/V: varlen / seqused / paged K run the cp_async mainloop")
+        padded = [d for d, w in zip((spec.head_dim, spec.head_dim_v), smem_head_dims(spec, cfg)) if d != w]
+        if padded:
+            # a TMA box spans the padded row, which the K / V tensors' static row width does not reach (sm_120a
+            # compile: d72-d88, d104, d120, d136-d176 fail to build the atom); cp.async pads its own rows
+            out.append(f"mainloop={cfg.mainloop} needs head dims its tiles hold unpadded (multiples of 16 up to "
+                       f"128); {padded} pad: the cp_async mainloop serves them")
     if spec.page_size and (spec.varlen_k or spec.page_size < 0):
         out.append(f"page_size={spec.page_size} with varlen_k={spec.varlen_k}: paged K/V are (num_pages, page_size, "
                    "heads, d) caches with a page table, never packed with cu_seqlens_k; page_size >= 1")
@@ -881,8 +888,10 @@ def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfi
 
 
 #: Head dims the conformance list compiles per class: the class size (the largest tile, most
-#: registers) and a padded one (column predicates). Plus the two common head_dim_v != head_dim shapes.
-REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 96: ((96, 96), (72, 72)), 128: ((128, 128), (112, 112), (128, 64)),
+#: registers) and a padded one (column predicates; d120 for d128, whose TMA tiles take no padding). Plus the two
+#: common head_dim_v != head_dim shapes.
+REPRESENTATIVE_HEAD_DIMS = {64: ((64, 64), (40, 40)), 96: ((96, 96), (72, 72)),
+                            128: ((128, 128), (112, 112), (120, 120), (128, 64)),
                             192: ((192, 192), (192, 128), (160, 160), (176, 176)), 256: ((256, 256), (232, 232), (200, 200))}
 
 

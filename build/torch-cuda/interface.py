@@ -16,13 +16,13 @@ from typing import Optional
 
 import torch
 
-from .autograd import dtype_of, gradients, needs_grad, replay, run_call
+from .autograd import dtype_of, gradients, needs_grad, plan_key, replay, run_call
 from .custom_ops import CompiledFwd, CompiledVarlenFwd, distinct, fp8_call
-from .launch import dispatch_model, launch_fwd, varlen_rememberable, with_packing
+from .launch import dispatch_model, plan_for, remember, remembered, varlen_rememberable, with_packing
 from .problem import kernel_layout
 from .fp8 import fp8_args, is_fp8
 from .latent import latent_call
-from .validation import (check_options, has_mods, mods_of, refuse_unimplemented, rng_of, upstream_options,
+from .validation import (check_options, has_mods, mods_of, plain_sink, refuse_unimplemented, rng_of, upstream_options,
                          validate_varlen_call, validated, validated_call, window_entries, with_block_sparse, with_mods)
 
 
@@ -252,12 +252,21 @@ def flash_attn_fwd(
 
 def _fwd_launch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, out, lse, pack_gqa, num_splits,
                 rng=None):
-    """``flash_attn_fwd``, with the dropout slot ``rng`` (the forward custom op's path)."""
+    """``flash_attn_fwd``, with the dropout slot ``rng`` (the forward custom op's path). A repeated call without
+    dropout runs its remembered launch plan (``launch.call_key``), into ``out`` / ``lse`` when given."""
     check_options(num_splits, pack_gqa)
+    key = None
+    if rng is None:
+        key = plan_key((q, k, v, learnable_sink), (softmax_scale, softcap), window_size,
+                       ("fwd", bool(causal), num_splits, pack_gqa))
+        plan = remembered(key)
+        if plan is not None:
+            return plan.run(q, k, v, plain_sink(learnable_sink), None, out, lse)
     q, k, v, spec, shape, params = validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink,
                                              rng)
-    return launch_fwd(q, k, v, with_packing(spec, shape, pack_gqa), shape, params, out,
-                      lse, num_splits=num_splits)
+    spec = with_packing(spec, shape, pack_gqa)
+    plan = remember(key, plan_for(q, v, spec, shape, params, None, num_splits, None))
+    return plan.run(q, k, v, params.sink, None, out, lse, params.aux, params.sparse, params.rng, params.descale)
 
 
 def flash_attn_bwd(

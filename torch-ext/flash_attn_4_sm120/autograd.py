@@ -58,14 +58,19 @@ def replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, varl
     """``(key, result)``: the call's ``call_key`` (window bounds appended to ``scalars``), and the
     remembered plan's ``(out, lse or None)`` (``run_plan``: through autograd when a gradient is required) when
     there is one, else None."""
-    window = tuple(window_size) if isinstance(window_size, (tuple, list)) else (None, None, window_size)
-    key = call_key(tensors, (*scalars, *window), options)
+    key = plan_key(tensors, scalars, window_size, options)
     plan = remembered(key)
     if plan is None:
         return key, None
     spec, shape, params = plan.call
     return key, run_plan(plan, q, k, v, spec, shape, per_call(params, learnable_sink), varlen, return_lse,
                          learnable_sink, deterministic, grad)
+
+
+def plan_key(tensors, scalars, window_size, options):
+    """``call_key`` of a call with its window bounds appended to ``scalars``."""
+    window = tuple(window_size) if isinstance(window_size, (tuple, list)) else (None, None, window_size)
+    return call_key(tensors, (*scalars, *window), options)
 
 
 def per_call(params, learnable_sink, rng=None):
