@@ -99,7 +99,8 @@ def ours_call(kwargs: dict, ex: fx.Example):
         b, s = q.shape[:2]
         cu = torch.arange(0, b * s + 1, docs, dtype=torch.int32, device=q.device)
         flat = (t.reshape(b * s, *t.shape[2:]) for t in (q, k, v))
-        return fa.flash_attn_varlen_func(*flat, cu, cu, docs, docs, **kwargs)[0].view(q.shape[:-1] + v.shape[-1:])
+        return fa.flash_attn_varlen_func(*flat, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=docs, max_seqlen_k=docs,
+                                         **kwargs)[0].view(q.shape[:-1] + v.shape[-1:])
     return run
 
 

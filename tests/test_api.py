@@ -168,7 +168,8 @@ def test_torch_compile_fullgraph_traces_the_backward(varlen):
     @torch.compile(fullgraph=True, backend="aot_eager")
     def f(q, sink):
         if varlen:
-            out, lse = fa.flash_attn_varlen_func(q, q, q, cu, cu, 64, 64, causal=True, return_lse=True,
+            out, lse = fa.flash_attn_varlen_func(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=64,
+                                                 max_seqlen_k=64, causal=True, return_lse=True,
                                                  learnable_sink=sink)
         else:
             out, lse = fa.flash_attn_func(q, q, q, causal=True, return_lse=True, learnable_sink=sink)
@@ -297,7 +298,8 @@ def test_torch_compile_traces_both_entries_without_graph_breaks(entry):
             return fa.flash_attn_func(q, q, q, window_size=(None, -2), num_splits=splits, pack_gqa=False,
                                       return_lse=True)
         packed = q.reshape(16, 4, 64)
-        return fa.flash_attn_varlen_func(packed, packed, packed, cu, cu, 5, 5, causal=True, return_lse=True)
+        return fa.flash_attn_varlen_func(packed, packed, packed, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=5,
+                                         max_seqlen_k=5, causal=True, return_lse=True)
 
     torch._dynamo.reset()
     with pytest.raises(ValueError, match="CUDA tensors"):

@@ -124,7 +124,8 @@ def run_varlen(lens_q, lens_k, hq, hkv, d, causal=False, window_size=(None, None
     sink_leaf = sink_t.clone().requires_grad_(True) if sink else None
     i32 = lambda xs: torch.tensor(xs, dtype=torch.int32, device="cuda")  # noqa: E731
     out, _ = fa.flash_attn_varlen_func(
-        *leaves, cu_q, cu_k, max(lens_q), max(lens_k), seqused_q=i32(used_q) if used_q else None,
+        *leaves, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k),
+        seqused_q=i32(used_q) if used_q else None,
         seqused_k=i32(used_k) if used_k else None, causal=causal, window_size=window_size, softcap=softcap,
         learnable_sink=sink_leaf, deterministic=deterministic)
     grads = torch.autograd.grad((out.float() * dout.float()).sum(), leaves + ([sink_leaf] if sink else []))
@@ -257,7 +258,8 @@ def test_bwd_deterministic_varlen_is_bitwise_repeatable():
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     runs = []
     for _ in range(3):
-        out, _ = fa.flash_attn_varlen_func(*leaves, cu_q, cu_k, 1025, 1025, causal=True, deterministic=True)
+        out, _ = fa.flash_attn_varlen_func(*leaves, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=1025,
+                                           max_seqlen_k=1025, causal=True, deterministic=True)
         runs.append(torch.autograd.grad(out, leaves, dout))
     for other in runs[1:]:
         for name, a, b in zip(("dq", "dk", "dv"), runs[0], other):
@@ -282,7 +284,8 @@ def test_bwd_torch_compile_matches_eager(varlen):
 
     def step(q, k, v, sink):
         if varlen:
-            out = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 310, causal=True, learnable_sink=sink,
+            out = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300,
+                                            max_seqlen_k=310, causal=True, learnable_sink=sink,
                                             window_size=(100, 0), deterministic=True)[0]
         else:
             out = fa.flash_attn_func(q, k, v, causal=True, learnable_sink=sink, window_size=(100, 0),

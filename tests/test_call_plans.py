@@ -180,19 +180,22 @@ def test_gradients_and_misses_of_metadata_take_the_checked_path(monkeypatch):
     validations = _count_validations(monkeypatch)
     q, k, v, cu_q, cu_k = varlen_batch([5, 0, 33], [40, 7, 64], 4, 2, 64)
     for _ in range(2):  # the maxima not given: read from the device, never remembered
-        fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k)
+        fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
     assert len(validations) == 2 and not launch._PLANS
     for _ in range(2):
-        out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_seqlen_q=33, max_seqlen_k=64, return_lse=True)
+        out, lse = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=33,
+                                             max_seqlen_k=64, return_lse=True)
     assert len(validations) == 3 and len(launch._PLANS) == 1
-    ref, _ = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, return_lse=True)
+    ref, _ = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, return_lse=True)
     assert torch.equal(out, ref)
     for _ in range(2):  # the host metadata check runs on every call that asks for it
-        fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_seqlen_q=33, max_seqlen_k=64, check_metadata=True)
+        fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=33, max_seqlen_k=64,
+                                  check_metadata=True)
     assert len(validations) == 6
     qg = q.clone().requires_grad_()
     # a gradient goes through autograd from the remembered plan: no validation
-    fa.flash_attn_varlen_func(qg, k, v, cu_q, cu_k, max_seqlen_q=33, max_seqlen_k=64)[0].sum().backward()
+    fa.flash_attn_varlen_func(qg, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=33,
+                              max_seqlen_k=64)[0].sum().backward()
     assert qg.grad is not None and len(validations) == 6
 
 

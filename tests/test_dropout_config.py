@@ -171,7 +171,8 @@ def test_dropout_traces_into_one_graph(seed, varlen):
 
     def step(q):
         if varlen:
-            out = fa.flash_attn_varlen_func(q[0], q[0], q[0], cu, cu, 64, 64, causal=True, dropout_p=0.1,
+            out = fa.flash_attn_varlen_func(q[0], q[0], q[0], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=64,
+                                            max_seqlen_k=64, causal=True, dropout_p=0.1,
                                             dropout_seed=seed)[0]
         else:
             out = fa.flash_attn_func(q, q, q, causal=True, dropout_p=0.1, dropout_seed=seed)[0]

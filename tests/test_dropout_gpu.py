@@ -187,8 +187,8 @@ def test_varlen(d):
     torch.manual_seed(0)
     q, k, v, cu_q, cu_k = varlen_batch(lens_q, lens_k, hq, hkv, d)
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    out, _ = fa.flash_attn_varlen_func(*leaves, cu_q, cu_k, max(lens_q), max(lens_k), causal=True, dropout_p=p,
-                                       dropout_seed=SEED)
+    out, _ = fa.flash_attn_varlen_func(*leaves, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                       max_seqlen_k=max(lens_k), causal=True, dropout_p=p, dropout_seed=SEED)
     dout = torch.randn_like(out)
     dq, dk, dv = torch.autograd.grad((out.float() * dout.float()).sum(), leaves)
     mask = _mask(len(lens_q), hq, max(lens_q), max(lens_k), p)
@@ -311,7 +311,8 @@ def test_torch_compile_matches_eager(varlen):
     def step(q, k, v):
         args = dict(causal=True, window_size=(100, 0), deterministic=True, dropout_p=0.2, dropout_seed=SEED)
         if varlen:
-            out = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 300, 310, **args)[0]
+            out = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=300,
+                                            max_seqlen_k=310, **args)[0]
         else:
             out = fa.flash_attn_func(q, k, v, **args)[0]
         return out, (out.float() * w).sum()

@@ -249,7 +249,8 @@ def test_varlen_backward_with_mods_matches_each_sequence():
     v = torch.randn(325, 2, 128, dtype=torch.bfloat16, device="cuda")
     dout = torch.randn(257, 8, 128, dtype=torch.bfloat16, device="cuda")
     mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, score_mod_bwd=ex.score_mod_bwd)
-    _, got = _grads(q, k, v, dout, lambda *t: fa.flash_attn_varlen_func(*t, cu_q, cu_k, 157, 200, **mods)[0])
+    _, got = _grads(q, k, v, dout, lambda *t: fa.flash_attn_varlen_func(
+        *t, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=157, max_seqlen_k=200, **mods)[0])
     for i in (0, 2):
         rows, keys = slice(int(cu_q[i]), int(cu_q[i + 1])), slice(int(cu_k[i]), int(cu_k[i + 1]))
         one = (q[rows][None], k[keys][None], v[keys][None])

@@ -287,7 +287,8 @@ def test_torch_compile_fullgraph_varlen(dynamic):
     torch._dynamo.reset()
 
     def f(q, k, v, cu_q, cu_k, max_q: int, max_k: int):
-        out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, window_size=(64, None),
+        out, lse = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q,
+                                             max_seqlen_k=max_k, causal=True, window_size=(64, None),
                                              return_lse=True)
         return out.float() * 2, lse
 

@@ -70,7 +70,8 @@ def test_decode_over_kv_past_2_31_elements(layout, num_splits):
         out, lse = fa.flash_attn_func(q, k, v, num_splits=num_splits, return_lse=True)
     else:
         cu = torch.tensor([0, sk], dtype=torch.int32, device="cuda")
-        out, lse = fa.flash_attn_varlen_func(q, k[0], v[0], None, cu, 1, sk, num_splits=num_splits, return_lse=True)
+        out, lse = fa.flash_attn_varlen_func(q, k[0], v[0], cu_seqlens_q=None, cu_seqlens_k=cu, max_seqlen_q=1,
+                                             max_seqlen_k=sk, num_splits=num_splits, return_lse=True)
     torch.cuda.synchronize()
     _check_rows(out, lse, q, k, v, slice(0, 1))
     del k, v

@@ -87,7 +87,8 @@ def test_pack_gqa_varlen_decode_batch():
     lens_q, lens_k = [1, 0, 3, 1], [700, 5, 0, 64]
     hq, hkv, d = 16, 2, 128
     q, k, v, cu_q, cu_k = varlen_batch(lens_q, lens_k, hq, hkv, d)
-    out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
+    out, lse = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                         max_seqlen_k=max(lens_k), causal=True,
                                          pack_gqa=True, return_lse=True)
     torch.cuda.synchronize()
     for i in range(len(lens_q)):

@@ -7,20 +7,34 @@ import pytest
 import torch
 
 import flash_attn_4_sm120 as fa
-from support.upstream_api import REQUIRED, SIGNATURES
+from support.upstream_api import DEFAULT_DEVIATIONS, REQUIRED, SIGNATURES
 
 
 def _lengths(batch=3):
     return torch.zeros(batch + 1, dtype=torch.int32)
 
 
-def test_signature_is_upstreams():
-    params = list(inspect.signature(fa.get_scheduler_metadata).parameters.values())
-    recorded = SIGNATURES["get_scheduler_metadata"]
-    assert [p.name for p in params] == [name for name, _ in recorded]
-    for p, (name, default) in zip(params, recorded):
-        assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, name
-        assert (p.default is inspect.Parameter.empty) if default is REQUIRED else p.default == default, name
+@pytest.mark.parametrize("name", sorted(SIGNATURES))
+def test_signature_is_upstreams(name):
+    """Upstream's public names take upstream's parameters first, in its order (a positional call binds as upstream's
+    does), with its defaults (``DEFAULT_DEVIATIONS`` apart); the bundle's own parameters come after."""
+    params = list(inspect.signature(getattr(fa, name)).parameters.values())
+    recorded = SIGNATURES[name]
+    assert [p.name for p in params[:len(recorded)]] == [n for n, _ in recorded]
+    for p, (param, default) in zip(params, recorded):
+        assert p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD, param
+        if default is REQUIRED:
+            assert p.default is inspect.Parameter.empty, param
+        else:
+            assert p.default == DEFAULT_DEVIATIONS.get(param, default), param
+    assert all(p.kind is not inspect.Parameter.VAR_POSITIONAL for p in params)
+
+
+def test_a_varlen_call_in_fa2s_order_is_told_the_order():
+    """FA2's varlen order (q, k, v, cu_seqlens_q, ...) puts cu_seqlens_q where upstream FlashAttention-4 has qv."""
+    q = torch.zeros(10, 2, 64, dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="pass cu_seqlens_q / cu_seqlens_k"):
+        fa.flash_attn_varlen_func(q, q, q, _lengths(), _lengths(), 5, 5)
 
 
 def test_returns_upstreams_fields_empty():

@@ -80,7 +80,8 @@ def test_split_kv_varlen_with_empty_sequences():
     seqused_k = torch.tensor(used_k, dtype=torch.int32, device="cuda")
     sink = torch.randn(hq, device="cuda")
     for num_splits in (3, 16):
-        out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), seqused_k=seqused_k,
+        out, lse = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                             max_seqlen_k=max(lens_k), seqused_k=seqused_k,
                                              causal=True, learnable_sink=sink, num_splits=num_splits, return_lse=True)
         torch.cuda.synchronize()
         for i in range(len(lens_q)):

@@ -51,7 +51,8 @@ def test_varlen_packed(lens_q, lens_k, features, head_dim):
     k = torch.randn(sum(lens_k), hkv, head_dim, dtype=torch.bfloat16, device="cuda")
     v = torch.randn(sum(lens_k), hkv, head_dim, dtype=torch.bfloat16, device="cuda")
     cu_q, cu_k = _cu(lens_q), _cu(lens_k)
-    out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), return_lse=True, **features)
+    out, lse = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max(lens_q),
+                                         max_seqlen_k=max(lens_k), return_lse=True, **features)
     torch.cuda.synchronize()
     assert out.shape == q.shape and lse.shape == (hq, q.shape[0])
     causal = features.pop("causal", False)
@@ -92,7 +93,8 @@ def test_packed_with_seqused_q_leaves_unused_rows_zero():
     k = torch.randn(30, 2, 64, dtype=torch.bfloat16, device="cuda")
     cu = _cu(lens)
     used = torch.tensor([4, 20], dtype=torch.int32, device="cuda")
-    out, lse = fa.flash_attn_varlen_func(q, k, k, cu, cu, 20, 20, seqused_q=used, seqused_k=used, return_lse=True)
+    out, lse = fa.flash_attn_varlen_func(q, k, k, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=20, max_seqlen_k=20,
+                                         seqused_q=used, seqused_k=used, return_lse=True)
     torch.cuda.synchronize()
     assert torch.equal(out[4:10], torch.zeros_like(out[4:10])) and torch.isneginf(lse[:, 4:10]).all()
     ref, _ = attention_ref(q[None, :4], k[None, :4], k[None, :4])
@@ -109,7 +111,8 @@ def test_one_compile_serves_every_batch_layout():
     def call(lens, num_splits=None):
         q = torch.randn(sum(lens), 4, 64, dtype=torch.bfloat16, device="cuda")
         cu = _cu(lens)
-        fa.flash_attn_varlen_func(q, q, q, cu, cu, max(lens), max(lens), causal=True, num_splits=num_splits)
+        fa.flash_attn_varlen_func(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=max(lens),
+                                  max_seqlen_k=max(lens), causal=True, num_splits=num_splits)
 
     for warm in ([1000], [5]):
         call(warm, num_splits=1)

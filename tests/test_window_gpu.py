@@ -91,7 +91,8 @@ def test_varlen_windows(head_dim):
     seqused_k = torch.tensor(used_k, dtype=torch.int32, device="cuda")
     for window in FIXED + random_windows(head_dim, 5, 300):
         for used in (None, seqused_k):
-            out, lse = fa.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), seqused_k=used,
+            out, lse = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                                 max_seqlen_q=max(lens_q), max_seqlen_k=max(lens_k), seqused_k=used,
                                                  window_size=window, return_lse=True)
             torch.cuda.synchronize()
             for bi in range(len(lens_q)):

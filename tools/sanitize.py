@@ -122,7 +122,8 @@ def _varlen_runs(num_splits, pack_gqa, grad=False, deterministic=False, d=128):
         ("max_seqlen too small", cu_q, cu_k, None, None, 7, 20),
     ]
     for label, cq, ck, uq, uk, mq, mk in packed:
-        call(q, k, k, cq, ck, mq, mk, seqused_q=uq, seqused_k=uk, **opts)
+        call(q, k, k, cu_seqlens_q=cq, cu_seqlens_k=ck, max_seqlen_q=mq, max_seqlen_k=mk, seqused_q=uq, seqused_k=uk,
+             **opts)
     dense = [  # dense q and k with seqused
         ("good", _i32([120, 0, 7, 1, 50]), _i32([700, 1, 600, 9, 300])),
         ("seqused past the dense seqlen", _i32([500, 0, 7, 1, 50]), _i32([2_000_000, 1, 600, 9, 300])),
@@ -476,7 +477,8 @@ def _dropout_runs():
         torch.autograd.grad(out, (q, k), torch.ones_like(out))
     cu = torch.tensor([0, 100, 100, 357], dtype=torch.int32, device="cuda")
     q = torch.randn(357, 4, 128, dtype=torch.bfloat16, device="cuda", requires_grad=True)
-    out, _ = fa.flash_attn_varlen_func(q, q, q, cu, cu, 257, 257, causal=True, dropout_p=0.3)
+    out, _ = fa.flash_attn_varlen_func(q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=257, max_seqlen_k=257,
+                                       causal=True, dropout_p=0.3)
     torch.autograd.grad(out, (q,), torch.ones_like(out))
     torch.cuda.synchronize()
 

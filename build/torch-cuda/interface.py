@@ -1,9 +1,9 @@
 """Public API: the attention entries. No architecture branches here.
 
-``flash_attn_func`` keeps upstream flash-attn-4's argument names, ``(batch, seqlen, heads, head_dim)``
-layout and ``(out, lse)`` return convention, so code written for flash-attn-4 runs unchanged where the
-features it uses are implemented; features not implemented in this version raise ``NotImplementedError``
-with the manifest's message (see CONFLICTS_LOG.md).
+``flash_attn_func`` and ``flash_attn_varlen_func`` take upstream flash-attn-4's parameters in its order (this
+bundle's own after them), its ``(batch, seqlen, heads, head_dim)`` layout and ``(out, lse)`` return convention, so
+code written for flash-attn-4 runs unchanged where the features it uses are implemented; features not implemented
+in this version raise ``NotImplementedError`` with the manifest's message (see CONFLICTS_LOG.md).
 
 Each entry validates its arguments (``validation``, ``problem``), plans the launch (``launch``) and runs it
 (``autograd``: through an autograd function when a gradient is required); under ``torch.compile`` it calls the
@@ -22,14 +22,17 @@ from .launch import dispatch_model, plan_for, remember, remembered, varlen_remem
 from .problem import kernel_layout
 from .fp8 import fp8_args, is_fp8
 from .latent import latent_call
-from .validation import (check_options, has_mods, mods_of, plain_sink, refuse_unimplemented, rng_of, upstream_options,
-                         validate_varlen_call, validated, validated_call, window_entries, with_block_sparse, with_mods)
+from .validation import (check_options, has_mods, mods_of, named_options, plain_sink, refuse_unimplemented, rng_of,
+                         upstream_options, validate_varlen_call, validated, validated_call, window_entries,
+                         with_block_sparse, with_mods)
 
 
 def flash_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    qv: Optional[torch.Tensor] = None,
+    gather_kv_indices: Optional[torch.Tensor] = None,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
     window_size: tuple = (None, None),
@@ -39,8 +42,15 @@ def flash_attn_func(
     pack_gqa: Optional[bool] = None,
     deterministic: bool = False,
     score_mod=None,
+    score_mod_bwd=None,
     mask_mod=None,
+    aux_tensors=None,
+    aux_scalars=None,
+    block_sparse_tensors=None,
+    block_sparse_tensors_bwd=None,
     return_lse: bool = False,
+    gather_bwd_recompute_p: bool = False,
+    gather_bwd_token_chunk: Optional[int] = None,
     **kwargs,
 ):
     """Attention forward. q: (batch, seqlen_q, heads, d); k, v: (batch, seqlen_k, heads_kv, d).
@@ -63,6 +73,10 @@ def flash_attn_func(
     (num_pages, page_size, heads_kv, d), every sequence max_pages * page_size keys long (for per-sequence
     lengths use ``flash_attn_varlen_func(..., seqused_k=...)`` or ``flash_attn_with_kvcache``).
     """
+    kwargs = named_options(kwargs, qv=qv, gather_kv_indices=gather_kv_indices, score_mod_bwd=score_mod_bwd,
+                           aux_tensors=aux_tensors, aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors,
+                           block_sparse_tensors_bwd=block_sparse_tensors_bwd,
+                           gather_bwd_recompute_p=gather_bwd_recompute_p, gather_bwd_token_chunk=gather_bwd_token_chunk)
     if kwargs:  # (most calls pass none)
         upstream_options(kwargs, varlen=False)
     page_table = kwargs.pop("page_table", None)
@@ -114,12 +128,15 @@ def flash_attn_varlen_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    qv: Optional[torch.Tensor] = None,
     cu_seqlens_q: Optional[torch.Tensor] = None,
     cu_seqlens_k: Optional[torch.Tensor] = None,
     max_seqlen_q: Optional[int] = None,
     max_seqlen_k: Optional[int] = None,
+    min_seqlen_k: Optional[int] = None,
     seqused_q: Optional[torch.Tensor] = None,
     seqused_k: Optional[torch.Tensor] = None,
+    gather_kv_indices: Optional[torch.Tensor] = None,
     page_table: Optional[torch.Tensor] = None,
     softmax_scale: Optional[float] = None,
     causal: bool = False,
@@ -130,8 +147,17 @@ def flash_attn_varlen_func(
     pack_gqa: Optional[bool] = None,
     deterministic: bool = False,
     score_mod=None,
+    score_mod_bwd=None,
     mask_mod=None,
+    block_sparse_tensors=None,
+    aux_tensors=None,
+    aux_scalars=None,
     return_lse: bool = False,
+    scheduler_metadata=None,
+    seqlen_k_per_split: Optional[int] = None,
+    disable_scheduler_metadata: bool = False,
+    gather_bwd_recompute_p: bool = False,
+    gather_bwd_token_chunk: Optional[int] = None,
     check_metadata: Optional[bool] = None,
     **kwargs,
 ):
@@ -160,6 +186,16 @@ def flash_attn_varlen_func(
     its block lists from the forward's); ``gather_kv_indices`` and ``seqlen_k_per_split`` raise
     ``NotImplementedError`` naming the alternatives (``validation.upstream_options``).
     """
+    if isinstance(qv, torch.Tensor) and qv.dim() == 1 and not qv.is_floating_point():
+        raise TypeError("flash_attn_varlen_func takes upstream FlashAttention-4's order (q, k, v, qv, cu_seqlens_q, "
+                        "cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...): an integer vector came as qv; pass "
+                        "cu_seqlens_q / cu_seqlens_k (and the rest) by name")
+    kwargs = named_options(kwargs, qv=qv, gather_kv_indices=gather_kv_indices, min_seqlen_k=min_seqlen_k,
+                           score_mod_bwd=score_mod_bwd, aux_tensors=aux_tensors, aux_scalars=aux_scalars,
+                           block_sparse_tensors=block_sparse_tensors, scheduler_metadata=scheduler_metadata,
+                           seqlen_k_per_split=seqlen_k_per_split,
+                           disable_scheduler_metadata=disable_scheduler_metadata,
+                           gather_bwd_recompute_p=gather_bwd_recompute_p, gather_bwd_token_chunk=gather_bwd_token_chunk)
     if kwargs:  # (most calls pass none)
         upstream_options(kwargs, varlen=True)
     mods = mods_of(score_mod, mask_mod, kwargs)

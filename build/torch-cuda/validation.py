@@ -111,6 +111,14 @@ def window_entries(window_size) -> tuple:
     return window
 
 
+def named_options(kwargs: dict, **named) -> dict:
+    """``kwargs`` with each of upstream's named parameters that a call set (``named``: its value differs from upstream's
+    default, None / False) added, so that every entry's options are read from one dict (``mods_of``,
+    ``upstream_options``, ``fp8_args``); a plain call passes none and gets ``kwargs`` back."""
+    given = {name: value for name, value in named.items() if value is not None and value is not False}
+    return {**kwargs, **given} if given else kwargs
+
+
 def upstream_options(kwargs: dict, varlen: bool) -> None:
     """Take upstream flash-attn-4's keyword arguments that need no kernel here out of ``kwargs``, checked:
 

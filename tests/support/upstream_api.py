@@ -1,7 +1,7 @@
 """A recorded copy of upstream flash-attn-4's public signatures (flash-attn-4 4.0.0b36 on PyPI,
 ``flash_attn/cute/interface.py``), which code written against upstream calls with: each function's parameters in
 order, as (name, default), ``REQUIRED`` for a parameter without one. ``tests/test_scheduler_metadata.py`` checks the
-bundle's functions of the same name against them."""
+bundle's functions of the same name against them: upstream's parameters first, in its order, the bundle's own after."""
 
 #: a parameter without a default
 REQUIRED = object()
@@ -31,4 +31,68 @@ SIGNATURES = {
         ("seqlen_k_per_split", None),
         ("_arch", None),
     ],
+    "flash_attn_func": [
+        ("q", REQUIRED),
+        ("k", REQUIRED),
+        ("v", REQUIRED),
+        ("qv", None),
+        ("gather_kv_indices", None),
+        ("softmax_scale", None),
+        ("causal", False),
+        ("window_size", (None, None)),
+        ("learnable_sink", None),
+        ("softcap", 0.0),
+        ("num_splits", 1),
+        ("pack_gqa", None),
+        ("deterministic", False),
+        ("score_mod", None),
+        ("score_mod_bwd", None),
+        ("mask_mod", None),
+        ("aux_tensors", None),
+        ("aux_scalars", None),
+        ("block_sparse_tensors", None),
+        ("block_sparse_tensors_bwd", None),
+        ("return_lse", False),
+        ("gather_bwd_recompute_p", False),
+        ("gather_bwd_token_chunk", None),
+    ],
+    "flash_attn_varlen_func": [
+        ("q", REQUIRED),
+        ("k", REQUIRED),
+        ("v", REQUIRED),
+        ("qv", None),
+        ("cu_seqlens_q", None),
+        ("cu_seqlens_k", None),
+        ("max_seqlen_q", None),
+        ("max_seqlen_k", None),
+        ("min_seqlen_k", None),
+        ("seqused_q", None),
+        ("seqused_k", None),
+        ("gather_kv_indices", None),
+        ("page_table", None),
+        ("softmax_scale", None),
+        ("causal", False),
+        ("window_size", (None, None)),
+        ("learnable_sink", None),
+        ("softcap", 0.0),
+        ("num_splits", 1),
+        ("pack_gqa", None),
+        ("deterministic", False),
+        ("score_mod", None),
+        ("score_mod_bwd", None),
+        ("mask_mod", None),
+        ("block_sparse_tensors", None),
+        ("aux_tensors", None),
+        ("aux_scalars", None),
+        ("return_lse", False),
+        ("scheduler_metadata", None),
+        ("seqlen_k_per_split", None),
+        ("disable_scheduler_metadata", False),
+        ("gather_bwd_recompute_p", False),
+        ("gather_bwd_token_chunk", None),
+    ],
 }
+
+#: Where the bundle's defaults differ from upstream's, on purpose (api.md says why): ``num_splits`` None chooses the
+#: KV splits per call (upstream's SM120 path never splits; 1 still turns splitting off).
+DEFAULT_DEVIATIONS = {"num_splits": None}
