@@ -271,9 +271,9 @@ def fwd_config_problems(spec: FwdSpec, cfg: FwdConfig, model: ExecutionModel) ->
         padded = [d for d, w in zip((spec.head_dim, spec.head_dim_v), smem_head_dims(spec, cfg)) if d != w]
         if padded:
             # a TMA box spans the padded row, which the K / V tensors' static row width does not reach (sm_120a
-            # compile: d72-d88, d104, d120, d136-d176 fail to build the atom); cp.async pads its own rows
+            # compile: d72, d88, d104, d120, d136-d152 and d176 failed to build the atom); cp.async pads its own rows
             out.append(f"mainloop={cfg.mainloop} needs head dims its tiles hold unpadded (multiples of 16 up to "
-                       f"128); {padded} pad: the cp_async mainloop serves them")
+                       f"128, of 32 past it); {padded} pad: the cp_async mainloop serves them")
     if spec.page_size and (spec.varlen_k or spec.page_size < 0):
         out.append(f"page_size={spec.page_size} with varlen_k={spec.varlen_k}: paged K/V are (num_pages, page_size, "
                    "heads, d) caches with a page table, never packed with cu_seqlens_k; page_size >= 1")
