@@ -94,9 +94,9 @@ def test_the_environment_refuses_as_the_argument_does(monkeypatch):
 def test_the_backward_keeps_one_order_whatever_the_grid(monkeypatch):
     """A small causal GQA grid: the deterministic mode picks its order, group split and band by shape; the
     batch-invariant backward keeps highest first, unsplit, one pair per band."""
-    monkeypatch.setattr(backward, "_side_kernels", lambda spec, model, target: ("pre", "post",
-                                                                               backward.select_bwd_config(spec, model)))
-    monkeypatch.setattr(backward, "_main_kernel", lambda spec, model, target, smem: spec)
+    monkeypatch.setattr(backward, "_side_kernels", lambda spec, model, target, cfg=None: (
+        "pre", "post", cfg or backward.select_bwd_config(spec, model)))
+    monkeypatch.setattr(backward, "_main_kernel", lambda spec, model, target, smem, cfg=None: spec)
     backward.bwd_launch.cache_clear()
     bspec = BwdSpec("bf16", 128, 128, causal=True, deterministic=True)
     shape = FwdShape(batch=1, seqlen_q=1024, seqlen_k=1024, num_heads=32, num_heads_kv=2)
@@ -107,3 +107,20 @@ def test_the_backward_keeps_one_order_whatever_the_grid(monkeypatch):
         backward.bwd_launch.cache_clear()
     assert free.split > 1 or free.main.lowest_first  # the shape-chosen order moves away from the fixed one here
     assert (fixed.split, fixed.band, fixed.main.lowest_first, fixed.main.group_split) == (1, 1, False, 1)
+
+
+@pytest.mark.parametrize("d", list(range(8, 257, 8)))
+def test_the_backward_runs_one_tile_for_every_layout(d):
+    """Dense, packed and capped layouts of the same options get one backward tile (the deterministic varlen specs the
+    table sends elsewhere included), valid for each."""
+    from flash_attn_4_sm120.bwd_config import bwd_config_problems, bwd_invariant_config
+
+    for causal, softcap in ((False, False), (True, False), (True, True)):
+        base = BwdSpec("bf16", d, d, causal=causal, softcap=softcap)
+        layouts = [base, replace(base, varlen_q=True, varlen_k=True),
+                   replace(base, varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True),
+                   replace(base, seqused_k=True)]
+        cfgs = {bwd_invariant_config(replace(s, deterministic=True), SM120) for s in layouts}
+        assert len(cfgs) == 1
+        cfg = cfgs.pop()
+        assert all(bwd_config_problems(replace(s, deterministic=True), cfg, SM120) == () for s in layouts)

@@ -95,7 +95,7 @@ def test_a_long_decode_is_unsplit_and_matches_its_prefill_row():
 @pytest.mark.parametrize("d", [64, 128, 192])
 def test_gradients_of_a_sequence_alone_and_in_a_batch(d):
     """The backward of sequence 0 alone (a small GQA grid: the deterministic mode would split the group and pick
-    its order by shape) and inside a batch of 4: the same dq, dk, dv bits."""
+    its order by shape), inside a dense batch of 4 and packed beside another sequence: the same dq, dk, dv bits."""
     hq, hkv, n = 16, 2, 640
 
     def grads(batch):
@@ -105,8 +105,19 @@ def test_gradients_of_a_sequence_alone_and_in_a_batch(d):
         out = fa.flash_attn_func(q, k, v, causal=True, batch_invariant=True)[0]
         return [g[:1] for g in torch.autograd.grad(out, (q, k, v), dout)]
 
-    for a, b in zip(grads(1), grads(4)):
+    alone = grads(1)
+    for a, b in zip(alone, grads(4)):
         assert torch.equal(a, b)
+    # packed beside a sequence of another length: the backward runs the same tile (bwd_invariant_config)
+    seqs = [[_randn(1, m, h, d, seed=10 * j + i)[0] for i, h in enumerate((hq, hkv, hkv))]
+            for j, m in ((0, n), (7, 333))]
+    q, k, v = (torch.cat([s[i] for s in seqs]).requires_grad_() for i in range(3))
+    dout = torch.cat([_randn(1, n, hq, d, seed=100)[0], _randn(1, 333, hq, d, seed=107)[0]])
+    cu = torch.tensor([0, n, n + 333], dtype=torch.int32, device="cuda")
+    out = fa.flash_attn_varlen_func(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=n, max_seqlen_k=n,
+                                    causal=True, batch_invariant=True)[0]
+    for a, b in zip(alone, torch.autograd.grad(out, (q, k, v), dout)):
+        assert torch.equal(a[0], b[:n])
 
 
 def test_the_environment_switch_gives_the_arguments_bits(monkeypatch):

@@ -14,8 +14,8 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from .bwd_config import (BwdConfig, bwd_padded_head_dim, bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd,
-                         select_bwd_config)
+from .bwd_config import (BwdConfig, bwd_invariant_pairs, bwd_padded_head_dim, bwd_smem_bytes, candidate_bwd_configs,
+                         dispatchable_bwd, select_bwd_config)
 from .compiler import (compile_append, compile_bwd, compile_bwd_side, compile_combine, compile_fwd, compile_refine,
                        fwd_kernel_class)
 from .config import (FwdConfig, candidate_fwd_configs, dispatch_candidates, dispatchable_fwd, fwd_smem_bytes,
@@ -270,7 +270,9 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
     cases += sparse_cases(model)
     cases += dropout_cases(model)
     side = {}
-    for spec, cfg in dispatchable_bwd(model):
+    bwd_pairs = dispatchable_bwd(model)
+    bwd_pairs += [pair for pair in bwd_invariant_pairs(model) if pair not in set(bwd_pairs)]  # batch-invariant tiles
+    for spec, cfg in bwd_pairs:
         ci = (spec.dtype == "bf16" and spec.head_dim == spec.head_dim_v and spec.head_dim in (128, 256) and spec.causal
               and spec.group_split <= 2)
         cases.append(BwdCase(spec, cfg, model.name, subset_ci=ci))

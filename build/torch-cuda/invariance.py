@@ -8,7 +8,8 @@ What changes with it, and why each piece is enough:
   * the keys are never split over CTAs (``num_splits`` is 1; an explicit larger count is refused): a split's partial
     results merge in a combine that the unsplit call does not run;
   * the backward runs deterministically (``deterministic=True``: dQ's additions in a fixed key-block order) in the
-    highest-first order without the group split, both of which the default deterministic mode picks by shape.
+    highest-first order without the group split, both of which the default deterministic mode picks by shape, and on
+    one tile for every layout of the call's options (``bwd_config.bwd_invariant_config``).
 Rows a call does not compute (padding, fully masked key blocks before a row's first visible key) add exact zeros, so a
 decode step's row matches the same row inside a prefill.
 """

@@ -24,17 +24,17 @@ from typing import Optional
 import torch
 
 from . import block_sparse, compiler, flex
-from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_lowest_first_open, bwd_padded_head_dim,
-                          bwd_smem_bytes, select_bwd_config)
+from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_invariant_config, bwd_lowest_first_open,
+                          bwd_padded_head_dim, bwd_smem_bytes, select_bwd_config)
 from .bwd_schedule import bwd_det_order, bwd_group_split, bwd_tile_band
 from .config import STATIC_SMEM_BYTES
 from .problem import LOG2_E, BwdSpec, FwdShape, FwdSpec, RefineSpec
 
 @functools.lru_cache(maxsize=None)
-def _main_kernel(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]]):
-    """The main kernel of ``spec``, launched with the model's CTAs per SM on a larger part
-    (``ExecutionModel.occupancy_launch_smem``)."""
-    cfg = select_bwd_config(spec, model)
+def _main_kernel(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]], cfg=None):
+    """The main kernel of ``spec`` (on ``cfg``, default the table's), launched with the model's CTAs per SM on a larger
+    part (``ExecutionModel.occupancy_launch_smem``)."""
+    cfg = cfg or select_bwd_config(spec, model)
     launch_smem = 0
     if device_smem is not None:
         launch_smem = model.occupancy_launch_smem(bwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES, STATIC_SMEM_BYTES,
@@ -43,9 +43,9 @@ def _main_kernel(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[
 
 
 @functools.lru_cache(maxsize=None)
-def _side_kernels(spec: BwdSpec, model, target: str):
-    """(preprocess, postprocess, config) for ``spec``."""
-    cfg = select_bwd_config(spec, model)
+def _side_kernels(spec: BwdSpec, model, target: str, cfg=None):
+    """(preprocess, postprocess, config) for ``spec`` (on ``cfg``, default the table's)."""
+    cfg = cfg or select_bwd_config(spec, model)
     return (compiler.get_bwd_side_kernel("preprocess", spec, cfg, model, target),
             compiler.get_bwd_side_kernel("postprocess", spec, cfg, model, target), cfg)
 
@@ -128,7 +128,9 @@ def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem:
     training step repeats its shapes; host time counts at small ones). ``invariant``: batch-invariant, the order
     and split fixed (highest first, unsplit) rather than chosen by shape, which would reorder dQ's and dK / dV's
     additions between batch sizes."""
-    pre, post, cfg = _side_kernels(bspec, model, target)
+    # a batch-invariant call runs one tile for every layout of its spec (bwd_invariant_config)
+    fixed = bwd_invariant_config(bspec, model) if invariant else None
+    pre, post, cfg = _side_kernels(bspec, model, target, fixed)
     # A small grid splits each KV head's query-head group over `split` CTAs (the main kernel's spec), each
     # writing a partial dK / dV head (KV head h's are heads h * split .. h * split + split - 1), summed in
     # run_bwd in fp32 in a fixed order (deterministic mode holds). Block sparsity walks per-KV-head lists: never split.
@@ -146,7 +148,7 @@ def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem:
     if split > 1 and bwd_config_problems(_main_spec(bspec, lowest, split), cfg, model):
         split = 1  # the predicate keeps this spec unsplit
     mspec = _main_spec(bspec, lowest, split)
-    main = _main_kernel(mspec, model, target, device_smem)
+    main = _main_kernel(mspec, model, target, device_smem, fixed)
     # causal / block-sparse key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
     if bwd_banded(mspec, cfg) and num_sms and not bspec.deterministic:
         band = _tile_band(bspec, cfg, shape, model, num_sms, l2_bytes, split)
