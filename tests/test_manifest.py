@@ -45,7 +45,8 @@ IMPLEMENTED_TODAY = {"forward", "causal", "gqa", "return_lse", "compile_cache", 
                      "sliding_window", "softcap", "learnable_sink", "varlen",
                      "head_dim_any", "head_dim_256", "head_dim_v_differs", "tma_ws_forward", "pack_gqa",
                      "split_kv", "combine", "paged_kv", "kvcache_api", "backward", "deterministic_backward",
-                     "score_mod", "block_sparsity", "dropout", "fp8", "scheduler_metadata"}
+                     "score_mod", "block_sparsity", "dropout", "fp8", "scheduler_metadata",
+                     "batch_invariant"}
 
 
 def _involved(interaction: dict) -> list[str]:

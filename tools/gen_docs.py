@@ -356,10 +356,8 @@ def render_conflicts_log(data: dict, upstream_link) -> str:
     for c in refused:
         out += [
             f"### `{c['id']}`",
-            "",
             f"- Message: \"{c['message']}\"",
             f"- Instead: {c['alternative']}.",
-            "",
         ]
     return "\n".join(out)
 

@@ -844,6 +844,33 @@ def decode_entry(spec: FwdSpec, model: ExecutionModel) -> Optional[FwdConfig]:
     return cfg if cfg is not None and is_valid(spec, cfg, model) else None
 
 
+#: Keys per block of the batch-invariant tiles (``invariant_config``) per head-dim class: one width for every
+#: layout, mask and length of a class, so that a row's key blocks, and with them its online-softmax steps, start at
+#: the same key indices in every call (the widest that fits two stages beside 64 rows of Q at the class's width).
+INVARIANT_TILE_N = {64: 64, 96: 64, 128: 64, 192: 32, 256: 32}
+
+
+@lru_cache(maxsize=None)
+def invariant_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
+    """The batch-invariant forward tile of ``spec`` (``batch_invariant=True``): 64 query rows on 4 warps against
+    ``INVARIANT_TILE_N`` keys in the cp.async mainloop, which every layout runs (dense, packed, paged, packed GQA), with
+    no overlap, ping-pong or keys split across warps. Each row then meets its keys in the same blocks and the same
+    sequence of MMAs and softmax steps whatever the call's batch, lengths, layout or query count; the stages and Q in
+    registers (which move no arithmetic) are the first the predicate accepts. Raises ``NotImplementedError`` past
+    d256, whose tiles are the wide kernel's."""
+    cls = head_dim_class(spec)
+    if cls not in INVARIANT_TILE_N:
+        raise NotImplementedError(f"batch_invariant=True covers head dims up to 256 (got {spec.head_dim} / "
+                                  f"{spec.head_dim_v}); larger head dims run the default tiles with batch_invariant=False")
+    problems: tuple = ()
+    for stages, q_in_regs in ((2, True), (2, False), (1, True), (1, False)):
+        cfg = FwdConfig(64, INVARIANT_TILE_N[cls], 4, stages, q_in_regs=q_in_regs)
+        problems = fwd_config_problems(spec, cfg, model)
+        if not problems:
+            return cfg
+    raise RuntimeError(f"no batch-invariant tile is valid for {spec} on {model.name}: {'; '.join(problems)}")
+
+
 @lru_cache(maxsize=4096)
 def choose_fwd_config(spec: FwdSpec, model: ExecutionModel, rows: int, seqlen_q: int, seqlen_k: int,
                       shared_kv: bool = True) -> FwdConfig:
@@ -1025,3 +1052,23 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
             specs += [replace(_spec(dtype, d, dv, mask, softcap, sink), split_kv=split)
                       for dtype in ("bf16", "fp16") for sink in ((False,) if split else (False, True))]
     return [(spec, cfg) for spec in dict.fromkeys(specs) for cfg in dispatch_candidates(spec, model)]
+
+
+def invariant_pairs(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
+    """The batch-invariant tiles (``invariant_config``) the gate compiles: each class up to 256 at its representative
+    head dims, both dtypes, every mask; at the class size softcap + sink and every layout (packed, seqused, paged at
+    page sizes 1, 16 and 256, packed GQA)."""
+    specs = []
+    for klass, dims in REPRESENTATIVE_HEAD_DIMS.items():
+        if klass not in INVARIANT_TILE_N:
+            continue
+        specs += [_spec(dtype, d, dv, mask) for d, dv in dims for dtype in ("bf16", "fp16") for mask in MASKS]
+        d, dv = dims[0]
+        for mask in MASKS:
+            specs.append(_spec("bf16", d, dv, mask, True, True))
+            specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, varlen_k=True, seqused_q=True,
+                                 seqused_k=True, pack_gqa=True))
+            specs += [replace(_spec("bf16", d, dv, mask, True, True), seqused_k=True, page_size=page, pack_gqa=True)
+                      for page in (1, 16, 256)]
+            specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, seqused_k=True, page_size=16))
+    return [(spec, invariant_config(spec, model)) for spec in dict.fromkeys(specs)]

@@ -16,7 +16,9 @@ from typing import Optional
 
 import torch
 
+from . import invariance
 from .autograd import dtype_of, gradients, needs_grad, plan_key, replay, run_call
+from .config import invariant_config
 from .custom_ops import CompiledFwd, CompiledVarlenFwd, distinct, fp8_call
 from .launch import dispatch_model, plan_for, remember, remembered, varlen_rememberable, with_packing
 from .problem import kernel_layout
@@ -51,6 +53,7 @@ def flash_attn_func(
     return_lse: bool = False,
     gather_bwd_recompute_p: bool = False,
     gather_bwd_token_chunk: Optional[int] = None,
+    batch_invariant: Optional[bool] = None,
     **kwargs,
 ):
     """Attention forward. q: (batch, seqlen_q, heads, d); k, v: (batch, seqlen_k, heads_kv, d).
@@ -72,6 +75,8 @@ def flash_attn_func(
     decode), 1 never splits. ``page_table=`` (batch, max_pages) int32 reads k / v as paged caches
     (num_pages, page_size, heads_kv, d), every sequence max_pages * page_size keys long (for per-sequence
     lengths use ``flash_attn_varlen_func(..., seqused_k=...)`` or ``flash_attn_with_kvcache``).
+    ``batch_invariant=True`` (None: ``FA4_SM120_BATCH_INVARIANT``) makes each row's output and LSE, and its
+    gradients, bitwise independent of the rest of the call (``invariance.py``).
     """
     kwargs = named_options(kwargs, qv=qv, gather_kv_indices=gather_kv_indices, score_mod_bwd=score_mod_bwd,
                            aux_tensors=aux_tensors, aux_scalars=aux_scalars, block_sparse_tensors=block_sparse_tensors,
@@ -84,11 +89,16 @@ def flash_attn_func(
         return flash_attn_varlen_func(q, k, v, page_table=page_table, softmax_scale=softmax_scale, causal=causal,
                                       window_size=window_size, learnable_sink=learnable_sink, softcap=softcap,
                                       num_splits=num_splits, pack_gqa=pack_gqa, deterministic=deterministic,
-                                      score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse, **kwargs)
+                                      score_mod=score_mod, mask_mod=mask_mod, return_lse=return_lse,
+                                      batch_invariant=batch_invariant, **kwargs)
     mods = mods_of(score_mod, mask_mod, kwargs)
     descales = fp8_args(kwargs)
     qv = kwargs.pop("qv", None)
     refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
+    invariant = invariance.requested(batch_invariant)
+    if invariant:
+        invariance.refuse_features(mods, descales is not None or is_fp8(k) or is_fp8(q), qv is not None)
+        num_splits, deterministic = invariance.invariant_splits(num_splits), True
     if qv is not None:  # MLA's absorbed attention (latent.py)
         return latent_call(q, k, v, qv, None, mods, descales is not None or is_fp8(k) or is_fp8(q),
                            softmax_scale=softmax_scale, causal=causal, window_size=window_size,
@@ -103,6 +113,10 @@ def flash_attn_func(
                           learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
                           deterministic=deterministic, return_lse=return_lse)
     rng = rng_of(mods["dropout"], q)  # device-side: traced and CUDA-graph capturable
+    if invariant and torch.compiler.is_compiling():  # eager: the custom ops carry the default dispatch
+        return _eager(flash_attn_func, q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                      learnable_sink=learnable_sink, softcap=softcap, pack_gqa=pack_gqa, return_lse=return_lse,
+                      batch_invariant=True)
     if torch.compiler.is_compiling():
         # Graphs see the namespaced custom op (fake impl while tracing); its real implementation
         # validates the concrete tensors when the graph runs (pointers do not exist while tracing).
@@ -114,14 +128,14 @@ def flash_attn_func(
     key = None
     if rng is None:
         key, result = replay((q, k, v, learnable_sink), (softmax_scale, softcap), window_size,
-                             ("dense", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink, None, return_lse,
-                             bool(deterministic))
+                             ("dense", bool(causal), num_splits, pack_gqa, invariant), q, k, v, learnable_sink, None,
+                             return_lse, bool(deterministic), invariant=invariant)
         if result is not None:
             return result
     q, k, v, spec, shape, params = validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink,
                                              rng)
     return run_call(q, k, v, with_packing(spec, shape, pack_gqa), shape, params, None, num_splits, return_lse, key,
-                    learnable_sink, bool(deterministic))
+                    learnable_sink, bool(deterministic), invariant=invariant)
 
 
 def flash_attn_varlen_func(
@@ -159,6 +173,7 @@ def flash_attn_varlen_func(
     gather_bwd_recompute_p: bool = False,
     gather_bwd_token_chunk: Optional[int] = None,
     check_metadata: Optional[bool] = None,
+    batch_invariant: Optional[bool] = None,
     **kwargs,
 ):
     """Attention over a batch of sequences of different lengths, flash-attn-4's varlen convention.
@@ -203,6 +218,10 @@ def flash_attn_varlen_func(
     qv = kwargs.pop("qv", None)
     refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
     fp8 = descales is not None or is_fp8(k) or is_fp8(q)
+    invariant = invariance.requested(batch_invariant)
+    if invariant:
+        invariance.refuse_features(mods, fp8, qv is not None)
+        num_splits, deterministic = invariance.invariant_splits(num_splits), True
     if fp8 or has_mods(mods) or qv is not None:
         varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                       max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
@@ -220,6 +239,12 @@ def flash_attn_varlen_func(
                           learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
                           deterministic=deterministic, return_lse=return_lse)
     rng = rng_of(mods["dropout"], q)
+    if invariant and torch.compiler.is_compiling():  # eager: the custom ops carry the default dispatch
+        return _eager(flash_attn_varlen_func, q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k,
+                      page_table=page_table, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                      learnable_sink=learnable_sink, softcap=softcap, pack_gqa=pack_gqa, return_lse=return_lse,
+                      check_metadata=check_metadata, batch_invariant=True)
     if torch.compiler.is_compiling():
         # Like flash_attn_func: graphs see the namespaced custom op; validation runs inside it.
         q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table, learnable_sink = distinct(
@@ -233,8 +258,8 @@ def flash_attn_varlen_func(
     if varlen_rememberable(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, check_metadata, rng):
         varlen = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table)
         key, result = replay((q, k, v, learnable_sink, *varlen), (max_seqlen_q, max_seqlen_k, softmax_scale, softcap),
-                             window_size, ("varlen", bool(causal), num_splits, pack_gqa), q, k, v, learnable_sink,
-                             varlen, return_lse, bool(deterministic))
+                             window_size, ("varlen", bool(causal), num_splits, pack_gqa, invariant), q, k, v,
+                             learnable_sink, varlen, return_lse, bool(deterministic), invariant=invariant)
         if result is not None:
             return result
     q, k, v = (kernel_layout(t) for t in (q, k, v))
@@ -242,7 +267,13 @@ def flash_attn_varlen_func(
         q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
         window_size, softcap, learnable_sink, check_metadata, page_table, rng)
     return run_call(q, k, v, with_packing(spec, shape, pack_gqa), shape, params, varlen, num_splits, return_lse, key,
-                    learnable_sink, bool(deterministic))
+                    learnable_sink, bool(deterministic), invariant=invariant)
+
+
+@torch.compiler.disable
+def _eager(entry, *args, **kwargs):
+    """``entry(*args, **kwargs)`` outside the graph under torch.compile (Dynamo breaks the graph here)."""
+    return entry(*args, **kwargs)
 
 
 @torch.compiler.disable
@@ -279,29 +310,33 @@ def flash_attn_fwd(
     lse: Optional[torch.Tensor] = None,
     pack_gqa: Optional[bool] = None,
     num_splits: Optional[int] = None,
+    batch_invariant: Optional[bool] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Low-level forward without autograd: writes into ``out``/``lse`` when given, returns both.
-    ``num_splits``: KV splits (None or 0 automatic, 1 off)."""
+    ``num_splits``: KV splits (None or 0 automatic, 1 off); ``batch_invariant`` as in ``flash_attn_func``."""
     return _fwd_launch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, out, lse, pack_gqa,
-                       num_splits)
+                       num_splits, invariant=invariance.requested(batch_invariant))
 
 
 def _fwd_launch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink, out, lse, pack_gqa, num_splits,
-                rng=None):
+                rng=None, invariant=False):
     """``flash_attn_fwd``, with the dropout slot ``rng`` (the forward custom op's path). A repeated call without
     dropout runs its remembered launch plan (``launch.call_key``), into ``out`` / ``lse`` when given."""
     check_options(num_splits, pack_gqa)
+    if invariant:
+        num_splits = invariance.invariant_splits(num_splits)
     key = None
     if rng is None:
         key = plan_key((q, k, v, learnable_sink), (softmax_scale, softcap), window_size,
-                       ("fwd", bool(causal), num_splits, pack_gqa))
+                       ("fwd", bool(causal), num_splits, pack_gqa, invariant))
         plan = remembered(key)
         if plan is not None:
             return plan.run(q, k, v, plain_sink(learnable_sink), None, out, lse)
     q, k, v, spec, shape, params = validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink,
                                              rng)
     spec = with_packing(spec, shape, pack_gqa)
-    plan = remember(key, plan_for(q, v, spec, shape, params, None, num_splits, None))
+    config = invariant_config(spec, dispatch_model(q.device)) if invariant else None
+    plan = remember(key, plan_for(q, v, spec, shape, params, config, num_splits, None))
     return plan.run(q, k, v, params.sink, None, out, lse, params.aux, params.sparse, params.rng, params.descale)
 
 
@@ -322,10 +357,13 @@ def flash_attn_bwd(
     dq: Optional[torch.Tensor] = None,
     dk: Optional[torch.Tensor] = None,
     dv: Optional[torch.Tensor] = None,
+    batch_invariant: Optional[bool] = None,
 ) -> tuple:
     """Low-level backward without autograd, of a ``flash_attn_fwd`` call with the same arguments: returns
     ``(dq, dk, dv, dsink)`` (dsink None without a sink), written into ``dq``/``dk``/``dv`` when all three
-    are given (contiguous, q's / k's / v's shape and dtype)."""
+    are given (contiguous, q's / k's / v's shape and dtype). ``batch_invariant`` as in ``flash_attn_func``
+    (deterministic, in a fixed order)."""
+    invariant = invariance.requested(batch_invariant)
     q, k, v, spec, shape, params = validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink)
     given = (dq, dk, dv)
     if any(t is not None for t in given):
@@ -336,7 +374,7 @@ def flash_attn_bwd(
                 raise ValueError(f"{name} must be a contiguous {ref.dtype} tensor of shape {tuple(ref.shape)} on "
                                  f"{ref.device}")
     return gradients(q, k, v, out, lse, dout, dlse, spec, shape, params, None, dtype_of(learnable_sink), deterministic,
-                     grads=given if dq is not None else None)
+                     grads=given if dq is not None else None, invariant=invariant)
 
 
 __all__ = ["flash_attn_func", "flash_attn_varlen_func", "flash_attn_fwd", "dispatch_model"]

@@ -53,9 +53,10 @@ from typing import Optional
 
 import torch
 
-from . import compiler
-from .config import WIDE_HEAD_DIM
-from .launch import call_key, launch_env, launch_on, model_and_target, plan_for, remember, remembered, with_packing
+from . import compiler, invariance
+from .config import WIDE_HEAD_DIM, invariant_config
+from .launch import (call_key, dispatch_model, launch_env, launch_on, model_and_target, plan_for, remember, remembered,
+                     with_packing)
 from .problem import FP8_DTYPES, AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
 from .fp8 import is_fp8, widened_q
 from .latent import joined_query, latent_scale, latent_spec
@@ -149,6 +150,7 @@ def flash_attn_with_kvcache(
     attention_chunk: int = 0,
     scheduler_metadata=None,
     sm_margin: int = 0,
+    batch_invariant: Optional[bool] = None,
     **kwargs,
 ):
     """Attention of q against a KV cache, after appending ``k`` / ``v`` to it (FA2/FA3 semantics).
@@ -175,6 +177,9 @@ def flash_attn_with_kvcache(
     MLA: ``qv`` (q's rows and heads, v_cache's head dim) is the absorbed query beside the rope query q; k_cache holds
     the rope keys (64 wide), v_cache the latent (new ``k`` / ``v`` alike); the score is ``q k^T + qv v^T``, the softmax
     scale ``1 / sqrt(64 + head_dim_v)`` by default, and the output ``P v`` (head dim dv).
+
+    ``batch_invariant=True`` (None: ``FA4_SM120_BATCH_INVARIANT``): each row's output and LSE are bitwise those of the
+    same row in any other call, a prefill through ``flash_attn_varlen_func`` included (``invariance.py``).
     """
     if kwargs:
         raise TypeError(f"flash_attn_with_kvcache got unexpected arguments: {sorted(kwargs)}")
@@ -198,6 +203,10 @@ def flash_attn_with_kvcache(
         else None
     fp8 = descales is not None or is_fp8(k_cache) or is_fp8(q)
     fp8_q = is_fp8(q)
+    invariant = invariance.requested(batch_invariant)
+    if invariant:  # before anything is appended
+        invariance.refuse_features(fp8=fp8, latent=qv is not None)
+        num_splits = invariance.invariant_splits(num_splits)
     if fp8 and (qv is not None or max(q.shape[-1], v_cache.shape[-1]) > WIDE_HEAD_DIM):  # before anything is appended
         raise NotImplementedError(refusal(("head_dim_512", "fp8")))
     if fp8:
@@ -210,7 +219,7 @@ def flash_attn_with_kvcache(
     key = call_key(tensors, (plain_max_q, softmax_scale, softcap,
                              *(window_size if isinstance(window_size, (tuple, list)) else (None, window_size))),
                    ("kvcache", bool(causal), bool(rotary_interleaved), num_splits, pack_gqa,
-                    bool(return_softmax_lse), isinstance(cache_seqlens, int)))
+                    bool(return_softmax_lse), isinstance(cache_seqlens, int), invariant))
     plan = remembered(key)
     if cache_seqlens is None or isinstance(cache_seqlens, int):
         cache_seqlens = _full_lengths(q, k_cache, page_table, cu_seqlens_q, cache_seqlens)
@@ -218,7 +227,7 @@ def flash_attn_with_kvcache(
         plan = remember(key, _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx,
                                    cache_leftpad, page_table, cu_seqlens_q, cu_seqlens_k_new, plain_max_q,
                                    rotary_seqlens, softmax_scale, causal, window_size, softcap, rotary_interleaved,
-                                   learnable_sink, num_splits, pack_gqa, return_softmax_lse, qv))
+                                   learnable_sink, num_splits, pack_gqa, return_softmax_lse, qv, invariant))
     descale = cache_descale = ()
     if fp8:  # the attention's scales (q's joined to K's), and the cache's own for the rows appended
         descale = fp8_scales(descales, fp8_q, plan.batch, k_cache.shape[-2], q.device)
@@ -242,8 +251,9 @@ def _full_lengths(q, k_cache, page_table, cu_seqlens_q, length: Optional[int]) -
 def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cache_batch_idx, cache_leftpad, page_table,
           cu_seqlens_q, cu_seqlens_k_new, max_seqlen_q, rotary_seqlens, softmax_scale, causal,
           window_size, softcap, rotary_interleaved, learnable_sink, num_splits, pack_gqa,
-          return_lse, qv=None) -> _KVCachePlan:
-    """Validate a call and build its ``_KVCachePlan`` (``qv``: MLA's absorbed query, ``latent.py``)."""
+          return_lse, qv=None, invariant=False) -> _KVCachePlan:
+    """Validate a call and build its ``_KVCachePlan`` (``qv``: MLA's absorbed query, ``latent.py``; ``invariant``:
+    the batch-invariant tile, ``config.invariant_config``)."""
     paged = page_table is not None
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         if not isinstance(t, torch.Tensor):
@@ -341,8 +351,9 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
         new_rows = (k.shape[0] if cu_seqlens_k_new is not None else k.shape[1]) if new_kv else 0
         q_rows = shape.seqlen_q if rotary_dim else 0
         max_rows = max(q_rows * shape.num_heads, new_rows * shape.num_heads_kv, 1)
-    attention = plan_for(q, v_cache, with_packing(spec_att, shape, pack_gqa), shape, params, None, num_splits or None,
-                         None)
+    spec_att = with_packing(spec_att, shape, pack_gqa)
+    config = invariant_config(spec_att, dispatch_model(device)) if invariant else None
+    attention = plan_for(q, v_cache, spec_att, shape, params, config, num_splits or None, None)
     return _KVCachePlan(append=append, max_rows=max_rows, packed_cache=packed_cache,
                         attention=attention, batch=batch, return_lse=bool(return_lse))
 

@@ -14,8 +14,9 @@ from typing import Optional
 import torch
 
 from . import backward
-from .launch import (call_key, device_smem, l2_bytes, launch_env, model_and_target, num_sms, plan_for, remember,
-                     remembered)
+from .config import invariant_config
+from .launch import (call_key, device_smem, dispatch_model, l2_bytes, launch_env, model_and_target, num_sms, plan_for,
+                     remember, remembered)
 from .validation import plain_sink, refusal
 
 
@@ -28,33 +29,35 @@ def dtype_of(sink: Optional[torch.Tensor]):
 
 
 def run_call(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=None, sink=None, deterministic=False,
-             grad=None):
+             grad=None, invariant=False):
     """The forward of a validated call (``run_plan``) through its launch plan, the plan remembered under the
     call's ``key`` (``call_key``) when it has one. ``sink``: the caller's learnable sink (its gradient goes
-    there)."""
-    plan = plan_for(q, v, spec, shape, params, None, num_splits, None)
+    there); ``invariant``: batch-invariant (``invariance``: the class's one tile, unsplit)."""
+    config = invariant_config(spec, dispatch_model(q.device)) if invariant else None
+    plan = plan_for(q, v, spec, shape, params, config, 1 if invariant else num_splits, None)
     if key is not None:
         remember(key, dataclasses.replace(plan, call=(spec, shape, dataclasses.replace(params, sink=None))))
-    return run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic, grad)
+    return run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic, grad, invariant)
 
 
-def run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic, grad=None):
+def run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic, grad=None, invariant=False):
     """``plan`` run on the call's tensors, through autograd when a gradient is required (``grad``; None: when
     the inputs require one; a custom op's implementation passes False, its autograd is the op's); returns
-    ``(out, lse or None)`` (the LSE when asked for or needed by the backward)."""
+    ``(out, lse or None)`` (the LSE when asked for or needed by the backward). ``invariant``: the backward runs
+    batch-invariant (``invariance``)."""
     if needs_grad(q, k, v, sink) if grad is None else grad:
         if spec.page_size:
             raise NotImplementedError(refusal(("paged_kv", "backward")))
         if spec.kv_dtype:
             raise NotImplementedError(refusal(("fp8", "backward")))
-        return _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, plan, deterministic)
+        return _FlashAttnFunc.apply(q, k, v, sink, spec, shape, params, varlen, plan, deterministic, invariant)
     out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux, sparse=params.sparse, rng=params.rng,
                         descale=params.descale)
     return out, (lse if return_lse else None)
 
 
 def replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, varlen, return_lse, deterministic,
-           grad=None):
+           grad=None, invariant=False):
     """``(key, result)``: the call's ``call_key`` (window bounds appended to ``scalars``), and the
     remembered plan's ``(out, lse or None)`` (``run_plan``: through autograd when a gradient is required) when
     there is one, else None."""
@@ -64,7 +67,7 @@ def replay(tensors, scalars, window_size, options, q, k, v, learnable_sink, varl
         return key, None
     spec, shape, params = plan.call
     return key, run_plan(plan, q, k, v, spec, shape, per_call(params, learnable_sink), varlen, return_lse,
-                         learnable_sink, deterministic, grad)
+                         learnable_sink, deterministic, grad, invariant)
 
 
 def plan_key(tensors, scalars, window_size, options):
@@ -80,17 +83,19 @@ def per_call(params, learnable_sink, rng=None):
     return dataclasses.replace(params, sink=plain_sink(learnable_sink), rng=rng)
 
 
-def gradients(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, sink_dtype, deterministic, grads=None):
+def gradients(q, k, v, out, lse, dout, dlse, spec, shape, params, varlen, sink_dtype, deterministic, grads=None,
+              invariant=False):
     """(dq, dk, dv, dsink) of a validated forward call: the eager autograd.Function, the backward custom ops and
-    ``flash_attn_bwd`` all end here (``grads``: (dq, dk, dv) to write into)."""
+    ``flash_attn_bwd`` all end here (``grads``: (dq, dk, dv) to write into; ``invariant``: batch-invariant, which
+    runs deterministically in a fixed order, ``backward.bwd_launch``)."""
     if dout is None:
         dout = torch.zeros_like(out)
     index = q.device.index
     dispatch_env, target_env, mode = launch_env()
     model, target = model_and_target(index, dispatch_env, target_env)
     return backward.run_bwd(q, k, v, out, dout, lse, dlse, spec, shape, params, varlen, sink_dtype, model, target,
-                            device_smem(index, mode), deterministic, grads=grads, num_sms=num_sms(index),
-                            l2_bytes=l2_bytes(index))
+                            device_smem(index, mode), deterministic or invariant, grads=grads, num_sms=num_sms(index),
+                            l2_bytes=l2_bytes(index), invariant=invariant)
 
 
 class _FlashAttnFunc(torch.autograd.Function):
@@ -100,10 +105,10 @@ class _FlashAttnFunc(torch.autograd.Function):
     the fp32 copy in ``params``."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sink, spec, shape, params, varlen, plan, deterministic=False):
+    def forward(ctx, q, k, v, sink, spec, shape, params, varlen, plan, deterministic=False, invariant=False):
         out, lse = plan.run(q, k, v, params.sink, varlen, aux=params.aux, sparse=params.sparse, rng=params.rng)
         ctx.save_for_backward(q, k, v, out, lse, *(varlen or (None,) * 5))
-        ctx.spec, ctx.shape, ctx.params, ctx.deterministic = spec, shape, params, deterministic
+        ctx.spec, ctx.shape, ctx.params, ctx.deterministic, ctx.invariant = spec, shape, params, deterministic, invariant
         ctx.sink_dtype = dtype_of(sink)
         ctx.set_materialize_grads(False)
         return out, lse
@@ -113,5 +118,5 @@ class _FlashAttnFunc(torch.autograd.Function):
         q, k, v, out, lse, *varlen = ctx.saved_tensors
         dq, dk, dv, dsink = gradients(q, k, v, out, lse, dout, dlse, ctx.spec, ctx.shape, ctx.params,
                                       tuple(varlen) if any(t is not None for t in varlen) else None, ctx.sink_dtype,
-                                      ctx.deterministic)
-        return dq, dk, dv, dsink, None, None, None, None, None, None
+                                      ctx.deterministic, invariant=ctx.invariant)
+        return dq, dk, dv, dsink, None, None, None, None, None, None, None

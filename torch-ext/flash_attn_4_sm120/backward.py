@@ -24,17 +24,17 @@ from typing import Optional
 import torch
 
 from . import block_sparse, compiler, flex
-from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_lowest_first_open, bwd_padded_head_dim,
-                          bwd_smem_bytes, select_bwd_config)
+from .bwd_config import (ROW_PAD, bwd_banded, bwd_config_problems, bwd_invariant_config, bwd_lowest_first_open,
+                          bwd_padded_head_dim, bwd_smem_bytes, select_bwd_config)
 from .bwd_schedule import bwd_det_order, bwd_group_split, bwd_tile_band
 from .config import STATIC_SMEM_BYTES
 from .problem import LOG2_E, BwdSpec, FwdShape, FwdSpec, RefineSpec
 
 @functools.lru_cache(maxsize=None)
-def _main_kernel(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]]):
-    """The main kernel of ``spec``, launched with the model's CTAs per SM on a larger part
-    (``ExecutionModel.occupancy_launch_smem``)."""
-    cfg = select_bwd_config(spec, model)
+def _main_kernel(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[int, int]], cfg=None):
+    """The main kernel of ``spec`` (on ``cfg``, default the table's), launched with the model's CTAs per SM on a larger
+    part (``ExecutionModel.occupancy_launch_smem``)."""
+    cfg = cfg or select_bwd_config(spec, model)
     launch_smem = 0
     if device_smem is not None:
         launch_smem = model.occupancy_launch_smem(bwd_smem_bytes(spec, cfg) + STATIC_SMEM_BYTES, STATIC_SMEM_BYTES,
@@ -43,9 +43,9 @@ def _main_kernel(spec: BwdSpec, model, target: str, device_smem: Optional[tuple[
 
 
 @functools.lru_cache(maxsize=None)
-def _side_kernels(spec: BwdSpec, model, target: str):
-    """(preprocess, postprocess, config) for ``spec``."""
-    cfg = select_bwd_config(spec, model)
+def _side_kernels(spec: BwdSpec, model, target: str, cfg=None):
+    """(preprocess, postprocess, config) for ``spec`` (on ``cfg``, default the table's)."""
+    cfg = cfg or select_bwd_config(spec, model)
     return (compiler.get_bwd_side_kernel("preprocess", spec, cfg, model, target),
             compiler.get_bwd_side_kernel("postprocess", spec, cfg, model, target), cfg)
 
@@ -123,26 +123,32 @@ class BwdLaunch:
 
 @functools.lru_cache(maxsize=4096)
 def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem: Optional[tuple[int, int]],
-               num_sms: int, l2_bytes: int) -> BwdLaunch:
+               num_sms: int, l2_bytes: int, invariant: bool = False) -> BwdLaunch:
     """The ``BwdLaunch`` of ``bspec`` at ``shape`` (``run_bwd``'s arguments of the same names). Memoized (a
-    training step repeats its shapes; host time counts at small ones)."""
-    pre, post, cfg = _side_kernels(bspec, model, target)
+    training step repeats its shapes; host time counts at small ones). ``invariant``: batch-invariant, the order
+    and split fixed (highest first, unsplit) rather than chosen by shape, which would reorder dQ's and dK / dV's
+    additions between batch sizes."""
+    # a batch-invariant call runs one tile for every layout of its spec (bwd_invariant_config)
+    fixed = bwd_invariant_config(bspec, model) if invariant else None
+    pre, post, cfg = _side_kernels(bspec, model, target, fixed)
     # A small grid splits each KV head's query-head group over `split` CTAs (the main kernel's spec), each
     # writing a partial dK / dV head (KV head h's are heads h * split .. h * split + split - 1), summed in
     # run_bwd in fp32 in a fixed order (deterministic mode holds). Block sparsity walks per-KV-head lists: never split.
     # A causal deterministic call takes its order, split and band together (bwd_schedule.bwd_det_order).
+    # A batch-invariant call keeps highest first, unsplit, one (batch, KV head) pair per band.
     lowest, split, band = False, 1, 1
-    if bspec.deterministic and bspec.causal and not bspec.local and num_sms:
+    order_by_shape = bool(num_sms) and not invariant
+    if order_by_shape and bspec.deterministic and bspec.causal and not bspec.local:
         lowest_open = bwd_lowest_first_open(_main_spec(bspec, True, 1), model)
         lowest, split, band = _det_order(bspec, cfg, shape, model, num_sms, l2_bytes, lowest_open)
         if lowest and not lowest_open:
             lowest, band = False, 1  # (a forced order the config does not admit)
-    elif num_sms and bspec.block_sparse is None:
+    elif order_by_shape and bspec.block_sparse is None:
         split = _group_split(bspec, cfg, shape, model, num_sms, l2_bytes)
     if split > 1 and bwd_config_problems(_main_spec(bspec, lowest, split), cfg, model):
         split = 1  # the predicate keeps this spec unsplit
     mspec = _main_spec(bspec, lowest, split)
-    main = _main_kernel(mspec, model, target, device_smem)
+    main = _main_kernel(mspec, model, target, device_smem, fixed)
     # causal / block-sparse key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
     if bwd_banded(mspec, cfg) and num_sms and not bspec.deterministic:
         band = _tile_band(bspec, cfg, shape, model, num_sms, l2_bytes, split)
@@ -180,13 +186,14 @@ def _tile_refine(bspec: BwdSpec, cfg, shape: FwdShape, aux: tuple, model, target
 
 def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, params, varlen, sink_dtype,
             model, target: str, device_smem, deterministic: bool = False, grads=None, num_sms: int = 0,
-            l2_bytes: int = 0) -> tuple:
+            l2_bytes: int = 0, invariant: bool = False) -> tuple:
     """Gradients of a validated forward call (see the module docstring). ``varlen`` is the forward's
     (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, page_table) or None; ``sink_dtype`` the learnable
     sink's dtype (None without a sink); ``deterministic``: bitwise-reproducible dQ (a zeroed int32
     counter per query block orders its key blocks' additions); ``grads``: (dq, dk, dv) to write into (contiguous,
     shaped like q, k, v), else fresh ones; ``num_sms``: the device's, for the group split (0: never split);
-    ``l2_bytes``: the device's L2, for the longest-first key-block order's bands (0: one pair per band)."""
+    ``l2_bytes``: the device's L2, for the longest-first key-block order's bands (0: one pair per band);
+    ``invariant``: batch-invariant (``bwd_launch``; ``deterministic`` is then set)."""
     cu_q, cu_k, used_q, used_k, _ = varlen or (None, None, None, None, None)
     bspec = _bwd_spec(spec, dlse is not None, deterministic)
     if grads is None:
@@ -208,7 +215,7 @@ def run_bwd(q, k, v, out, dout, lse, dlse, spec: FwdSpec, shape: FwdShape, param
             heads_dim = 0 if spec.varlen_q else 1
             dsink.copy_(dlse.float().sum(dim=[i for i in range(dlse.dim()) if i != heads_dim]).to(sink_dtype))
         return dq, dk, dv, dsink
-    launch = bwd_launch(bspec, shape, model, target, device_smem, num_sms, l2_bytes)
+    launch = bwd_launch(bspec, shape, model, target, device_smem, num_sms, l2_bytes, invariant)
     cfg, split = launch.cfg, launch.split
     dout = dout if dout.is_contiguous() else dout.contiguous()
     heads = shape.num_heads

@@ -568,6 +568,35 @@ def _variant_specs(d: int, dv: int, model: ExecutionModel) -> list[BwdSpec]:
     return specs + [s for s in (replace(x, lowest_first=True) for x in lowest) if bwd_lowest_first_open(s, model)]
 
 
+@lru_cache(maxsize=None)
+def bwd_invariant_config(spec: BwdSpec, model: ExecutionModel) -> BwdConfig:
+    """The batch-invariant backward's tile for ``spec``: the one the table picks for its heaviest layout (packed and
+    capped Q and K, deterministic, highest first, unsplit), which serves every layout of the same options, so that a
+    sequence's key blocks add in the same tiles whether its batch is dense or packed (the table alone sends some packed
+    deterministic specs to another tile: ``BWD_TABLE_SMEM_OPERANDS``)."""
+    heavy = replace(spec, varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True, deterministic=True,
+                    lowest_first=False, group_split=1)
+    cfg = select_bwd_config(heavy, model)
+    problems = bwd_config_problems(spec, cfg, model)
+    if problems:  # a table or predicate bug: the heaviest layout's tile must serve the lighter ones
+        raise RuntimeError(f"the batch-invariant backward tile {cfg} does not serve {spec}: {'; '.join(problems)}")
+    return cfg
+
+
+def bwd_invariant_pairs(model: ExecutionModel) -> list[tuple[BwdSpec, BwdConfig]]:
+    """The batch-invariant backward's (spec, tile) pairs the gate compiles: every class at its representative head
+    dims, every mask, deterministic, dense, packed and capped, with softcap at the class size."""
+    specs = []
+    for dims in BWD_REPRESENTATIVE_HEAD_DIMS.values():
+        for (d, dv), mask in product(dims, ("full", "causal", "local")):
+            base = BwdSpec("bf16", d, dv, causal=mask == "causal", local=mask == "local", deterministic=True)
+            specs += [base, replace(base, varlen_q=True, varlen_k=True),
+                      replace(base, varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True)]
+            if (d, dv) == dims[0]:
+                specs.append(replace(base, softcap=True))
+    return [(spec, bwd_invariant_config(spec, model)) for spec in dict.fromkeys(specs)]
+
+
 def bwd_lowest_first_open(spec: BwdSpec, model: ExecutionModel) -> bool:
     """Whether the config ``spec``'s highest-first twin runs admits the lowest-first order (``backward.bwd_launch``
     asks it before it weighs that order)."""

@@ -14,12 +14,12 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from .bwd_config import (BwdConfig, bwd_padded_head_dim, bwd_smem_bytes, candidate_bwd_configs, dispatchable_bwd,
-                         select_bwd_config)
+from .bwd_config import (BwdConfig, bwd_invariant_pairs, bwd_padded_head_dim, bwd_smem_bytes, candidate_bwd_configs,
+                         dispatchable_bwd, select_bwd_config)
 from .compiler import (compile_append, compile_bwd, compile_bwd_side, compile_combine, compile_fwd, compile_refine,
                        fwd_kernel_class)
 from .config import (FwdConfig, candidate_fwd_configs, dispatch_candidates, dispatchable_fwd, fwd_smem_bytes,
-                     select_fwd_config)
+                     invariant_pairs, select_fwd_config)
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
 from .problem import AppendSpec, BwdSpec, CombineSpec, FwdSpec, RefineSpec
 
@@ -242,7 +242,8 @@ def combine_specs() -> list[CombineSpec]:
 
 
 def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
-    """Every config the dispatcher can choose under ``model`` (``config.dispatchable_fwd``). The CI
+    """Every config the dispatcher can choose under ``model`` (``config.dispatchable_fwd``, and the batch-invariant
+    tiles, ``config.invariant_pairs``). The CI
     subset: bf16 at each head-dim class's largest head dim, full and causal plain, the local window
     with softcap and sink together (the largest mainloop), and causal over packed Q/K with seqused."""
     from .config import REPRESENTATIVE_HEAD_DIMS
@@ -256,6 +257,9 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
         packed = spec.causal and all(layout)
         ci = spec.dtype == "bf16" and (spec.head_dim, spec.head_dim_v) in largest and (plain or everything or packed)
         cases.append(Case(spec, cfg, model.name, subset_ci=ci))
+    seen = {case.name for case in cases}
+    cases += [case for case in (Case(spec, cfg, model.name) for spec, cfg in invariant_pairs(model))
+              if case.name not in seen]  # batch-invariant tiles the dispatch does not already run
     for spec in combine_specs():
         ci = spec.dtype == "bf16" and spec.head_dim_v == 256 and spec.varlen_q and spec.has_sink
         cases.append(CombineCase(spec, model.name, subset_ci=ci))
@@ -266,7 +270,9 @@ def conformance_cases(model: ExecutionModel = SM120) -> list[Case]:
     cases += sparse_cases(model)
     cases += dropout_cases(model)
     side = {}
-    for spec, cfg in dispatchable_bwd(model):
+    bwd_pairs = dispatchable_bwd(model)
+    bwd_pairs += [pair for pair in bwd_invariant_pairs(model) if pair not in set(bwd_pairs)]  # batch-invariant tiles
+    for spec, cfg in bwd_pairs:
         ci = (spec.dtype == "bf16" and spec.head_dim == spec.head_dim_v and spec.head_dim in (128, 256) and spec.causal
               and spec.group_split <= 2)
         cases.append(BwdCase(spec, cfg, model.name, subset_ci=ci))

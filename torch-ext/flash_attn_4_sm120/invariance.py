@@ -1,0 +1,56 @@
+"""Batch invariance on request (``batch_invariant=True`` or ``FA4_SM120_BATCH_INVARIANT=1``): a row's output and LSE
+are bitwise the same whatever else the call holds.
+
+What changes with it, and why each piece is enough:
+  * the forward runs one tile per head-dim class (``config.invariant_config``): every layout, length and query count
+    then walks a row's keys in the same blocks with the same instructions (the default dispatch picks tiles by shape:
+    TMA and ping-pong tiles of 32-64 keys, the decode tile that splits a row's keys over warps);
+  * the keys are never split over CTAs (``num_splits`` is 1; an explicit larger count is refused): a split's partial
+    results merge in a combine that the unsplit call does not run;
+  * the backward runs deterministically (``deterministic=True``: dQ's additions in a fixed key-block order) in the
+    highest-first order without the group split, both of which the default deterministic mode picks by shape, and on
+    one tile for every layout of the call's options (``bwd_config.bwd_invariant_config``).
+Rows a call does not compute (padding, fully masked key blocks before a row's first visible key) add exact zeros, so a
+decode step's row matches the same row inside a prefill.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from .validation import refusal
+
+#: Environment switch: ``1`` makes every call batch-invariant unless it passes ``batch_invariant=False``.
+BATCH_INVARIANT_ENV = "FA4_SM120_BATCH_INVARIANT"
+
+
+def requested(batch_invariant: Optional[bool]) -> bool:
+    """The call's choice, or the environment's when it passes None."""
+    if batch_invariant is None:
+        return os.environ.get(BATCH_INVARIANT_ENV, "0") not in ("", "0")
+    if not isinstance(batch_invariant, bool):
+        raise TypeError(f"batch_invariant must be True, False or None, got {batch_invariant!r}")
+    return batch_invariant
+
+
+def invariant_splits(num_splits: Optional[int]) -> int:
+    """The KV splits of a batch-invariant call: 1; an explicit count above 1 is refused (its combine reorders the
+    row's reduction)."""
+    if num_splits not in (None, 0, 1):
+        raise NotImplementedError(refusal(("batch_invariant", "split_kv")))
+    return 1
+
+
+def refuse_features(mods: Optional[dict] = None, fp8: bool = False, latent: bool = False) -> None:
+    """Raise the manifest's message for what a batch-invariant call cannot combine with: mods / block sparsity
+    (their tiles are their own), dropout, FP8 and MLA (``qv``: the wide kernels' tiles)."""
+    mods = mods or {}
+    flags = (("score_mod", mods.get("score_mod") is not None or mods.get("mask_mod") is not None),
+             ("block_sparsity", mods.get("block_sparse_tensors") is not None),
+             ("dropout", mods.get("dropout") is not None), ("fp8", fp8), ("head_dim_512", latent))
+    wanted = tuple(name for name, on in flags if on)
+    if wanted:
+        message = refusal(("batch_invariant", *wanted))
+        if message is not None:
+            raise NotImplementedError(message)
