@@ -230,6 +230,7 @@ def test_one_compile_serves_all_shapes():
     call(1, 200, 33, 2, 2)  # the unpacked kernel
     call(1, 17, 4096, 2, 1)  # ... and both split-KV kernels (tiny grids over long keys) + the combine
     call(1, 200, 4096, 2, 2)
+    call(1, 1, 4096, 2, 2)  # one query row: the decode tile (keys split over warps), split
     before = default_cache().stats.compiles
     for shape in [(3, 100, 700, 4, 2), (1, 1, 4096, 8, 8), (2, 999, 13, 6, 3), (5, 1, 3000, 32, 8), (1, 127, 9, 7, 1)]:
         call(*shape)

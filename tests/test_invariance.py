@@ -9,7 +9,8 @@ import torch
 
 import flash_attn_4_sm120 as fa
 from flash_attn_4_sm120 import backward, invariance
-from flash_attn_4_sm120.config import INVARIANT_TILE_N, fwd_config_problems, head_dim_class, invariant_config
+from flash_attn_4_sm120.config import (INVARIANT_TILE_N, choose_fwd_config, fwd_config_problems, head_dim_class,
+                                       invariant_config, invariant_family, same_row_arithmetic)
 from flash_attn_4_sm120.execution_model import SM120
 from flash_attn_4_sm120.problem import BwdSpec, FwdShape, FwdSpec
 
@@ -25,17 +26,28 @@ def _layouts(d, dtype="bf16"):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("d", list(range(8, 257, 8)))
-def test_one_tile_per_class_for_every_layout(d, dtype):
-    """Every layout, mask and feature of a head dim runs a 64 x INVARIANT_TILE_N cp.async tile with no overlap,
-    ping-pong or keys split over warps: the arithmetic a row sees does not depend on the call."""
-    tiles = set()
+def test_every_layout_runs_tiles_of_one_row_arithmetic(d, dtype):
+    """Every layout, mask and feature of a head dim runs valid tiles of INVARIANT_TILE_N keys with each row's block on
+    one warp (``same_row_arithmetic``), whatever the shape: prefill, decode, K/V shared between heads or not."""
+    width = INVARIANT_TILE_N[head_dim_class(FwdSpec(dtype, d, d, causal=True))]
     for spec in _layouts(d, dtype):
-        cfg = invariant_config(spec, SM120)
-        assert fwd_config_problems(spec, cfg, SM120) == ()
-        assert (cfg.mainloop, cfg.overlap, cfg.pingpong, cfg.warps_on_keys, cfg.persistent, cfg.dv_warps) == \
-            ("cp_async", False, False, False, False, 1)
-        tiles.add((cfg.tile_m, cfg.tile_n, cfg.num_warps))
-    assert tiles == {(64, INVARIANT_TILE_N[head_dim_class(FwdSpec(dtype, d, d, causal=True))], 4)}
+        for shared_kv in (True, False):
+            for cfg, _ in invariant_family(spec, SM120, shared_kv):
+                assert fwd_config_problems(spec, cfg, SM120) == ()
+                assert same_row_arithmetic(cfg, width) and cfg.tile_n == width and not cfg.warps_on_keys
+        for rows, sq, sk in ((1, 1, 8192), (8, 1, 4096), (700, 700, 700), (4096, 4096, 4096)):
+            assert invariant_config(spec, SM120, rows, sq, sk) in [c for c, _ in invariant_family(spec, SM120)]
+
+
+def test_the_family_keeps_the_default_prefill_tile_where_it_has_the_width():
+    """Long prefills keep the default's table tile where it walks INVARIANT_TILE_N keys (d128: the TMA ping-pong
+    128 x 64), and short calls move to a smaller tile of the same width by the tile-efficiency rule."""
+    spec = FwdSpec("bf16", 128, 128, causal=True)
+    assert invariant_config(spec, SM120, 4096, 4096, 4096) == choose_fwd_config(spec, SM120, 4096, 4096, 4096)
+    assert invariant_config(spec, SM120, 4, 1, 8192).tile_m == 64
+    for d in (64, 96):
+        spec = FwdSpec("bf16", d, d, causal=False)
+        assert invariant_config(spec, SM120, 4096, 4096, 4096) == choose_fwd_config(spec, SM120, 4096, 4096, 4096)
 
 
 def test_past_256_is_refused():

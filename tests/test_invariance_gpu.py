@@ -126,3 +126,52 @@ def test_the_environment_switch_gives_the_arguments_bits(monkeypatch):
     monkeypatch.setenv(invariance.BATCH_INVARIANT_ENV, "1")
     assert torch.equal(fa.flash_attn_func(q, k, v, causal=True)[0], explicit)
     assert torch.equal(fa.flash_attn_func(q, k, v, causal=True)[0], explicit)  # the remembered plan
+
+
+def _same_width_tiles():
+    """(head dim, config): the batch-invariant family's tiles and one config of every kind (mainloop, overlap,
+    ping-pong, persistence, stage hand-back, warps, rows) the tuner may build at the class's invariant key width, at
+    each class's head dim."""
+    from flash_attn_4_sm120.config import (INVARIANT_TILE_N, FwdSpec, candidate_fwd_configs, invariant_family,
+                                           same_row_arithmetic)
+    from flash_attn_4_sm120.execution_model import resolve_dispatch_model
+
+    model = resolve_dispatch_model(None, "sm120")
+    params = []
+    for d, width in INVARIANT_TILE_N.items():
+        kinds = {}
+        family = [cfg for causal in (False, True) for shared in (False, True)
+                  for cfg, _ in invariant_family(FwdSpec("bf16", d, d, causal=causal), model, shared)]
+        for cfg in family + list(candidate_fwd_configs(FwdSpec("bf16", d, d, causal=True), model)):
+            if same_row_arithmetic(cfg, width):
+                kinds.setdefault((cfg.mainloop, cfg.pingpong, cfg.overlap, cfg.persistent, cfg.mbarrier_release,
+                                  cfg.num_warps, cfg.tile_m), cfg)
+        params += [pytest.param(d, cfg, id=f"d{d}-{i}") for i, cfg in enumerate(kinds.values())]
+    return params
+
+
+@pytest.mark.parametrize("d, cfg", _same_width_tiles())
+def test_every_tile_of_one_key_width_gives_the_same_bits(d, cfg):
+    """``config.same_row_arithmetic``: every tile kind at a class's invariant key width (cp.async, TMA, warp-specialized,
+    overlapped, ping-pong, persistent; 64-256 rows on 4 or 8 warps) gives a row the bits of the 64-row cp.async tile,
+    causal (diagonal blocks masked) and with a window, softcap and sink, so batch-invariant calls may pick any of them
+    by shape."""
+    from flash_attn_4_sm120.config import FwdConfig, fwd_config_problems
+    from flash_attn_4_sm120.launch import launch_fwd
+    from flash_attn_4_sm120.problem import validate_fwd
+
+    q, k, v = _randn(2, 300, 6, d, seed=d), _randn(2, 517, 2, d, seed=d + 1), _randn(2, 517, 2, d, seed=d + 2)
+    sink = torch.randn(6, device="cuda", generator=torch.Generator(device="cuda").manual_seed(3))
+    for features in (dict(causal=True), dict(causal=False, window_size=(100, 20), softcap=20.0, learnable_sink=sink)):
+        spec, shape, params = validate_fwd(q, k, v, None, features["causal"], features.get("window_size", (None, None)),
+                                           features.get("softcap", 0.0), features.get("learnable_sink"))
+        base = next(c for st in (2, 1) for c in [FwdConfig(64, cfg.tile_n, 4, st)]
+                    if not fwd_config_problems(spec, c, fa.dispatch_model(q.device)))
+        results = []
+        for config in (base, cfg):
+            out = torch.full((2, 300, 6, d), float("nan"), dtype=q.dtype, device="cuda")
+            lse = torch.full((2, 6, 300), float("nan"), dtype=torch.float32, device="cuda")
+            launch_fwd(q, k, v, spec, shape, params, out, lse, config=config, num_splits=1)
+            results.append((out, lse))
+        (out0, lse0), (out1, lse1) = results
+        assert not out0.isnan().any() and torch.equal(out0, out1) and torch.equal(lse0, lse1), features

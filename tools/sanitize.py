@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: one-stage schedule, which refills its single K and V buffers with a CTA barrier as the only guard)
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
                  "paged_fp8", "paged_fp8_mma", "paged_decode_tile", "paged_fp8_decode_tile", "wide_varlen", "mla_paged",
-                 "kvcache", "kvcache_wide", "kvcache_mla", "bwd", "bwd_det", "bwd_rolesplit", "bwd_det_orders", "flex",
+                 "kvcache", "kvcache_wide", "kvcache_mla", "bwd", "bwd_det", "bwd_rolesplit", "bwd_det_orders", "bwd_varlen_classes", "flex",
                  "sparse", "dropout")
 
 
@@ -508,7 +508,7 @@ FAMILIES = {
     "bwd_det_orders": _bwd_det_order_runs,
     "bwd_split": _bwd_split_runs,
     # varlen backward on the role splits of d64, d96 and d128 (d96 / d128: their kv_in_regs entries)
-    "bwd_varlen_classes": lambda: [_varlen_runs(1, False, grad=True, d=d) for d in (64, 96, 128)],
+    "bwd_varlen_classes": lambda: [_varlen_runs(1, False, grad=True, d=d) for d in (64, 96, 128, 144)],
     "flex": _flex_runs,
     "sparse": _sparse_runs,
     "dropout": _dropout_runs,

@@ -14,8 +14,7 @@ from typing import Optional
 import torch
 
 from . import backward
-from .config import invariant_config
-from .launch import (call_key, device_smem, dispatch_model, l2_bytes, launch_env, model_and_target, num_sms, plan_for,
+from .launch import (call_key, device_smem, l2_bytes, launch_env, model_and_target, num_sms, plan_for,
                      remember, remembered)
 from .validation import plain_sink, refusal
 
@@ -33,8 +32,7 @@ def run_call(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=N
     """The forward of a validated call (``run_plan``) through its launch plan, the plan remembered under the
     call's ``key`` (``call_key``) when it has one. ``sink``: the caller's learnable sink (its gradient goes
     there); ``invariant``: batch-invariant (``invariance``: the class's one tile, unsplit)."""
-    config = invariant_config(spec, dispatch_model(q.device)) if invariant else None
-    plan = plan_for(q, v, spec, shape, params, config, 1 if invariant else num_splits, None)
+    plan = plan_for(q, v, spec, shape, params, None, 1 if invariant else num_splits, None, invariant)
     if key is not None:
         remember(key, dataclasses.replace(plan, call=(spec, shape, dataclasses.replace(params, sink=None))))
     return run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic, grad, invariant)

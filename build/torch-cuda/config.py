@@ -846,29 +846,54 @@ def decode_entry(spec: FwdSpec, model: ExecutionModel) -> Optional[FwdConfig]:
 
 #: Keys per block of the batch-invariant tiles (``invariant_config``) per head-dim class: one width for every
 #: layout, mask and length of a class, so that a row's key blocks, and with them its online-softmax steps, start at
-#: the same key indices in every call (the widest that fits two stages beside 64 rows of Q at the class's width).
-INVARIANT_TILE_N = {64: 64, 96: 64, 128: 64, 192: 32, 256: 32}
+#: the same key indices in every call. It is the width of the class's dense table entries where the paged layouts'
+#: 64-row fallback fits beside it (d64-d192: 64 keys; d256: 32, the widest two K/V stages that fit there).
+INVARIANT_TILE_N = {64: 64, 96: 64, 128: 64, 192: 64, 256: 32}
+
+
+def same_row_arithmetic(cfg: FwdConfig, width: int) -> bool:
+    """Whether ``cfg`` gives each query row the arithmetic of the batch-invariant tiles: blocks of ``width`` keys,
+    each row's whole block on one warp (no keys split over warps, no output columns split over warps with their
+    statistics exchanged). The mainloops (cp.async, TMA, warp-specialized, overlapped, ping-pong, persistent), the
+    rows per tile and the warps per tile only move where operands come from and which rows a warp owns; a row's
+    MMAs, masks and softmax steps are the shared building blocks in the same order
+    (``test_invariance_gpu.test_every_tile_of_the_family_gives_the_same_bits``)."""
+    return cfg.tile_n == width and not cfg.warps_on_keys and cfg.dv_warps == 1
 
 
 @lru_cache(maxsize=None)
-def invariant_config(spec: FwdSpec, model: ExecutionModel) -> FwdConfig:
-    """The batch-invariant forward tile of ``spec`` (``batch_invariant=True``): 64 query rows on 4 warps against
-    ``INVARIANT_TILE_N`` keys in the cp.async mainloop, which every layout runs (dense, packed, paged, packed GQA), with
-    no overlap, ping-pong or keys split across warps. Each row then meets its keys in the same blocks and the same
-    sequence of MMAs and softmax steps whatever the call's batch, lengths, layout or query count; the stages and Q in
-    registers (which move no arithmetic) are the first the predicate accepts. Raises ``NotImplementedError`` past
-    d256, whose tiles are the wide kernel's."""
+def invariant_family(spec: FwdSpec, model: ExecutionModel, shared_kv: bool = True) -> tuple:
+    """(config, rate) of the tiles a batch-invariant call of ``spec`` may run: the default dispatch's candidates
+    (``fwd_candidates``) with the row arithmetic of ``INVARIANT_TILE_N`` (``same_row_arithmetic``), else the 64-row
+    cp.async tile at that width with the first stages / Q placement the predicate accepts (paged layouts, d256).
+    Raises ``NotImplementedError`` past d256, whose tiles are the wide kernel's."""
     cls = head_dim_class(spec)
     if cls not in INVARIANT_TILE_N:
         raise NotImplementedError(f"batch_invariant=True covers head dims up to 256 (got {spec.head_dim} / "
                                   f"{spec.head_dim_v}); larger head dims run the default tiles with batch_invariant=False")
+    width = INVARIANT_TILE_N[cls]
+    family = tuple((cfg, rate) for cfg, rate in fwd_candidates(spec, model, shared_kv)
+                   if rate is not None and same_row_arithmetic(cfg, width))
+    if family:
+        return family
     problems: tuple = ()
     for stages, q_in_regs in ((2, True), (2, False), (1, True), (1, False)):
-        cfg = FwdConfig(64, INVARIANT_TILE_N[cls], 4, stages, q_in_regs=q_in_regs)
+        cfg = FwdConfig(64, width, 4, stages, q_in_regs=q_in_regs)
         problems = fwd_config_problems(spec, cfg, model)
         if not problems:
-            return cfg
+            return ((cfg, None),)
     raise RuntimeError(f"no batch-invariant tile is valid for {spec} on {model.name}: {'; '.join(problems)}")
+
+
+def invariant_config(spec: FwdSpec, model: ExecutionModel, rows: int = 1, seqlen_q: int = 1, seqlen_k: int = 1,
+                     shared_kv: bool = True) -> FwdConfig:
+    """The batch-invariant forward tile of a call (``batch_invariant=True``): among ``invariant_family``, which all
+    give a row the same bits, the one the tile-efficiency rule (``choose_fwd_config``) prefers for this shape."""
+    family = invariant_family(spec, model, shared_kv)
+    if len(family) == 1:
+        return family[0][0]
+    masked = spec.causal or spec.local
+    return min(family, key=lambda c: tile_work(c[0], rows, seqlen_q, seqlen_k, masked) / c[1])[0]
 
 
 @lru_cache(maxsize=4096)
@@ -1055,7 +1080,7 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
 
 
 def invariant_pairs(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
-    """The batch-invariant tiles (``invariant_config``) the gate compiles: each class up to 256 at its representative
+    """The batch-invariant tiles (``invariant_family``) the gate compiles: each class up to 256 at its representative
     head dims, both dtypes, every mask; at the class size softcap + sink and every layout (packed, seqused, paged at
     page sizes 1, 16 and 256, packed GQA)."""
     specs = []
@@ -1071,4 +1096,5 @@ def invariant_pairs(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
             specs += [replace(_spec("bf16", d, dv, mask, True, True), seqused_k=True, page_size=page, pack_gqa=True)
                       for page in (1, 16, 256)]
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, seqused_k=True, page_size=16))
-    return [(spec, invariant_config(spec, model)) for spec in dict.fromkeys(specs)]
+    return list(dict.fromkeys((spec, cfg) for spec in dict.fromkeys(specs) for shared_kv in (True, False)
+                              for cfg, _ in invariant_family(spec, model, shared_kv)))

@@ -54,8 +54,8 @@ from typing import Optional
 import torch
 
 from . import compiler, invariance
-from .config import WIDE_HEAD_DIM, invariant_config
-from .launch import (call_key, dispatch_model, launch_env, launch_on, model_and_target, plan_for, remember, remembered,
+from .config import WIDE_HEAD_DIM
+from .launch import (call_key, launch_env, launch_on, model_and_target, plan_for, remember, remembered,
                      with_packing)
 from .problem import FP8_DTYPES, AppendSpec, _DTYPES, _check_index_vector, kernel_layout, validate_varlen
 from .fp8 import is_fp8, widened_q
@@ -352,8 +352,7 @@ def _plan(q, k_cache, v_cache, k, v, rotary_cos, rotary_sin, cache_seqlens, cach
         q_rows = shape.seqlen_q if rotary_dim else 0
         max_rows = max(q_rows * shape.num_heads, new_rows * shape.num_heads_kv, 1)
     spec_att = with_packing(spec_att, shape, pack_gqa)
-    config = invariant_config(spec_att, dispatch_model(device)) if invariant else None
-    attention = plan_for(q, v_cache, spec_att, shape, params, config, num_splits or None, None)
+    attention = plan_for(q, v_cache, spec_att, shape, params, None, num_splits or None, None, invariant)
     return _KVCachePlan(append=append, max_rows=max_rows, packed_cache=packed_cache,
                         attention=attention, batch=batch, return_lse=bool(return_lse))
 

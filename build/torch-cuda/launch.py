@@ -20,6 +20,7 @@ import torch
 from . import compiler
 from .config import (
     choose_fwd_config,
+    invariant_config,
     decode_entry,
     tile_band,
     fwd_ctas_per_sm,
@@ -117,12 +118,12 @@ def launch_fwd(q, k, v, spec, shape, params, out=None, lse=None, varlen=None, co
                                                                                     params.descale)
 
 
-def plan_for(q, v, spec, shape, params, config, num_splits, max_ctas) -> "LaunchPlan":
+def plan_for(q, v, spec, shape, params, config, num_splits, max_ctas, invariant=False) -> "LaunchPlan":
     """``plan_launch`` for a validated call's q / v under the current environment."""
     # FP8 MMAs (an e4m3 q) write bf16 O
     return plan_launch(spec, shape, params, q.device, torch.bfloat16 if spec.fp8_mma else q.dtype,
                        tuple(q.shape[:-1]), v.shape[-1], config,
-                       num_splits, max_ctas, *launch_env())
+                       num_splits, max_ctas, *launch_env(), invariant=invariant)
 
 
 def launch_env() -> tuple:
@@ -203,9 +204,9 @@ def launch_on(device: torch.device, calls) -> None:
 
 
 def plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, config, num_splits, max_ctas,
-                dispatch_env, target_env, mode) -> LaunchPlan:
+                dispatch_env, target_env, mode, invariant=False) -> LaunchPlan:
     """The launch plan of a validated call (see ``LaunchPlan``); ``rows_shape`` is q's shape without
-    its head dim."""
+    its head dim; ``invariant``: batch-invariant (a tile of ``invariant_family``; the caller passes one split)."""
     wide = wide_features(spec)
     if wide:
         raise NotImplementedError(refusal(("head_dim_512", *wide)))
@@ -220,7 +221,8 @@ def plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, conf
         return LaunchPlan(kind="no_keys", **base)
     rows = shape.seqlen_q * (shape.num_heads // shape.num_heads_kv if spec.pack_gqa else 1)
     shared_kv = spec.pack_gqa or shape.num_heads != shape.num_heads_kv  # several query heads read each K/V head
-    cfg = config or choose_fwd_config(spec, model, rows, shape.seqlen_q, shape.seqlen_k, shared_kv)
+    choose = invariant_config if invariant else choose_fwd_config
+    cfg = config or choose(spec, model, rows, shape.seqlen_q, shape.seqlen_k, shared_kv)
     # The split-KV forward is its own spec with its own table entry (an exact-dims entry can differ)
     split_spec, combine_spec = _split_specs(spec, params.sink is not None)
     splits = 1

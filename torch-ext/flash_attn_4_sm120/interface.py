@@ -18,7 +18,6 @@ import torch
 
 from . import invariance
 from .autograd import dtype_of, gradients, needs_grad, plan_key, replay, run_call
-from .config import invariant_config
 from .custom_ops import CompiledFwd, CompiledVarlenFwd, distinct, fp8_call
 from .launch import dispatch_model, plan_for, remember, remembered, varlen_rememberable, with_packing
 from .problem import kernel_layout
@@ -335,8 +334,7 @@ def _fwd_launch(q, k, v, softmax_scale, causal, window_size, softcap, learnable_
     q, k, v, spec, shape, params = validated(q, k, v, softmax_scale, causal, window_size, softcap, learnable_sink,
                                              rng)
     spec = with_packing(spec, shape, pack_gqa)
-    config = invariant_config(spec, dispatch_model(q.device)) if invariant else None
-    plan = remember(key, plan_for(q, v, spec, shape, params, config, num_splits, None))
+    plan = remember(key, plan_for(q, v, spec, shape, params, None, num_splits, None, invariant))
     return plan.run(q, k, v, params.sink, None, out, lse, params.aux, params.sparse, params.rng, params.descale)
 
 

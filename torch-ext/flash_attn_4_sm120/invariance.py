@@ -2,9 +2,10 @@
 are bitwise the same whatever else the call holds.
 
 What changes with it, and why each piece is enough:
-  * the forward runs one tile per head-dim class (``config.invariant_config``): every layout, length and query count
-    then walks a row's keys in the same blocks with the same instructions (the default dispatch picks tiles by shape:
-    TMA and ping-pong tiles of 32-64 keys, the decode tile that splits a row's keys over warps);
+  * the forward walks a row's keys in blocks of one width per head-dim class, each row's block on one warp
+    (``config.invariant_family``): every tile of that width gives a row the same bits whatever its mainloop, rows or
+    warps, so the call picks among them by shape (``config.invariant_config``) and never runs the decode tile,
+    which splits a row's keys over warps;
   * the keys are never split over CTAs (``num_splits`` is 1; an explicit larger count is refused): a split's partial
     results merge in a combine that the unsplit call does not run;
   * the backward runs deterministically (``deterministic=True``: dQ's additions in a fixed key-block order) in the
