@@ -94,7 +94,7 @@ def dense_launch(fn, b: int, s: int, hq: int, hkv: int, d: int, num_sms: int, dv
     scale_log2 = d ** -0.5 / math.log(2.0)
     band = tile_band(torch.cuda.get_device_properties(0).L2_cache_size, s, d, dv, hq // hkv)  # as the API (causal)
     return (lambda: fn(q, k, v, o, lse, scale_log2, 1.0, 0, 0, None, None, None, None, None, None, s, 1, num_sms, band,
-                       *aux_args(), *sparse_args(), None)), (q, k, v, o)
+                       *aux_args(), *sparse_args(), None, None, None)), (q, k, v, o)  # rng, K / V descales
 
 
 def tuned_key(d: int, dv: int, causal: bool) -> str:
