@@ -396,6 +396,52 @@ def test_turn_ranks_order_every_query_blocks_adders(sq, sk, tm, tn, mask):
             assert ranks == sorted(ranks, reverse=not lowest)
 
 
+@pytest.mark.parametrize("num_m, num_n", [(1, 1), (5, 5), (9, 4), (16, 15), (4, 9), (3, 40), (40, 3)])
+def test_rotated_ranks_follow_the_arrival_order(num_m, num_n):
+    """The rotated order (``BwdSpec.rotated_turns``): every query block ranks its key blocks 0 .. n-1, and in the
+    order they reach it -- key block n starts at query block n where the sequence has no more key blocks than query
+    blocks (else all start at block 0 in the highest-first order) -- so no CTA waits on one that reaches the block
+    later, and no two CTAs can wait on each other (a rank after a later arrival could deadlock)."""
+    from flash_attn_4_sm120._kernels.dq_accum import turn_rank
+
+    rotation = [n % num_m if num_n <= num_m else 0 for n in range(num_n)]
+    for m in range(num_m):
+        ranks = [turn_rank(n, (0, 0, 0, num_n), False, (m, num_m)) for n in range(num_n)]
+        assert sorted(ranks) == list(range(num_n)), (m, ranks)
+        steps = [(m - rotation[n]) % num_m for n in range(num_n)]
+        order = sorted(range(num_n), key=lambda n: ranks[n])
+        assert [steps[n] for n in order] == sorted(steps), (m, ranks, steps)
+        if num_n > num_m:  # simultaneous arrivals: the highest key block first, as the unrotated order
+            assert ranks == [num_n - 1 - n for n in range(num_n)]
+
+
+def test_rotated_order_is_chosen_for_unmasked_deterministic_calls_that_fit():
+    """A deterministic call without a mask runs the rotated order when its pair's key blocks fit the CTA slots
+    together and the pairs fill a wave nearly evenly; masked or oversized calls keep their orders; the predicate
+    refuses it elsewhere."""
+    from flash_attn_4_sm120 import backward
+    from flash_attn_4_sm120.bwd_config import bwd_config_problems, select_bwd_config
+    from flash_attn_4_sm120.problem import FwdShape
+
+    spec = BwdSpec("bf16", 128, 128, False, deterministic=True)
+    cfg = select_bwd_config(spec, SM120)
+    fits = FwdShape(batch=4, seqlen_q=2048, seqlen_k=2048, num_heads=16, num_heads_kv=16)
+    too_long = FwdShape(batch=1, seqlen_q=2048, seqlen_k=cfg.tile_n * 1000, num_heads=16, num_heads_kv=16)
+    assert backward._rotated_turns(spec, cfg, fits, SM120, 132)
+    assert not backward._rotated_turns(spec, cfg, too_long, SM120, 132)
+    # 86 key blocks of 96 on 132 slots: the pair straddling two waves would hold 46 slots idle
+    d104 = BwdSpec("bf16", 104, 104, False, deterministic=True)
+    straddles = FwdShape(batch=2, seqlen_q=8192, seqlen_k=8192, num_heads=32, num_heads_kv=8)
+    assert select_bwd_config(d104, SM120).tile_n == 96
+    assert not backward._rotated_turns(d104, select_bwd_config(d104, SM120), straddles, SM120, 132)
+    assert backward._rotated_turns(d104, select_bwd_config(d104, SM120), fits, SM120, 132)
+    for other in (BwdSpec("bf16", 128, 128, True, deterministic=True), BwdSpec("bf16", 128, 128, False),
+                  BwdSpec("bf16", 128, 128, False, local=True, deterministic=True)):
+        assert not backward._rotated_turns(other, cfg, fits, SM120, 132)
+        assert bwd_config_problems(dataclasses.replace(other, rotated_turns=True), cfg, SM120)
+    assert not bwd_config_problems(dataclasses.replace(spec, rotated_turns=True), cfg, SM120)
+
+
 def test_lowest_first_order_admission():
     """The predicate admits the lowest-first order for causal deterministic specs on every class's tile, dense and
     varlen, double-buffered dO tiles, d96's role split and d64's varlen tile included (dQ is repeatable there

@@ -190,6 +190,26 @@ def test_bwd_causal_key_block_bands(band, monkeypatch):
         backward.bwd_launch.cache_clear()
 
 
+@pytest.mark.parametrize("d", [64, 128, 160, 192])
+def test_bwd_deterministic_rotated_order(d):
+    """The unmasked deterministic mode's rotated order (``BwdSpec.rotated_turns``): square, more query blocks than
+    key blocks, more key blocks than query blocks (those walk unrotated, highest first), and packed sequences of
+    each kind in one call; against the reference, then bitwise repeatable."""
+    import flash_attn_4_sm120 as fa
+    from flash_attn_4_sm120 import backward
+    from flash_attn_4_sm120.problem import BwdSpec, FwdShape
+
+    model = fa.dispatch_model(torch.device("cuda"))
+    bspec = BwdSpec("bf16", d, d, False, deterministic=True)
+    shape = FwdShape(batch=1, seqlen_q=900, seqlen_k=900, num_heads=4, num_heads_kv=2)
+    assert backward._rotated_turns(bspec, backward.select_bwd_config(bspec, model), shape, model, 132)
+    run_dense(2, 333, 333, 4, 2, d, d, deterministic=True)
+    run_dense(1, 900, 200, 4, 2, d, d, deterministic=True)
+    run_dense(1, 100, 900, 4, 2, d, d, deterministic=True, sink=True)
+    run_varlen([100, 0, 700, 33], [120, 5, 200, 600], 4, 2, d, deterministic=True)
+    _assert_repeatable(d, dict())
+
+
 def test_bwd_deterministic_varlen_is_correct():
     run_varlen([100, 0, 257, 33], [120, 5, 257, 1], 4, 2, 128, causal=True, sink=True, deterministic=True)
     run_varlen([100, 64, 257, 33], [120, 70, 257, 40], 4, 2, 64, window_size=(40, 8), used_q=[90, 0, 200, 33],

@@ -179,6 +179,9 @@ def bwd_config_problems(spec: BwdSpec, cfg: BwdConfig, model: ExecutionModel) ->
     out = []
     if spec.lowest_first and not (spec.deterministic and spec.causal and not spec.local):
         out.append("the lowest-first order is the deterministic mode's, under a causal mask without a window")
+    if spec.rotated_turns and not (spec.deterministic and not (spec.causal or spec.local or spec.lowest_first)
+                                   and spec.block_sparse is None):
+        out.append("the rotated order is the deterministic mode's, without a mask, a window or block-sparse lists")
     if cfg.step_divisor and not cfg.role_split:
         # sm_120a gate, 2026-11-26: six 8-warp and 4-warp configs at 255 registers spilled with the divisor live
         out.append("the step divisor is the role split's (the 8-warp and 4-warp tiles spill with it)")
@@ -565,7 +568,13 @@ def _variant_specs(d: int, dv: int, model: ExecutionModel) -> list[BwdSpec]:
     # whole and split, packed, and the heaviest layout
     lowest = [BwdSpec("bf16", d, dv, causal=True, deterministic=True, group_split=g) for g in (1, 2)]
     lowest += [BwdSpec("bf16", d, dv, causal=True, varlen_q=True, varlen_k=True, deterministic=True), heaviest]
-    return specs + [s for s in (replace(x, lowest_first=True) for x in lowest) if bwd_lowest_first_open(s, model)]
+    specs += [s for s in (replace(x, lowest_first=True) for x in lowest) if bwd_lowest_first_open(s, model)]
+    # the deterministic mode's rotated order (no mask): dense whole and split, packed with seqused, softcap
+    rotated = [BwdSpec("bf16", d, dv, causal=False, deterministic=True, rotated_turns=True, group_split=g)
+               for g in (1, 2)]
+    rotated.append(BwdSpec("bf16", d, dv, causal=False, varlen_q=True, varlen_k=True, seqused_q=True, seqused_k=True,
+                           deterministic=True, softcap=True, rotated_turns=True))
+    return specs + rotated
 
 
 @lru_cache(maxsize=None)
@@ -620,7 +629,10 @@ def bwd_rotated_start(spec: BwdSpec, cfg: BwdConfig) -> bool:
     from the first (``BwdConfig.rotated_start``). Without a causal mask or a window every key block of a head
     visits every query block, and from the same start the head's CTAs, launched together, add their dQ into the
     same query block at once. Not with block-sparse lists (their own order), nor in deterministic mode (its
-    counters give each query block's key blocks a fixed order of additions)."""
+    counters give each query block's key blocks a fixed order of additions) unless in its rotated order
+    (``BwdSpec.rotated_turns``), whose ranks follow the rotation."""
+    if spec.rotated_turns:  # the deterministic mode's rotated order (BwdSpec.rotated_turns)
+        return True
     return cfg.rotated_start and not (spec.causal or spec.local or spec.deterministic or spec.block_sparse is not None)
 
 

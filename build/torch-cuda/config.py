@@ -746,6 +746,12 @@ def table_keys(spec: FwdSpec) -> list[str]:
     # the 64-row one-stage alternate ran the random 25% map 1.42x and documents 1.45x faster than the two-stage
     # cp.async entry (H100 at SM120 occupancy, 2026-11-26, benchmarks/results/sparse_tiles_h100_2026-11-26.json)
     m64 = spec.mods is not None or spec.block_sparse is not None
+    # head dims the class entry's TMA tiles would pad (d104 / d120 in the d128 class: fwd_config_problems) take its
+    # 64-row one-stage alternate too: two CTAs per SM at an SM120's shared memory, where the cp.async entry's two
+    # stages hold one (fwd_padded_h200_2026-11-29.json: d120 1.23-1.35x, d104 1.16-1.21x the two-stage tile's speed)
+    entry = fwd_table().get(key)
+    if entry is not None and entry.uses_tma and smem_head_dims(spec, entry) != (spec.head_dim, spec.head_dim_v):
+        m64 = True
     # block sparsity walks its lists in the overlapped / ping-pong tiles too: where the class entry's tile does not
     # divide the blocks (d128 non-causal: 256 rows), its 128-row alternate (128x64 ping-pong) comes before the
     # 64-row one-stage tile
@@ -847,8 +853,9 @@ def decode_entry(spec: FwdSpec, model: ExecutionModel) -> Optional[FwdConfig]:
 #: Keys per block of the batch-invariant tiles (``invariant_config``) per head-dim class: one width for every
 #: layout, mask and length of a class, so that a row's key blocks, and with them its online-softmax steps, start at
 #: the same key indices in every call. It is the width of the class's dense table entries where the paged layouts'
-#: 64-row fallback fits beside it (d64-d192: 64 keys; d256: 32, the widest two K/V stages that fit there).
-INVARIANT_TILE_N = {64: 64, 96: 64, 128: 64, 192: 64, 256: 32}
+#: 64-row fallback holds it without spilling (d64-d128: 64 keys). d192 and d256 take 32: their paged 64-key tiles
+#: spilled 8-68 B on sm_120a (d192 64x64 one stage, with Q in registers or not, with or without softcap and sink).
+INVARIANT_TILE_N = {64: 64, 96: 64, 128: 64, 192: 32, 256: 32}
 
 
 def same_row_arithmetic(cfg: FwdConfig, width: int) -> bool:
@@ -1082,7 +1089,7 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
 def invariant_pairs(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
     """The batch-invariant tiles (``invariant_family``) the gate compiles: each class up to 256 at its representative
     head dims, both dtypes, every mask; at the class size softcap + sink and every layout (packed, seqused, paged at
-    page sizes 1, 16 and 256, packed GQA)."""
+    page sizes 1, 16 and 256 with and without softcap + sink, packed GQA)."""
     specs = []
     for klass, dims in REPRESENTATIVE_HEAD_DIMS.items():
         if klass not in INVARIANT_TILE_N:
@@ -1093,8 +1100,8 @@ def invariant_pairs(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
             specs.append(_spec("bf16", d, dv, mask, True, True))
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, varlen_k=True, seqused_q=True,
                                  seqused_k=True, pack_gqa=True))
-            specs += [replace(_spec("bf16", d, dv, mask, True, True), seqused_k=True, page_size=page, pack_gqa=True)
-                      for page in (1, 16, 256)]
+            specs += [replace(_spec("bf16", d, dv, mask, score, score), seqused_k=True, page_size=page, pack_gqa=True)
+                      for page in (1, 16, 256) for score in (True, False)]
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, seqused_k=True, page_size=16))
     return list(dict.fromkeys((spec, cfg) for spec in dict.fromkeys(specs) for shared_kv in (True, False)
                               for cfg, _ in invariant_family(spec, model, shared_kv)))

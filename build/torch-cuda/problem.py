@@ -150,6 +150,11 @@ class BwdSpec:
     #: query blocks last first, heads inner; else the highest adds first, the key blocks launch highest first, one
     #: pair after another, and walk their query blocks first to last (``_kernels/dq_accum``)
     lowest_first: bool = False
+    #: the deterministic mode's rotated order (no mask, no window, no lists; ``bwd_schedule.bwd_rotated_turns``): key
+    #: block n walks its query blocks from block n, and query block m takes its additions from key block m (or the
+    #: last) down, wrapping, so every key block's predecessor reached the block steps earlier; where a sequence has
+    #: more key blocks than query blocks, the highest-first order (``_kernels/dq_accum.turn_rank``)
+    rotated_turns: bool = False
     #: the forward's mods (``flex.ModKey``): the backward recomputes the modified scores and applies
     #: score_mod_bwd to dS
     mods: Optional[ModKey] = None

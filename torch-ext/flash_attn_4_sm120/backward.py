@@ -97,8 +97,28 @@ def _det_order(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int, l2_byt
 
 
 @functools.lru_cache(maxsize=None)
-def _main_spec(bspec: BwdSpec, lowest_first: bool, split: int) -> BwdSpec:
-    return dataclasses.replace(bspec, lowest_first=lowest_first, group_split=split)
+def _main_spec(bspec: BwdSpec, lowest_first: bool, split: int, rotated: bool = False) -> BwdSpec:
+    return dataclasses.replace(bspec, lowest_first=lowest_first, group_split=split, rotated_turns=rotated)
+
+
+#: The rotated order's bound on the CTA slots a pair straddling two waves holds idle, as a share of the slots: its
+#: CTAs launched in the earlier wave wait on those of the next (H200 at SM120 occupancy, 132 slots,
+#: bwd_det_rotated_h200_2026-11-29.json: 86 key blocks a pair, 46 slots idle, 1.56-1.64x the default's time against
+#: 1.02-1.05x at 128 key blocks, 4 idle, and 0.95-1.24x where the pairs fill the slots evenly).
+ROTATED_MAX_IDLE_SHARE = 1 / 16
+
+
+def _rotated_turns(bspec: BwdSpec, cfg, shape: FwdShape, model, num_sms: int) -> bool:
+    """Whether a deterministic call without a mask, a window or lists runs the rotated order
+    (``BwdSpec.rotated_turns``): its key blocks add into each query block in the order they arrive, with no
+    chain of waits along the pair. A key block there may wait on any key block of its pair, so every CTA of a
+    pair must be able to run at once (at most one CTA slot per key block, ``_slots``), and the pairs must fill a
+    wave of slots nearly evenly: the slots a pair straddling two waves holds idle stay under
+    ``ROTATED_MAX_IDLE_SHARE``."""
+    if not bspec.deterministic or bspec.causal or bspec.local or bspec.block_sparse is not None:
+        return False
+    slots, num_n = _slots(bspec, cfg, model, num_sms), -(-shape.seqlen_k // cfg.tile_n)
+    return num_n <= slots and slots % num_n <= ROTATED_MAX_IDLE_SHARE * slots
 
 
 @functools.lru_cache(maxsize=1024)
@@ -145,9 +165,14 @@ def bwd_launch(bspec: BwdSpec, shape: FwdShape, model, target: str, device_smem:
             lowest, band = False, 1  # (a forced order the config does not admit)
     elif order_by_shape and bspec.block_sparse is None:
         split = _group_split(bspec, cfg, shape, model, num_sms, l2_bytes)
-    if split > 1 and bwd_config_problems(_main_spec(bspec, lowest, split), cfg, model):
+    # a deterministic call without a mask takes its dQ additions in the order its key blocks arrive (not batch-
+    # invariant: the choice depends on the call's longest sequence)
+    rotated = order_by_shape and _rotated_turns(bspec, cfg, shape, model, num_sms)
+    if rotated and bwd_config_problems(_main_spec(bspec, lowest, 1, True), cfg, model):
+        rotated = False  # the predicate keeps this config in the highest-first order
+    if split > 1 and bwd_config_problems(_main_spec(bspec, lowest, split, rotated), cfg, model):
         split = 1  # the predicate keeps this spec unsplit
-    mspec = _main_spec(bspec, lowest, split)
+    mspec = _main_spec(bspec, lowest, split, rotated)
     main = _main_kernel(mspec, model, target, device_smem, fixed)
     # causal / block-sparse key blocks run longest first in bands of (batch, KV head) pairs (bwd_tile_band)
     if bwd_banded(mspec, cfg) and num_sms and not bspec.deterministic:

@@ -139,7 +139,7 @@ class BwdCase:
         mask += f"_flex-{self.label}" if s.mods is not None else ""
         mask += "_softcap" if s.softcap else ""
         mask += _layout_flags(s)
-        mask += ("_detlo" if s.lowest_first else "_det") if s.deterministic else ""
+        mask += ("_detlo" if s.lowest_first else "_detrot" if s.rotated_turns else "_det") if s.deterministic else ""
         mask += f"_gs{s.group_split}" if s.group_split > 1 else ""
         mask += "_sparse{}x{}".format(*s.block_sparse) if s.block_sparse is not None else ""
         mask += "_dropout" if s.dropout else ""

@@ -134,7 +134,8 @@ class KeyBlockWalk:
         turn = None
         if const_expr(self.spec.deterministic):
             sem = semaphore_ptr(mSem, ctx.batch, head, m, self.tile_m, mCuSeqlensQ, ctx.total_q)
-            turn = (sem, turn_rank(ctx.n_block, ranges, self.spec.lowest_first),
+            rotated = (m - ctx.m_start, ctx.num_m) if const_expr(self.spec.rotated_turns) else None
+            turn = (sem, turn_rank(ctx.n_block, ranges, self.spec.lowest_first, rotated),
                     read_turn(sem, poll_tidx) if const_expr(poll_tidx is not None) else None)
         return ranges, turn
 

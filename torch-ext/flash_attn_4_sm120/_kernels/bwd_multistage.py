@@ -334,7 +334,11 @@ class FlashBwdMultistage(KeyBlockWalk):
                 num_steps = ctx.walk.count
             ctx.m_rotation = None
             if const_expr(self.rotated_start):
-                ctx.m_rotation = n_block % cutlass.max(ctx.num_m, 1)
+                rotation = n_block % cutlass.max(ctx.num_m, 1)
+                if const_expr(self.spec.rotated_turns):  # rotated only where the ranks are (dq_accum.turn_rank)
+                    if (ctx.seqlen_k + self.tile_n - 1) // self.tile_n > ctx.num_m:
+                        rotation = Int32(0)
+                ctx.m_rotation = rotation
             # the inner count of a dense step index: the query blocks, or the heads (the lowest-first order)
             ctx.step_inner = group if const_expr(self.spec.lowest_first) else ctx.num_m
             ctx.step_div = None

@@ -17,6 +17,7 @@ from cutlass import Float32, Int32
 from cutlass.cute.nvgpu import warp
 
 from ..bwd_config import ROW_PAD
+from .block_info import _max, _min
 from .seqlen_info import packed_start
 
 
@@ -103,9 +104,20 @@ def load_fragment(acc: cute.Tensor, ptr: cute.Pointer, tidx, num_threads: cutlas
 #     their walks, so each CTA trails its predecessor by one release (``bwd_schedule.DET_CHAIN_LAG``) where they
 #     start together; the longest CTAs start first.
 # ------------------------------------------------------------------------------------------------
-def turn_rank(n_block, ranges, lowest_first: bool):
+def turn_rank(n_block, ranges, lowest_first: bool, rotated=None):
     """Key block ``n_block``'s place in the order of additions into a query block whose visiting key blocks are
-    ``[ranges[0], ranges[3])`` (``block_info.block_range``)."""
+    ``[ranges[0], ranges[3])`` (``block_info.block_range``). ``rotated``: (the query block's index in its walk,
+    the sequence's query blocks) in the rotated order (``BwdSpec.rotated_turns``; no mask, so the range is every key
+    block from 0): key block n starts its walk at query block n, so query block m sees key blocks min(m, last),
+    ..., 0, last, ..., m + 1 arrive a step apart, and that is their order. A sequence with more key blocks than
+    query blocks walks unrotated (``FlashBwdMultistage``) in the highest-first order: its start ``m + (hi - num_m)
+    * hi`` clamps to the last key block, where ``(last - n) mod hi`` is the highest-first rank. Branch-free: host
+    tests call it on integers."""
+    if rotated is not None:
+        m, num_m = rotated
+        hi = ranges[3]
+        first = _min(m + _max(hi - num_m, 0) * hi, hi - 1)
+        return (first - n_block + hi) % hi
     return n_block - ranges[0] if lowest_first else ranges[3] - 1 - n_block
 
 
