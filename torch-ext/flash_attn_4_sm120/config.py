@@ -864,7 +864,7 @@ def same_row_arithmetic(cfg: FwdConfig, width: int) -> bool:
     statistics exchanged). The mainloops (cp.async, TMA, warp-specialized, overlapped, ping-pong, persistent), the
     rows per tile and the warps per tile only move where operands come from and which rows a warp owns; a row's
     MMAs, masks and softmax steps are the shared building blocks in the same order
-    (``test_invariance_gpu.test_every_tile_of_the_family_gives_the_same_bits``)."""
+    (``test_invariance_gpu.test_every_tile_of_one_key_width_gives_the_same_bits``)."""
     return cfg.tile_n == width and not cfg.warps_on_keys and cfg.dv_warps == 1
 
 
@@ -899,8 +899,13 @@ def invariant_config(spec: FwdSpec, model: ExecutionModel, rows: int = 1, seqlen
     family = invariant_family(spec, model, shared_kv)
     if len(family) == 1:
         return family[0][0]
+    return least_time(family, spec, rows, seqlen_q, seqlen_k)
+
+
+def least_time(candidates, spec: FwdSpec, rows: int, seqlen_q: int, seqlen_k: int) -> FwdConfig:
+    """The config of (config, rate_tflops) ``candidates`` with the least estimated time, ``tile_work / rate``."""
     masked = spec.causal or spec.local
-    return min(family, key=lambda c: tile_work(c[0], rows, seqlen_q, seqlen_k, masked) / c[1])[0]
+    return min(candidates, key=lambda c: tile_work(c[0], rows, seqlen_q, seqlen_k, masked) / c[1])[0]
 
 
 @lru_cache(maxsize=4096)
@@ -916,8 +921,7 @@ def choose_fwd_config(spec: FwdSpec, model: ExecutionModel, rows: int, seqlen_q:
     candidates = fwd_candidates(spec, model, shared_kv)
     if len(candidates) == 1:
         return candidates[0][0]
-    masked = spec.causal or spec.local
-    return min(candidates, key=lambda c: tile_work(c[0], rows, seqlen_q, seqlen_k, masked) / c[1])[0]
+    return least_time(candidates, spec, rows, seqlen_q, seqlen_k)
 
 
 def candidate_fwd_configs(spec: FwdSpec, model: ExecutionModel) -> list[FwdConfig]:
