@@ -136,7 +136,7 @@ def test_aux_scalars_become_runtime_arguments():
     raise."""
     import cutlass
 
-    ex = flex_examples.combined(flex_examples.softcap_scalar(20.0), flex_examples.window_scalar(64))
+    ex = flex_examples.combined(flex_examples.softcap_scalar(20.0), flex_examples.window_scalar(64, slot=1))
     spec, params = _call(score_mod=ex.score_mod, mask_mod=ex.mask_mod,
                          aux_scalars=(2.5, 7, True, cutlass.Float32(0.5)))
     assert spec.mods.aux_scalars == ("float", "int", "bool", "Float32")

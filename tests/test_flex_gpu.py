@@ -345,7 +345,7 @@ def test_aux_scalar_mods_forward_and_backward(head_dim):
     """A Float32 cap read by score_mod and score_mod_bwd and an Int32 window width read by mask_mod
     (``aux_scalars``), forward and backward against the reference."""
     torch.manual_seed(13)
-    ex = flex_examples.combined(flex_examples.softcap_scalar(20.0), flex_examples.window_scalar(96))
+    ex = flex_examples.combined(flex_examples.softcap_scalar(20.0), flex_examples.window_scalar(96, slot=1))
     q = torch.randn(2, 300, 8, head_dim, dtype=torch.bfloat16, device="cuda") * 3
     k = torch.randn(2, 300, 2, head_dim, dtype=torch.bfloat16, device="cuda")
     v = torch.randn(2, 300, 2, head_dim, dtype=torch.bfloat16, device="cuda")
@@ -365,7 +365,7 @@ def test_aux_scalars_are_runtime_values():
     k = torch.randn(2, 700, 2, 64, dtype=torch.bfloat16, device="cuda")
     compiles = []
     for cap, width, numerics in ((10.0, 50, False), (40.0, 300, False), (25.0, 120, True), (15.0, 640, True)):
-        ex = flex_examples.combined(flex_examples.softcap_scalar(cap), flex_examples.window_scalar(width))
+        ex = flex_examples.combined(flex_examples.softcap_scalar(cap), flex_examples.window_scalar(width, slot=1))
         scalars = (cutlass.Float32(cap), cutlass.Int32(width)) if numerics else ex.aux_scalars
         out, lse = fa.flash_attn_func(q, k, k, return_lse=True, score_mod=ex.score_mod, mask_mod=ex.mask_mod,
                                       aux_scalars=scalars)
