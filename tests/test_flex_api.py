@@ -47,8 +47,7 @@ def test_no_mods_no_change():
     (FwdSpec("bf16", 128, 128, causal=False, local=True), dict(mask_mod=CAUSAL.mask_mod, score_mod=ALIBI.score_mod),
      "mask_mod replaces window_size"),
     (FwdSpec("bf16", 128, 128, causal=False, softcap=True), dict(score_mod=ALIBI.score_mod), "fold the cap"),
-    (None, dict(score_mod=ALIBI.score_mod, aux_scalars=[1.0]), "aux_scalars"),
-], ids=["causal", "window", "window-both-mods", "softcap", "aux-scalars"])
+], ids=["causal", "window", "window-both-mods", "softcap"])
 def test_refused_combinations(spec, mods, match):
     with pytest.raises(NotImplementedError, match=match):
         _call(spec, **mods)
@@ -129,3 +128,30 @@ def test_spec_with_mods_is_a_distinct_compile_key():
     key = _call(score_mod=ALIBI.score_mod)[0].mods
     plain = FwdSpec("bf16", 128, 128, False)
     assert dataclasses.replace(plain, mods=key) != plain and hash(dataclasses.replace(plain, mods=key))
+
+
+def test_aux_scalars_become_runtime_arguments():
+    """aux_scalars: Python numbers and cutlass numerics, their types in the key and their values in the kernels'
+    scalar slots after the aux tensors' (``compiler.aux_args``); too many, an integer past Int32 and other types
+    raise."""
+    import cutlass
+
+    ex = flex_examples.combined(flex_examples.softcap_scalar(20.0), flex_examples.window_scalar(64, slot=1))
+    spec, params = _call(score_mod=ex.score_mod, mask_mod=ex.mask_mod,
+                         aux_scalars=(2.5, 7, True, cutlass.Float32(0.5)))
+    assert spec.mods.aux_scalars == ("float", "int", "bool", "Float32")
+    assert params.aux == (2.5, 7, True, 0.5) and type(params.aux[3]) is float
+    slopes = torch.zeros(8)
+    _, params = _call(score_mod=ex.score_mod, aux_tensors=[slopes], aux_scalars=(cutlass.Int32(3),))
+    slots = compiler.aux_args(params.aux)
+    assert len(slots) == compiler.MAX_AUX_TENSORS + compiler.MAX_AUX_SCALARS
+    assert slots[0] is slopes and slots[1:4] == (None,) * 3 and slots[4:] == (3, None, None, None)
+    assert compiler.aux_args(()) == (None,) * 8
+    with pytest.raises(ValueError, match="at most 4 aux_scalars"):
+        _call(score_mod=ex.score_mod, aux_scalars=(1, 2, 3, 4, 5))
+    with pytest.raises(ValueError, match="fit an Int32"):
+        _call(score_mod=ex.score_mod, aux_scalars=(2 ** 31,))
+    with pytest.raises(ValueError, match="aux_scalars hold"):
+        _call(score_mod=ex.score_mod, aux_scalars=(cutlass.Int64(3),))
+    keys = {_call(score_mod=ex.score_mod, aux_scalars=(c,))[0].mods for c in (1.0, 2.0, 30.0)}
+    assert len(keys) == 1  # values are not part of the compile key

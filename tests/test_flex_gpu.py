@@ -335,3 +335,40 @@ def test_aux_tensor_mods_decode_and_new_values():
         out, lse = fa.flash_attn_func(q, k, k, return_lse=True, score_mod=ex.score_mod,
                                       aux_tensors=list(ex.aux_tensors))
         check(out, lse, q, k, k, ex)
+
+
+# -- aux scalars (the kernels' scalar slots)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_aux_scalar_mods_forward_and_backward(head_dim):
+    """A Float32 cap read by score_mod and score_mod_bwd and an Int32 window width read by mask_mod
+    (``aux_scalars``), forward and backward against the reference."""
+    torch.manual_seed(13)
+    ex = flex_examples.combined(flex_examples.softcap_scalar(20.0), flex_examples.window_scalar(96, slot=1))
+    q = torch.randn(2, 300, 8, head_dim, dtype=torch.bfloat16, device="cuda") * 3
+    k = torch.randn(2, 300, 2, head_dim, dtype=torch.bfloat16, device="cuda")
+    v = torch.randn(2, 300, 2, head_dim, dtype=torch.bfloat16, device="cuda")
+    check_forward_and_grads(q, k, v, torch.randn_like(q), ex, aux_scalars=ex.aux_scalars)
+
+
+def test_aux_scalars_are_runtime_values():
+    """New values reuse the compiled kernel and change the result; cutlass.Float32 / Int32 values work as Python
+    numbers do (their types are part of the compile key, as upstream's)."""
+    import cutlass
+
+    import flash_attn_4_sm120 as fa
+    from flash_attn_4_sm120.compile_cache import default_cache
+
+    torch.manual_seed(14)
+    q = torch.randn(2, 3, 8, 64, dtype=torch.bfloat16, device="cuda") * 3  # decode rows: packed GQA
+    k = torch.randn(2, 700, 2, 64, dtype=torch.bfloat16, device="cuda")
+    compiles = []
+    for cap, width, numerics in ((10.0, 50, False), (40.0, 300, False), (25.0, 120, True), (15.0, 640, True)):
+        ex = flex_examples.combined(flex_examples.softcap_scalar(cap), flex_examples.window_scalar(width, slot=1))
+        scalars = (cutlass.Float32(cap), cutlass.Int32(width)) if numerics else ex.aux_scalars
+        out, lse = fa.flash_attn_func(q, k, k, return_lse=True, score_mod=ex.score_mod, mask_mod=ex.mask_mod,
+                                      aux_scalars=scalars)
+        check(out, lse, q, k, k, ex)
+        compiles.append(default_cache().stats.compiles)
+    assert compiles[1] == compiles[0] and compiles[3] == compiles[2]

@@ -253,13 +253,28 @@ def with_mods(spec, params, mods: dict, needs_grad: bool, device=None):
     return spec, (dataclasses.replace(params, aux=aux) if aux else params)
 
 
+def _aux_scalar(i, s):
+    """Aux scalar ``i`` as the Python number its kernel parameter takes (``compiler.AUX_SCALAR_TYPES``)."""
+    kind = compiler.AUX_SCALAR_TYPES[type(s).__name__]  # (the ModKey checked the type)
+    if kind == "Float32":
+        return float(s.value if hasattr(s, "value") else s)
+    value = int(s.value if hasattr(s, "value") else s)
+    if kind == "Boolean":
+        return bool(value)
+    if not -2 ** 31 <= value < 2 ** 31:
+        raise ValueError(f"aux_scalars[{i}] = {value} does not fit an Int32 (the mods' integer scalars are Int32)")
+    return value
+
+
 def _aux_tensors(tensors, scalars, device) -> tuple:
-    """The call's aux tensors for the kernels' aux slots (their last dimension made contiguous), checked."""
-    if scalars:
-        raise NotImplementedError("aux_scalars are not supported by flash-attn-4-sm120: capture numbers in the mod "
-                                  "(its closure values are part of its compile key) or pass a 1-element aux tensor")
+    """The call's aux inputs for the kernels' aux slots: its aux tensors (their last dimension made contiguous),
+    then its aux scalars as Python numbers (``compiler.aux_args``), checked."""
+    scalars = tuple(scalars or ())
+    if len(scalars) > compiler.MAX_AUX_SCALARS:
+        raise ValueError(f"at most {compiler.MAX_AUX_SCALARS} aux_scalars, got {len(scalars)}")
+    scalars = tuple(_aux_scalar(i, s) for i, s in enumerate(scalars))
     if not tensors:
-        return ()
+        return scalars
     tensors = tuple(tensors)
     if len(tensors) > compiler.MAX_AUX_TENSORS:
         raise ValueError(f"at most {compiler.MAX_AUX_TENSORS} aux_tensors, got {len(tensors)}")
@@ -268,7 +283,7 @@ def _aux_tensors(tensors, scalars, device) -> tuple:
             raise ValueError(f"aux_tensors[{i}] must be a tensor of at least one dimension on {device}")
         if flex.dtype_name(t) not in compiler.AUX_DTYPES:
             raise ValueError(f"aux_tensors[{i}] has dtype {t.dtype}; supported: {', '.join(compiler.AUX_DTYPES)}")
-    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+    return tuple(t if t.stride(-1) == 1 else t.contiguous() for t in tensors) + scalars
 
 
 def with_block_sparse(spec, shape, params, sparse, needs_grad: bool, num_splits, pack_gqa, device,

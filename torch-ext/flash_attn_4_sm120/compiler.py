@@ -45,9 +45,24 @@ MAX_AUX_TENSORS = 4
 AUX_DTYPES = ("float32", "float16", "bfloat16", "int32", "int64", "uint8", "int8")
 
 
+#: The aux scalars a kernel with mods takes: the runtime scalar parameters ``sAux0..sAux3`` after the aux tensors'
+#: slots, None unless the spec's ``ModKey.aux_scalars`` names one.
+MAX_AUX_SCALARS = 4
+#: an aux scalar's kernel parameter type by the type name ``ModKey.aux_scalars`` records (Python's or the DSL's)
+AUX_SCALAR_TYPES = {"int": "Int32", "Int32": "Int32", "float": "Float32", "Float32": "Float32", "bool": "Boolean",
+                    "Boolean": "Boolean"}
+_NO_AUX = (None,) * (MAX_AUX_TENSORS + MAX_AUX_SCALARS)
+
+
 def aux_args(aux: tuple = ()) -> tuple:
-    """A call's aux tensors padded to the kernels' ``MAX_AUX_TENSORS`` trailing slots."""
-    return (*aux, *(None,) * (MAX_AUX_TENSORS - len(aux)))
+    """A call's aux inputs (``FwdParams.aux``: its aux tensors, then its aux scalars as Python numbers) for the
+    kernels' trailing slots: the tensors padded to ``MAX_AUX_TENSORS``, then the scalars to ``MAX_AUX_SCALARS``."""
+    if not aux:
+        return _NO_AUX
+    tensors = [a for a in aux if not isinstance(a, (int, float))]
+    scalars = [a for a in aux if isinstance(a, (int, float))]
+    return (*tensors, *(None,) * (MAX_AUX_TENSORS - len(tensors)), *scalars,
+            *(None,) * (MAX_AUX_SCALARS - len(scalars)))
 
 
 #: The block-sparse tensors a forward kernel takes: four trailing optional tensor parameters
@@ -92,14 +107,16 @@ def _fake_rng(dropout: bool):
 
 def _fake_aux(mods) -> tuple:
     """The aux slots' fakes: a tensor of the recorded (dtype, ndim) per aux tensor of ``mods`` (symbolic sizes
-    and strides, unit last stride), None for the rest."""
+    and strides, unit last stride) and a runtime scalar of the recorded type per aux scalar, None for the rest."""
     import cutlass
 
-    if mods is None or not mods.aux_tensors:
+    if mods is None or not (mods.aux_tensors or mods.aux_scalars):
         return aux_args()
     types = dict(zip(AUX_DTYPES, (cutlass.Float32, cutlass.Float16, cutlass.BFloat16, cutlass.Int32, cutlass.Int64,
                                   cutlass.Uint8, cutlass.Int8)))
-    return aux_args(tuple(_fake_any(types[dtype], ndim) for dtype, ndim in mods.aux_tensors))
+    tensors = tuple(_fake_any(types[dtype], ndim) for dtype, ndim in mods.aux_tensors)
+    scalars = tuple(getattr(cutlass, AUX_SCALAR_TYPES[name])(0) for name in mods.aux_scalars)
+    return (*aux_args(tensors)[:MAX_AUX_TENSORS], *scalars, *(None,) * (MAX_AUX_SCALARS - len(scalars)))
 
 
 def _fake_fwd_args(spec: FwdSpec):

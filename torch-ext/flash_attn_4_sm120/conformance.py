@@ -288,7 +288,7 @@ def flex_cases(model: ExecutionModel = SM120) -> list[Case]:
     d128 and d64 configs, packed-GQA, varlen (packed Q and K) and the persistent ping-pong mainloop; and the
     backward main kernel with the same mods (score_mod_bwd: the example's derivative) at d128, d64 and varlen
     d128; then the heaviest examples at d96, d192/128, d256, fp16 and with a sink (forward and backward), and
-    split-KV, paged and paged split-KV forwards; and two mods that read aux tensors. The CI subset takes ALiBi +
+    split-KV, paged and paged split-KV forwards; and the mods that read aux tensors or aux scalars. The CI subset takes ALiBi +
     causal mask at d128, forward."""
     from . import flex_examples
 
@@ -446,7 +446,7 @@ def _example_keys(ex) -> tuple:
     also holds the example's score_mod_bwd (its analytic derivative)."""
     from . import flex
 
-    mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, aux_tensors=ex.aux_tensors)
+    mods = dict(score_mod=ex.score_mod, mask_mod=ex.mask_mod, aux_tensors=ex.aux_tensors, aux_scalars=ex.aux_scalars)
     return (flex.register(flex.ModKey.of(**mods), ex.score_mod, None, ex.mask_mod),
             flex.register(flex.ModKey.of(score_mod_bwd=ex.score_mod_bwd, **mods), ex.score_mod, ex.score_mod_bwd,
                           ex.mask_mod))

@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 _PLAIN = (int, float, bool, str, bytes, type(None), complex)
+#: aux scalars' type names: Python's and the CuTe DSL numerics' (``compiler.AUX_SCALAR_TYPES`` gives their kernel
+#: parameter types); the values are runtime arguments
+AUX_SCALAR_NAMES = ("int", "float", "bool", "Int32", "Float32", "Boolean")
 
 
 def _plain_repr(value, where: str) -> str:
@@ -163,9 +166,10 @@ class ModKey:
             raise ValueError("mask_mod.__vec_size__ must be 1 on SM120")
         tensors = tuple((dtype_name(t), t.dim()) for t in (aux_tensors or ()))
         scalars = tuple(type(s).__name__ for s in (aux_scalars or ()))
-        for s in aux_scalars or ():
-            if not isinstance(s, (int, float, bool)):
-                raise ValueError(f"aux_scalars hold ints, floats and bools; got {type(s).__name__}")
+        for name in scalars:
+            if name not in AUX_SCALAR_NAMES:
+                raise ValueError(f"aux_scalars hold Python ints, floats and bools or cutlass.Int32 / Float32 / Boolean "
+                                 f"values; got {name}")
         return ModKey(*(callable_key(f) if f is not None else None for f in (score_mod, score_mod_bwd, mask_mod)),
                       score_vec=vec, aux_tensors=tensors, aux_scalars=scalars)
 

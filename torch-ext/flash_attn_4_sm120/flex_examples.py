@@ -26,6 +26,8 @@ class Example(NamedTuple):
     score_mod_bwd: object = None
     #: the tensors the mods read (pass as ``aux_tensors=``); the torch twins read the same ones
     aux_tensors: tuple = ()
+    #: the runtime numbers the mods read (pass as ``aux_scalars=``); the torch twins read the same ones
+    aux_scalars: tuple = ()
 
 
 def alibi(num_heads: int) -> Example:
@@ -181,10 +183,48 @@ def documents(doc_ids) -> Example:
     return Example("documents", mask_mod=mask_mod, torch_mask=torch_mask, aux_tensors=(doc_ids,))
 
 
+def softcap_scalar(cap: float) -> Example:
+    """tanh softcapping with the cap a runtime number (``aux_scalars[0]``, a Float32): cap * tanh(score / cap). A
+    call with another cap runs the same kernel (``softcap`` captures its cap: one kernel per cap)."""
+
+    def score_mod(score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
+        import cutlass.cute as cute
+
+        return cute.math.tanh(score * (1.0 / aux_scalars[0])) * aux_scalars[0]
+
+    def torch_score(score, b, h, q, k, seqlen_q, seqlen_k):
+        return cap * (score / cap).tanh()
+
+    def score_mod_bwd(grad, score, b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
+        import cutlass.cute as cute
+
+        t = cute.math.tanh(score * (1.0 / aux_scalars[0]))
+        return grad * (1.0 - t * t)
+
+    return Example("softcap-scalar", score_mod=score_mod, torch_score=torch_score, score_mod_bwd=score_mod_bwd,
+                   aux_scalars=(float(cap),))
+
+
+def window_scalar(width: int, slot: int = 0) -> Example:
+    """A causal sliding window whose width is a runtime number (``aux_scalars[slot]``, an Int32): a query sees the
+    ``width`` keys up to its own (bottom-right aligned). ``slot`` is the width's place in the call's aux_scalars:
+    1 after ``softcap_scalar``'s cap in ``combined(softcap_scalar(c), window_scalar(w, slot=1))``."""
+
+    def mask_mod(b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
+        diag = q_idx + (seqlen_info.seqlen_k - seqlen_info.seqlen_q)
+        return (kv_idx <= diag) & (kv_idx > diag - aux_scalars[slot])
+
+    def torch_mask(b, h, q, k, seqlen_q, seqlen_k):
+        diag = q + (seqlen_k - seqlen_q)
+        return (k <= diag) & (k > diag - width)
+
+    return Example("window-scalar", mask_mod=mask_mod, torch_mask=torch_mask, aux_scalars=(int(width),))
+
+
 def combined(score: Example, mask: Example) -> Example:
     return Example(f"{score.name}+{mask.name}", score_mod=score.score_mod, mask_mod=mask.mask_mod,
                    torch_score=score.torch_score, torch_mask=mask.torch_mask, score_mod_bwd=score.score_mod_bwd,
-                   aux_tensors=score.aux_tensors + mask.aux_tensors)
+                   aux_tensors=score.aux_tensors + mask.aux_tensors, aux_scalars=score.aux_scalars + mask.aux_scalars)
 
 
 def gate_examples() -> list:
@@ -193,8 +233,10 @@ def gate_examples() -> list:
 
 
 def aux_gate_examples() -> list:
-    """The aux-tensor examples the gate compiles (CPU tensors: only their dtype and rank enter the key)."""
+    """The aux-tensor and aux-scalar examples the gate compiles (CPU tensors: only their dtype and rank enter the key;
+    of the scalars, only their types)."""
     import torch
 
     return [alibi_slopes(torch.zeros(8, dtype=torch.float32)), documents(torch.zeros(16, dtype=torch.int32)),
-            relative_bias(torch.zeros(8, 65, dtype=torch.float32))]
+            relative_bias(torch.zeros(8, 65, dtype=torch.float32)),
+            combined(softcap_scalar(30.0), window_scalar(256, slot=1))]

@@ -67,7 +67,7 @@ from .bwd_walk import KeyBlockWalk
 from .dq_accum import add_fragment, dq_tiled_mma, pass_turn, slice_offset, wait_turn, warp_tiled_mma
 from .block_walk import raw_entry, tile_walk
 from .dropout_mask import DropoutMask, check_cells, warp_cell_columns
-from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd, aux_list
+from .flex_mods import FlexMods, SeqlenInfo, apply_mods, apply_score_mod_bwd, aux_inputs
 from .fragments import acc_rows_cols, convert
 from .grid_dependency import enter_grid
 from .mask import mask_scores
@@ -204,6 +204,10 @@ class FlashBwdMultistage(KeyBlockWalk):
         mAux1: Optional[cute.Tensor],
         mAux2: Optional[cute.Tensor],
         mAux3: Optional[cute.Tensor],
+        sAux0,
+        sAux1,
+        sAux2,
+        sAux3,
         mBlockCnt: Optional[cute.Tensor],
         mBlockIdx: Optional[cute.Tensor],
         mFullCnt: Optional[cute.Tensor],
@@ -226,7 +230,7 @@ class FlashBwdMultistage(KeyBlockWalk):
             window_left, window_right, mCuSeqlensQ, mCuSeqlensK, mSeqUsedQ, mSeqUsedK, band,
             self.sQ_layout, self.sdO_layout, self.sK_layout, self.sV_layout, self.sP_layout,
             self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq, mAux0, mAux1, mAux2, mAux3,
-            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng,
+            sAux0, sAux1, sAux2, sAux3, mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng,
         ).launch(
             grid=grid,
             block=[self.num_threads, 1, 1],
@@ -276,6 +280,10 @@ class FlashBwdMultistage(KeyBlockWalk):
         mAux1: Optional[cute.Tensor],
         mAux2: Optional[cute.Tensor],
         mAux3: Optional[cute.Tensor],
+        sAux0,
+        sAux1,
+        sAux2,
+        sAux3,
         mBlockCnt: Optional[cute.Tensor],
         mBlockIdx: Optional[cute.Tensor],
         mFullCnt: Optional[cute.Tensor],
@@ -283,7 +291,7 @@ class FlashBwdMultistage(KeyBlockWalk):
         mRng: Optional[cute.Tensor],
     ):
         self.g2s_qk, self.g2s_v, self.mma_sdp, self.mma_dkv, self.mma_dq = g2s_qk, g2s_v, mma_sdp, mma_dkv, mma_dq
-        self.aux_tensors = aux_list(mAux0, mAux1, mAux2, mAux3)  # the mods' aux tensors (None without)
+        self.aux = aux_inputs(mAux0, mAux1, mAux2, mAux3, sAux0, sAux1, sAux2, sAux3)  # the mods' aux inputs
         enter_grid(self.model.has_pdl)  # the preprocess's LSE2 / D' and the zeroed accumulator
         tidx, _, _ = cute.arch.thread_idx()
         packed_q = mCuSeqlensQ is not None
@@ -589,7 +597,7 @@ class FlashBwdMultistage(KeyBlockWalk):
                 pre.store(acc_S.load() * ctx.softcap_scale)
             apply_mods(acc_rows_cols(acc_S), ctx.tScS_rc, FlexMods(score_mod, mask_mod, self.spec.mods.score_vec),
                        ctx.softcap_scale, ctx.batch, head, m, ctx.n_block, self.tile_m, self.tile_n, None,
-                       ctx.seqlen_info, self.aux_tensors, with_mask)
+                       ctx.seqlen_info, self.aux, with_mask)
         if const_expr(self.spec.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * ctx.softcap_scale, fastmath=True))
             t = cute.make_rmem_tensor_like(acc_S, Float32)
@@ -623,4 +631,4 @@ class FlashBwdMultistage(KeyBlockWalk):
         if const_expr(pre is not None):
             apply_score_mod_bwd(dP_rc, acc_rows_cols(pre), ctx.tScS_rc, score_mod_bwd, self.spec.mods.score_vec,
                                 ctx.batch, head, m, ctx.n_block, self.tile_m, self.tile_n, ctx.seqlen_info,
-                                self.aux_tensors)
+                                self.aux)

@@ -463,7 +463,7 @@ class FlashBwdRoleSplit(FlashBwdMultistage):
         """The spec's mask_mod on group 0's (rows, cols) score view (the predicate admits mask_mods only here)."""
         _, _, mask_mod = flex.callables(self.spec.mods)
         apply_mods(S_rc, tScS_rc, FlexMods(None, mask_mod, 1), Float32(1.0), ctx.batch, head, m, n_block,
-                   self.tile_m, self.tile_n, None, ctx.seqlen_info, self.aux_tensors)
+                   self.tile_m, self.tile_n, None, ctx.seqlen_info, self.aux)
 
     @cute.jit
     def store_dkv(self, ctx: BwdTileState, mdK, mdV, mCuSeqlensK, mSeqUsedK, softmax_scale):

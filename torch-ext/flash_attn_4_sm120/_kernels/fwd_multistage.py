@@ -67,7 +67,7 @@ from .grid_dependency import enter_grid
 from .fragments import acc_as_operand_a, acc_rows_cols
 from .block_walk import sparse_walk
 from .dropout_mask import DropoutMask, apply_keep_pairs, check_cells, convert_keep_pairs
-from .flex_mods import FlexMods, SeqlenInfo, aux_list
+from .flex_mods import FlexMods, SeqlenInfo, aux_inputs
 from .fwd_epilogue import FwdEpilogue
 from .fwd_mainloop import StagedMainloop
 from .fwd_overlap import OverlappedMainloop
@@ -369,7 +369,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             local=self.spec.local, mask_select=self.config.mask_select, softcap_scale=softcap_scale,
             window_left=window_left, window_right=window_right, seqlen_q=ctx.seqlen_q, seqlen_k=ctx.seqlen_k,
             m_block=ctx.m_block, group=ctx.group, tScS_rc=ctx.tScS_rc, t0ScS_rc=ctx.t0ScS_rc,
-            mods=mods, batch=batch, head=head, seqlen_info=seqlen_info, aux_tensors=self.aux_tensors,
+            mods=mods, batch=batch, head=head, seqlen_info=seqlen_info, aux=self.aux,
         )
 
     @cute.jit
@@ -398,6 +398,10 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         mAux1: Optional[cute.Tensor],
         mAux2: Optional[cute.Tensor],
         mAux3: Optional[cute.Tensor],
+        sAux0,
+        sAux1,
+        sAux2,
+        sAux3,
         mBlockCnt: Optional[cute.Tensor],
         mBlockIdx: Optional[cute.Tensor],
         mFullCnt: Optional[cute.Tensor],
@@ -441,7 +445,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
             self.sQ_layout, self.sK_layout, self.sV_layout, self.sO_layout,
             self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma, scheduler,
             tma_atom_K, mK_tma, tma_atom_V, mV_tma, num_m_blocks, cutlass.max(tile_band, 1), mAux0, mAux1, mAux2, mAux3,
-            mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng, mKDescale, mVDescale,
+            sAux0, sAux1, sAux2, sAux3, mBlockCnt, mBlockIdx, mFullCnt, mFullIdx, mRng, mKDescale, mVDescale,
         ).launch(
             grid=grid,
             block=[self.launch_threads, 1, 1],
@@ -497,6 +501,10 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
         mAux1: Optional[cute.Tensor],
         mAux2: Optional[cute.Tensor],
         mAux3: Optional[cute.Tensor],
+        sAux0,
+        sAux1,
+        sAux2,
+        sAux3,
         mBlockCnt: Optional[cute.Tensor],
         mBlockIdx: Optional[cute.Tensor],
         mFullCnt: Optional[cute.Tensor],
@@ -507,7 +515,7 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
     ):
         # Layouts and tiled copies built at trace time on the host arrive as kernel parameters.
         self.g2s_qk, self.g2s_v, self.s2g_o, self.tiled_mma = g2s_qk, g2s_v, s2g_o, tiled_mma
-        self.aux_tensors = aux_list(mAux0, mAux1, mAux2, mAux3)  # the mods' aux tensors (None without)
+        self.aux = aux_inputs(mAux0, mAux1, mAux2, mAux3, sAux0, sAux1, sAux2, sAux3)  # the mods' aux inputs
         enter_grid(self.model.has_pdl)  # the append's rows, a user kernel's Q: visible from here on
         if const_expr(self.config.persistent):  # one CTA per SM walks the tiles (fwd_persistent)
             self.persistent_tiles(PersistentArgs(

@@ -56,8 +56,8 @@ class ScoreStep:
     batch: Any = None
     head: Any = None
     seqlen_info: Any = None
-    #: the mods' aux tensors (a list of the call's, or None)
-    aux_tensors: Any = None
+    #: the mods' aux inputs (``flex_mods.AuxInputs``)
+    aux: Any = None
 
     @cute.jit
     def apply(self, acc_S: cute.Tensor, n_block: Int32, masked: cutlass.Constexpr[bool],
@@ -67,7 +67,7 @@ class ScoreStep:
         if const_expr(self.mods is not None):
             apply_mods(acc_rows_cols(acc_S), self.tScS_rc, self.mods, self.softcap_scale, self.batch, self.head,
                        self.m_block, n_block, self.tile_m, self.tile_n, self.group, self.seqlen_info,
-                       self.aux_tensors, mask_mod)
+                       self.aux, mask_mod)
         if const_expr(self.softcap):
             acc_S.store(cute.math.tanh(acc_S.load() * self.softcap_scale, fastmath=True))
         if const_expr(masked):

@@ -25,7 +25,7 @@ from cutlass import Int32, const_expr
 from .. import flex
 from ..execution_model import ExecutionModel
 from ..problem import RefineSpec
-from .flex_mods import SeqlenInfo, aux_list, mask_keeps
+from .flex_mods import SeqlenInfo, aux_inputs, mask_keeps
 
 #: the grid's classes (``block_sparse.EMPTY / PARTIAL / FULL``)
 _EMPTY, _PARTIAL, _FULL = 0, 1, 2
@@ -50,19 +50,20 @@ class SparseTileRefine:
     @cute.jit
     def __call__(self, mTiles: cute.Tensor, seqlen_q: Int32, seqlen_k: Int32, mAux0: Optional[cute.Tensor],
                  mAux1: Optional[cute.Tensor], mAux2: Optional[cute.Tensor], mAux3: Optional[cute.Tensor],
-                 stream: cuda.CUstream):
+                 sAux0, sAux1, sAux2, sAux3, stream: cuda.CUstream):
         grid = (mTiles.shape[2], mTiles.shape[1], mTiles.shape[0])
-        self.kernel(mTiles, seqlen_q, seqlen_k, mAux0, mAux1, mAux2, mAux3).launch(
+        self.kernel(mTiles, seqlen_q, seqlen_k, mAux0, mAux1, mAux2, mAux3, sAux0, sAux1, sAux2, sAux3).launch(
             grid=grid, block=[_WARPS * _LANES, 1, 1], stream=stream)
 
     @cute.kernel
     def kernel(self, mTiles: cute.Tensor, seqlen_q: Int32, seqlen_k: Int32, mAux0: Optional[cute.Tensor],
-               mAux1: Optional[cute.Tensor], mAux2: Optional[cute.Tensor], mAux3: Optional[cute.Tensor]):
+               mAux1: Optional[cute.Tensor], mAux2: Optional[cute.Tensor], mAux3: Optional[cute.Tensor],
+               sAux0, sAux1, sAux2, sAux3):
         tidx, _, _ = cute.arch.thread_idx()
         m, head, batch = cute.arch.block_idx()
         warp, lane = tidx // _LANES, tidx % _LANES
         mask_mod = flex.callables(self.spec.mods)[2]
-        aux = aux_list(mAux0, mAux1, mAux2, mAux3)
+        aux = aux_inputs(mAux0, mAux1, mAux2, mAux3, sAux0, sAux1, sAux2, sAux3)
         info = SeqlenInfo(offset_q=Int32(0), offset_k=Int32(0), seqlen_q=seqlen_q, seqlen_k=seqlen_k)
         tile_m, tile_n = const_expr(self.spec.tile_m), const_expr(self.spec.tile_n)
         for n in cutlass.range(warp, mTiles.shape[3], _WARPS):
