@@ -205,13 +205,14 @@ def softcap_scalar(cap: float) -> Example:
                    aux_scalars=(float(cap),))
 
 
-def window_scalar(width: int) -> Example:
-    """A causal sliding window whose width is a runtime number (``aux_scalars[0]``, an Int32): a query sees the
-    ``width`` keys up to its own (bottom-right aligned)."""
+def window_scalar(width: int, slot: int = 0) -> Example:
+    """A causal sliding window whose width is a runtime number (``aux_scalars[slot]``, an Int32): a query sees the
+    ``width`` keys up to its own (bottom-right aligned). ``slot`` is the width's place in the call's aux_scalars:
+    1 after ``softcap_scalar``'s cap in ``combined(softcap_scalar(c), window_scalar(w, slot=1))``."""
 
     def mask_mod(b, h, q_idx, kv_idx, seqlen_info, aux_tensors, aux_scalars):
         diag = q_idx + (seqlen_info.seqlen_k - seqlen_info.seqlen_q)
-        return (kv_idx <= diag) & (kv_idx > diag - aux_scalars[0])
+        return (kv_idx <= diag) & (kv_idx > diag - aux_scalars[slot])
 
     def torch_mask(b, h, q, k, seqlen_q, seqlen_k):
         diag = q + (seqlen_k - seqlen_q)
@@ -237,4 +238,5 @@ def aux_gate_examples() -> list:
     import torch
 
     return [alibi_slopes(torch.zeros(8, dtype=torch.float32)), documents(torch.zeros(16, dtype=torch.int32)),
-            relative_bias(torch.zeros(8, 65, dtype=torch.float32)), combined(softcap_scalar(30.0), window_scalar(256))]
+            relative_bias(torch.zeros(8, 65, dtype=torch.float32)),
+            combined(softcap_scalar(30.0), window_scalar(256, slot=1))]
