@@ -102,9 +102,9 @@ def _main_spec(bspec: BwdSpec, lowest_first: bool, split: int, rotated: bool = F
 
 
 #: The rotated order's bound on the CTA slots a pair straddling two waves holds idle, as a share of the slots: its
-#: CTAs launched in the earlier wave wait on those of the next (H200 at SM120 occupancy, 132 slots,
-#: bwd_det_rotated_h200_2026-11-29.json: 86 key blocks a pair, 46 slots idle, 1.56-1.64x the default's time against
-#: 1.02-1.05x at 128 key blocks, 4 idle, and 0.95-1.24x where the pairs fill the slots evenly).
+#: CTAs launched in the earlier wave wait on those of the next (H200 at SM120 occupancy, 132 slots: 86 key blocks a
+#: pair, 46 slots idle, cost 1.25-1.64x the default's time rotated and 1.18-1.25x highest first; 128 key blocks, 4
+#: idle, 1.02-1.05x rotated; 0.95-1.24x where the pairs fill the slots evenly: bwd_det_rotated_h200_2026-11-29.json).
 ROTATED_MAX_IDLE_SHARE = 1 / 16
 
 
