@@ -37,6 +37,7 @@ DEFAULTS = {
     "dropout": RESULTS / "dropout_h100_2026-11-27.json",
     "step": RESULTS / "step_h200_2026-11-28.json",
     "step_graphs": RESULTS / "step_cudagraphs_h200_2026-11-28.json",
+    "step_eager": RESULTS / "step_eager_h200_2026-11-29.json",
     "fp8": RESULTS / "bench_fp8_h200_2026-11-29.json",
     "mla": RESULTS / "bench_mla_h200_2026-11-29.json",
     "host": RESULTS / "overhead_h200_2026-11-29.json",
@@ -370,17 +371,19 @@ STEP_MODELS = {
 }
 
 
-def step_full(step: dict, step_source: str, graphs: dict, graphs_source: str) -> str:
-    """Training-step milliseconds of every model and shape in the two ``bench_step.py`` results, ours against SDPA
+def step_full(step: dict, step_source: str, graphs: dict, graphs_source: str, eager: dict, eager_source: str) -> str:
+    """Training-step milliseconds of every model and shape in the three ``bench_step.py`` results (compiled,
+    eager, CUDA graphs), ours against SDPA
     in the backend order an SM120 takes (``sdpa_sm120``) and the H100's default order (``sdpa``: cuDNN's wgmma
     kernels), with GPU-busy milliseconds of a profiled step in parentheses."""
-    lines = [f"Training step, bf16, {step['device']}, {step['date']} (`{step_source}`, `{graphs_source}`). Step "
+    lines = [f"Training step, bf16, {step['device']}, {step['date']} (`{step_source}`, `{graphs_source}`; the "
+             f"eager rows {eager['date']}, `{eager_source}`). Step "
              "milliseconds, GPU-busy milliseconds of one profiled step in parentheses. `sdpa_sm120`: SDPA in the "
              "backend order torch takes on an SM120 (FA2 where it runs, else the memory-efficient kernel, which a "
              "compiled transformers model's explicit mask selects); `sdpa`: the H100's default order (cuDNN's wgmma "
              "kernels first: a ceiling, not a peer). Models: 4 layers, 512 wide, GQA 8/2, d128.", ""]
     lines += _header(["model", "tokens", "ours", "`sdpa_sm120`", "`sdpa` (cuDNN)", "ours vs `sdpa_sm120`"])
-    for result, suffix in ((step, ""), (graphs, ", CUDA graphs (`mode=\"reduce-overhead\"`)")):
+    for result, suffix in ((step, ""), (eager, ""), (graphs, ", CUDA graphs (`mode=\"reduce-overhead\"`)")):
         for run in result["runs"].values():
             tokens = f"{run['batch']} x {run['seq']}"
             for model, impls in run["models"].items():
@@ -551,7 +554,8 @@ def regions(paths: dict) -> dict:
             "perf-serving-full": serving_full(data["serving"], src["serving"]),
             "perf-flex-full": flex_full(data["flex"], src["flex"]),
             "perf-dropout-full": dropout_full(data["dropout"], src["dropout"]),
-            "perf-step-full": step_full(data["step"], src["step"], data["step_graphs"], src["step_graphs"]),
+            "perf-step-full": step_full(data["step"], src["step"], data["step_graphs"], src["step_graphs"],
+                                       data["step_eager"], src["step_eager"]),
             "perf-fp8-full": fp8_full(data["fp8"], src["fp8"]),
             "perf-mla-full": mla_full(data["mla"], src["mla"]),
             "perf-host-full": host_full(data["host"], src["host"]),
