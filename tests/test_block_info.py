@@ -106,3 +106,25 @@ def test_split_ranges_visit_every_block_once_with_its_mask(ranges, num_splits):
         for n in range(lo, hi):
             assert masked[n] == (not (us <= n < ue))
     assert seen == list(range(start, end))
+
+
+@pytest.mark.parametrize("chunk_blocks", [1, 3, 32])
+@pytest.mark.parametrize("ranges", [(0, 0, 0, 0), (0, 0, 127, 128), (3, 5, 9, 10), (0, 2, 2, 5), (4, 4, 4, 4),
+                                    (40, 41, 70, 71)])
+def test_chunks_cut_at_fixed_multiples_and_keep_each_blocks_mask(ranges, chunk_blocks):
+    """Chunk s visits the blocks of [start, end) within [s * chunk_blocks, (s + 1) * chunk_blocks), whatever the
+    tile's range: the chunks partition it in order at the same block indices in every call, and a block is masked in
+    its chunk exactly when it is masked unchunked; chunks past the range are empty."""
+    from flash_attn_4_sm120._kernels.block_info import chunk_range
+
+    start, u_start, u_end, end = ranges
+    masked = {n: not (u_start <= n < u_end) for n in range(start, end)}
+    seen = []
+    for s in range(-(-max(end, 1) // chunk_blocks) + 2):
+        lo, us, ue, hi = chunk_range(ranges, s, chunk_blocks)
+        assert lo <= us <= ue <= hi
+        assert set(range(lo, hi)) == set(range(start, end)) & set(range(s * chunk_blocks, (s + 1) * chunk_blocks))
+        seen += list(range(lo, hi))
+        for n in range(lo, hi):
+            assert masked[n] == (not (us <= n < ue))
+    assert seen == list(range(start, end))

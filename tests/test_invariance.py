@@ -136,3 +136,36 @@ def test_the_backward_runs_one_tile_for_every_layout(d):
         assert len(cfgs) == 1
         cfg = cfgs.pop()
         assert all(bwd_config_problems(replace(s, deterministic=True), cfg, SM120) == () for s in layouts)
+
+
+def test_calls_longer_than_a_chunk_split_at_fixed_keys():
+    """A batch-invariant call runs unsplit up to one chunk of keys (``INVARIANT_CHUNK_KEYS``) and in one split per
+    chunk past it, at the same keys for every head-dim class; with a sink always through the combine (one chunk
+    too); past the combine's splits it is refused with the alternative named."""
+    from flash_attn_4_sm120.config import (INVARIANT_CHUNK_KEYS, MAX_SPLITS, chunked_spec, invariant_chunks,
+                                           invariant_config)
+
+    c = INVARIANT_CHUNK_KEYS
+    for d in (64, 96, 128, 192, 256):
+        spec = FwdSpec("bf16", d, d, causal=True)
+        cfg = invariant_config(spec, SM120)
+        assert invariant_chunks(cfg, c, False) == 0 and invariant_chunks(cfg, c, True) == 1
+        assert invariant_chunks(cfg, c + 1, False) == 2 and invariant_chunks(cfg, 8 * c, False) == 8
+        split = chunked_spec(spec, cfg)
+        assert split.split_kv and not split.has_sink and split.split_chunk * cfg.tile_n == c
+        assert invariant_config(split, SM120).tile_n == cfg.tile_n
+        with pytest.raises(NotImplementedError, match="batch_invariant=False"):
+            invariant_chunks(cfg, MAX_SPLITS * c + 1, False)
+
+
+def test_a_window_no_wider_than_a_chunk_is_never_cut():
+    """A window whose rows see at most one chunk of keys runs unsplit at any length (with a sink: one split of the
+    whole range, merged in the combine); a wider window is cut as a causal call is."""
+    from flash_attn_4_sm120.config import INVARIANT_CHUNK_KEYS, WHOLE_CHUNK_BLOCKS, chunked_spec, invariant_chunks
+
+    c = INVARIANT_CHUNK_KEYS
+    spec = FwdSpec("bf16", 128, 128, causal=False, local=True)
+    cfg = invariant_config(spec, SM120)
+    assert invariant_chunks(cfg, 16 * c, False, span=c) == 0 and invariant_chunks(cfg, 16 * c, True, span=c) == 1
+    assert invariant_chunks(cfg, 16 * c, False, span=c + 1) == 16
+    assert chunked_spec(spec, cfg, whole=True).split_chunk == WHOLE_CHUNK_BLOCKS

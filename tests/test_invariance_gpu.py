@@ -7,6 +7,7 @@ import torch
 
 import flash_attn_4_sm120 as fa
 from flash_attn_4_sm120 import invariance
+from flash_attn_4_sm120.config import INVARIANT_CHUNK_KEYS
 from reference import attention_ref
 
 pytestmark = pytest.mark.gpu
@@ -51,15 +52,17 @@ def test_a_sequence_alone_and_in_batches_of_other_sizes(d, causal):
 
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_prefill_chunked_prefill_and_decode_rows_agree(d):
-    """A causal prefill of 1200 tokens; the same rows as a chunk (rows 1000-1099 over the first 1100 keys), as
-    single-row decode steps (rows 1100 and 1199) through flash_attn_with_kvcache over a paged cache, and through
-    flash_attn_varlen_func over dense K/V: the same bits. The decode shapes are ones the default would split."""
-    hq, hkv, n = 16, 2, 1200
+    """A causal prefill of 4800 tokens (three chunks of ``INVARIANT_CHUNK_KEYS``); the same rows as a chunk (rows
+    4000-4099 over the first 4100 keys), as single-row decode steps through flash_attn_with_kvcache over a paged
+    cache and through flash_attn_varlen_func over dense K/V: the same bits. Row 2047 sees one chunk (its decode runs
+    unsplit), row 2048 two, row 4799 three; the default would split each decode its own way."""
+    hq, hkv, n = 16, 2, 4800
+    assert INVARIANT_CHUNK_KEYS == 2048  # the rows below straddle its boundaries
     q, k, v = (_randn(1, n, h, d, seed=i) for i, h in enumerate((hq, hkv, hkv)))
     full, lse = fa.flash_attn_func(q, k, v, causal=True, return_lse=True, batch_invariant=True)
-    chunk, lse_c = fa.flash_attn_func(q[:, 1000:1100], k[:, :1100], v[:, :1100], causal=True, return_lse=True,
+    chunk, lse_c = fa.flash_attn_func(q[:, 4000:4100], k[:, :4100], v[:, :4100], causal=True, return_lse=True,
                                       batch_invariant=True)
-    assert torch.equal(chunk, full[:, 1000:1100]) and torch.equal(lse_c, lse[..., 1000:1100])
+    assert torch.equal(chunk, full[:, 4000:4100]) and torch.equal(lse_c, lse[..., 4000:4100])
     page = 16
     pages = n // page
     order = torch.randperm(pages, generator=torch.Generator().manual_seed(1)).to("cuda")
@@ -68,7 +71,7 @@ def test_prefill_chunked_prefill_and_decode_rows_agree(d):
     k_cache[order] = k[0].view(pages, page, hkv, d)
     v_cache[order] = v[0].view(pages, page, hkv, d)
     table = order.to(torch.int32)[None]
-    for row in (1100, 1199):
+    for row in (2047, 2048, 4799):
         step, lse_s = fa.flash_attn_with_kvcache(q[:, row:row + 1], k_cache, v_cache,
                                                  cache_seqlens=torch.tensor([row + 1], dtype=torch.int32,
                                                                             device="cuda"),
@@ -78,11 +81,15 @@ def test_prefill_chunked_prefill_and_decode_rows_agree(d):
         dense, lse_d = fa.flash_attn_varlen_func(q[:, row:row + 1], k[:, :row + 1], v[:, :row + 1], causal=True,
                                                  return_lse=True, batch_invariant=True)
         assert torch.equal(dense, full[:, row:row + 1]) and torch.equal(lse_d, lse[..., row:row + 1])
+    ref, _ = attention_ref(q, k, v, None, True)
+    pt, _ = attention_ref(q, k, v, None, True, upcast=False)
+    assert (full.float() - ref.float()).abs().max() <= 2 * (pt.float() - ref.float()).abs().max() + 1e-5
 
 
-def test_a_long_decode_is_unsplit_and_matches_its_prefill_row():
-    """One row over 16384 keys at 8 / 1 heads fills a few CTAs: the default splits it; batch-invariant runs it whole
-    and gives the prefill's last row."""
+def test_a_long_decode_runs_in_chunks_and_matches_its_prefill_row():
+    """One row over 16384 keys at 8 / 1 heads: batch-invariant runs it in 8 chunks (8 CTAs where unsplit it had
+    one) and gives the prefill's last row; with a learnable sink, which every batch-invariant call adds in the
+    combine, the decode row and a one-chunk prefill row each match their prefill's."""
     d, n = 128, 16384
     q, k, v = _randn(1, n, 8, d, seed=1), _randn(1, n, 1, d, seed=2), _randn(1, n, 1, d, seed=3)
     last, lse = fa.flash_attn_func(q[:, -1:], k, v, causal=True, return_lse=True, batch_invariant=True)
@@ -90,6 +97,13 @@ def test_a_long_decode_is_unsplit_and_matches_its_prefill_row():
     full, lse_f = fa.flash_attn_func(q[:, -300:], k, v, causal=True, return_lse=True, batch_invariant=True)
     assert torch.equal(last, full[:, -1:]) and torch.equal(lse, lse_f[..., -1:])
     assert (last.float() - split.float()).abs().max() < 2e-2  # the default: the same values to rounding
+    sink = torch.randn(8, device="cuda")
+    prefill, lse_p = fa.flash_attn_func(q[:, :3000], k[:, :3000], v[:, :3000], causal=True, learnable_sink=sink,
+                                        return_lse=True, batch_invariant=True)
+    for row in (1000, 2999):  # one chunk, two
+        step, lse_s = fa.flash_attn_func(q[:, row:row + 1], k[:, :row + 1], v[:, :row + 1], causal=True,
+                                         learnable_sink=sink, return_lse=True, batch_invariant=True)
+        assert torch.equal(step, prefill[:, row:row + 1]) and torch.equal(lse_s, lse_p[..., row:row + 1])
 
 
 @pytest.mark.parametrize("d", [64, 128, 192])
