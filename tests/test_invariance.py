@@ -169,3 +169,22 @@ def test_a_window_no_wider_than_a_chunk_is_never_cut():
     assert invariant_chunks(cfg, 16 * c, False, span=c) == 0 and invariant_chunks(cfg, 16 * c, True, span=c) == 1
     assert invariant_chunks(cfg, 16 * c, False, span=c + 1) == 16
     assert chunked_spec(spec, cfg, whole=True).split_chunk == WHOLE_CHUNK_BLOCKS
+
+
+def test_the_chunk_size_comes_from_the_environment_once(monkeypatch):
+    """``FA4_SM120_INVARIANT_CHUNK_KEYS`` sets the chunk (read on first use); it must be a multiple of 64 keys."""
+    from flash_attn_4_sm120.config import INVARIANT_CHUNK_KEYS
+
+    try:
+        for raw, keys in (("", INVARIANT_CHUNK_KEYS), ("1024", 1024)):
+            monkeypatch.setenv(invariance.CHUNK_KEYS_ENV, raw)
+            invariance.chunk_keys.cache_clear()
+            assert invariance.chunk_keys() == keys
+        for raw in ("1000", "0", "lots"):
+            monkeypatch.setenv(invariance.CHUNK_KEYS_ENV, raw)
+            invariance.chunk_keys.cache_clear()
+            with pytest.raises(ValueError, match="multiple of 64"):
+                invariance.chunk_keys()
+    finally:
+        monkeypatch.delenv(invariance.CHUNK_KEYS_ENV)
+        invariance.chunk_keys.cache_clear()

@@ -7,7 +7,6 @@ import torch
 
 import flash_attn_4_sm120 as fa
 from flash_attn_4_sm120 import invariance
-from flash_attn_4_sm120.config import INVARIANT_CHUNK_KEYS
 from reference import attention_ref
 
 pytestmark = pytest.mark.gpu
@@ -52,17 +51,19 @@ def test_a_sequence_alone_and_in_batches_of_other_sizes(d, causal):
 
 @pytest.mark.parametrize("d", HEAD_DIMS)
 def test_prefill_chunked_prefill_and_decode_rows_agree(d):
-    """A causal prefill of 4800 tokens (three chunks of ``INVARIANT_CHUNK_KEYS``); the same rows as a chunk (rows
-    4000-4099 over the first 4100 keys), as single-row decode steps through flash_attn_with_kvcache over a paged
-    cache and through flash_attn_varlen_func over dense K/V: the same bits. Row 2047 sees one chunk (its decode runs
-    unsplit), row 2048 two, row 4799 three; the default would split each decode its own way."""
-    hq, hkv, n = 16, 2, 4800
-    assert INVARIANT_CHUNK_KEYS == 2048  # the rows below straddle its boundaries
+    """A causal prefill over two chunks and a part (``invariance.chunk_keys``, C); the same rows as a chunk of a
+    chunked prefill (100 rows ending 700 keys before the end), as single-row decode steps through
+    flash_attn_with_kvcache over a paged cache and through flash_attn_varlen_func over dense K/V: the same bits.
+    Row C - 1 sees one chunk (its decode runs unsplit), row C two, the last row three; the default would split each
+    decode its own way."""
+    c = invariance.chunk_keys()
+    hq, hkv, n = 16, 2, 2 * c + 704
     q, k, v = (_randn(1, n, h, d, seed=i) for i, h in enumerate((hq, hkv, hkv)))
     full, lse = fa.flash_attn_func(q, k, v, causal=True, return_lse=True, batch_invariant=True)
-    chunk, lse_c = fa.flash_attn_func(q[:, 4000:4100], k[:, :4100], v[:, :4100], causal=True, return_lse=True,
+    lo, hi = n - 800, n - 700
+    chunk, lse_c = fa.flash_attn_func(q[:, lo:hi], k[:, :hi], v[:, :hi], causal=True, return_lse=True,
                                       batch_invariant=True)
-    assert torch.equal(chunk, full[:, 4000:4100]) and torch.equal(lse_c, lse[..., 4000:4100])
+    assert torch.equal(chunk, full[:, lo:hi]) and torch.equal(lse_c, lse[..., lo:hi])
     page = 16
     pages = n // page
     order = torch.randperm(pages, generator=torch.Generator().manual_seed(1)).to("cuda")
@@ -71,7 +72,7 @@ def test_prefill_chunked_prefill_and_decode_rows_agree(d):
     k_cache[order] = k[0].view(pages, page, hkv, d)
     v_cache[order] = v[0].view(pages, page, hkv, d)
     table = order.to(torch.int32)[None]
-    for row in (2047, 2048, 4799):
+    for row in (c - 1, c, n - 1):
         step, lse_s = fa.flash_attn_with_kvcache(q[:, row:row + 1], k_cache, v_cache,
                                                  cache_seqlens=torch.tensor([row + 1], dtype=torch.int32,
                                                                             device="cuda"),
@@ -87,9 +88,9 @@ def test_prefill_chunked_prefill_and_decode_rows_agree(d):
 
 
 def test_a_long_decode_runs_in_chunks_and_matches_its_prefill_row():
-    """One row over 16384 keys at 8 / 1 heads: batch-invariant runs it in 8 chunks (8 CTAs where unsplit it had
-    one) and gives the prefill's last row; with a learnable sink, which every batch-invariant call adds in the
-    combine, the decode row and a one-chunk prefill row each match their prefill's."""
+    """One row over 16384 keys at 8 / 1 heads: batch-invariant runs it in chunks (a CTA each where unsplit it had
+    one CTA) and gives the prefill's last row; with a learnable sink, which every batch-invariant call adds in the
+    combine, a decode row of one chunk and one of two each match their prefill's row."""
     d, n = 128, 16384
     q, k, v = _randn(1, n, 8, d, seed=1), _randn(1, n, 1, d, seed=2), _randn(1, n, 1, d, seed=3)
     last, lse = fa.flash_attn_func(q[:, -1:], k, v, causal=True, return_lse=True, batch_invariant=True)
@@ -98,12 +99,33 @@ def test_a_long_decode_runs_in_chunks_and_matches_its_prefill_row():
     assert torch.equal(last, full[:, -1:]) and torch.equal(lse, lse_f[..., -1:])
     assert (last.float() - split.float()).abs().max() < 2e-2  # the default: the same values to rounding
     sink = torch.randn(8, device="cuda")
-    prefill, lse_p = fa.flash_attn_func(q[:, :3000], k[:, :3000], v[:, :3000], causal=True, learnable_sink=sink,
+    c = invariance.chunk_keys()
+    m = c + c // 2
+    prefill, lse_p = fa.flash_attn_func(q[:, :m], k[:, :m], v[:, :m], causal=True, learnable_sink=sink,
                                         return_lse=True, batch_invariant=True)
-    for row in (1000, 2999):  # one chunk, two
+    for row in (c // 2, m - 1):  # one chunk, two
         step, lse_s = fa.flash_attn_func(q[:, row:row + 1], k[:, :row + 1], v[:, :row + 1], causal=True,
                                          learnable_sink=sink, return_lse=True, batch_invariant=True)
         assert torch.equal(step, prefill[:, row:row + 1]) and torch.equal(lse_s, lse_p[..., row:row + 1])
+
+
+@pytest.mark.parametrize("with_sink", [False, True])
+@pytest.mark.parametrize("left", [1000, "wide"])
+def test_window_rows_agree_between_prefill_and_decode(left, with_sink):
+    """Sliding windows over a prefill longer than a chunk: a window narrower than a chunk runs uncut (with a sink,
+    merged in the combine as one piece), a wider one in chunks; either way a decode step's row is the prefill's."""
+    c = invariance.chunk_keys()
+    d, n = 128, c + 600
+    left = c + 100 if left == "wide" else left
+    q, k, v = _randn(1, n, 8, d, seed=4), _randn(1, n, 2, d, seed=5), _randn(1, n, 2, d, seed=6)
+    sink = torch.randn(8, device="cuda") if with_sink else None
+    full, lse = fa.flash_attn_func(q, k, v, causal=True, window_size=(left, 0), learnable_sink=sink,
+                                   return_lse=True, batch_invariant=True)
+    for row in (c - 1, n - 1):
+        step, lse_s = fa.flash_attn_func(q[:, row:row + 1], k[:, :row + 1], v[:, :row + 1], causal=True,
+                                         window_size=(left, 0), learnable_sink=sink, return_lse=True,
+                                         batch_invariant=True)
+        assert torch.equal(step, full[:, row:row + 1]) and torch.equal(lse_s, lse[..., row:row + 1])
 
 
 @pytest.mark.parametrize("d", [64, 128, 192])

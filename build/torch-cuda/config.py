@@ -858,6 +858,52 @@ def decode_entry(spec: FwdSpec, model: ExecutionModel) -> Optional[FwdConfig]:
 INVARIANT_TILE_N = {64: 64, 96: 64, 128: 64, 192: 32, 256: 32}
 
 
+#: Keys per chunk of a batch-invariant call longer than one chunk (``invariance.chunk_keys``: the environment can set
+#: another): its keys are cut into chunks at fixed multiples of this from key 0, each a split of the split-KV kernel
+#: (``FwdSpec.split_chunk``), merged by the combine in chunk order. A row gets the same chunks in every call that holds
+#: it, and a row of one chunk gets the unsplit tile's bits (the combine of one partial is exact), so calls up to one
+#: chunk long run unsplit. The chunk trades two costs. A prefill row writes and the combine reads an fp32 partial per
+#: chunk: 8 d bytes per L / C keys against 4 d L flops, a time share of about 2 R / C for a machine of R flops per
+#: byte (H200 at SM120 occupancy: R ~ 73, 290 / C; measured 1.14x at C = 2048 and 1.26x at 1024 on 4x4096 d128,
+#: twice that share causal). A decode of a few sequences gets batch x KV heads x ceil(L / C) CTAs, where the default
+#: fills the SMs. 4096 keeps a long prefill within about 1.07x (1.15x causal); shorter chunks serve few-sequence
+#: decode (invariance_h200_2026-11-29.json holds both).
+INVARIANT_CHUNK_KEYS = 4096
+
+
+#: ``FwdSpec.split_chunk`` of a call that is not cut into chunks but merges in the combine (a window no wider than a
+#: chunk with a learnable sink): one chunk past any length
+WHOLE_CHUNK_BLOCKS = 1 << 24
+
+
+def invariant_chunks(cfg: FwdConfig, seqlen_k: int, has_sink: bool, span: Optional[int] = None,
+                     chunk_keys: int = INVARIANT_CHUNK_KEYS) -> int:
+    """Chunks (splits) of a batch-invariant call on the invariant tile ``cfg`` over ``seqlen_k`` keys (the longest
+    sequence's) in chunks of ``chunk_keys``; 0: unsplit. ``span``: the most keys a row sees under the call's window (None without one); a
+    window no wider than a chunk is never cut (its rows are few keys whatever the call's length, and the same window
+    gives every call the same answer). With a learnable sink every call merges in the combine, where the sink
+    enters (the unsplit tile adds it to the row's sum instead: other bits), one chunk included."""
+    if span is not None and span <= chunk_keys:
+        return 1 if has_sink else 0
+    chunk_blocks = chunk_keys // cfg.tile_n
+    chunks = -(-(-(-seqlen_k // cfg.tile_n)) // chunk_blocks)
+    if chunks > MAX_SPLITS:
+        raise NotImplementedError(
+            f"batch_invariant=True covers up to {MAX_SPLITS * chunk_keys} keys per sequence ({MAX_SPLITS} chunks "
+            f"of {chunk_keys}; got {seqlen_k}): run longer sequences with batch_invariant=False, or longer chunks "
+            "(FA4_SM120_INVARIANT_CHUNK_KEYS)")
+    return chunks if chunks > 1 or has_sink else 0
+
+
+def chunked_spec(spec: FwdSpec, cfg: FwdConfig, whole: bool = False,
+                 chunk_keys: int = INVARIANT_CHUNK_KEYS) -> FwdSpec:
+    """The split-KV spec of a batch-invariant call's chunks on the invariant tile ``cfg`` (no sink: the combine adds
+    it) in chunks of ``chunk_keys``; ``whole``: one chunk of any length (``WHOLE_CHUNK_BLOCKS``: a narrow window
+    with a sink)."""
+    blocks = WHOLE_CHUNK_BLOCKS if whole else chunk_keys // cfg.tile_n
+    return replace(spec, split_kv=True, has_sink=False, split_chunk=blocks)
+
+
 def same_row_arithmetic(cfg: FwdConfig, width: int) -> bool:
     """Whether ``cfg`` gives each query row the arithmetic of the batch-invariant tiles: blocks of ``width`` keys,
     each row's whole block on one warp (no keys split over warps, no output columns split over warps with their
@@ -1093,7 +1139,8 @@ def dispatchable_fwd(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
 def invariant_pairs(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
     """The batch-invariant tiles (``invariant_family``) the gate compiles: each class up to 256 at its representative
     head dims, both dtypes, every mask; at the class size softcap + sink and every layout (packed, seqused, paged at
-    page sizes 1, 16 and 256 with and without softcap + sink, packed GQA)."""
+    page sizes 1, 16 and 256 with and without softcap + sink, packed GQA); and each of those specs' chunked split
+    (``chunked_spec``) on its own family's tiles."""
     specs = []
     for klass, dims in REPRESENTATIVE_HEAD_DIMS.items():
         if klass not in INVARIANT_TILE_N:
@@ -1107,5 +1154,9 @@ def invariant_pairs(model: ExecutionModel) -> list[tuple[FwdSpec, FwdConfig]]:
             specs += [replace(_spec("bf16", d, dv, mask, score, score), seqused_k=True, page_size=page, pack_gqa=True)
                       for page in (1, 16, 256) for score in (True, False)]
             specs.append(replace(_spec("bf16", d, dv, mask), varlen_q=True, seqused_k=True, page_size=16))
-    return list(dict.fromkeys((spec, cfg) for spec in dict.fromkeys(specs) for shared_kv in (True, False)
-                              for cfg, _ in invariant_family(spec, model, shared_kv)))
+    pairs = [(spec, cfg) for spec in dict.fromkeys(specs) for shared_kv in (True, False)
+             for cfg, _ in invariant_family(spec, model, shared_kv)]
+    splits = dict.fromkeys(chunked_spec(spec, cfg, whole) for spec, cfg in pairs  # calls longer than a chunk,
+                           for whole in ((False, True) if spec.local else (False,)))  # narrow windows with a sink
+    return list(dict.fromkeys(pairs + [(split, cfg) for split in splits for shared_kv in (True, False)
+                                       for cfg, _ in invariant_family(split, model, shared_kv)]))

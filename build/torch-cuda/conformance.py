@@ -19,7 +19,7 @@ from .bwd_config import (BwdConfig, bwd_invariant_pairs, bwd_padded_head_dim, bw
 from .compiler import (compile_append, compile_bwd, compile_bwd_side, compile_combine, compile_fwd, compile_refine,
                        fwd_kernel_class)
 from .config import (FwdConfig, candidate_fwd_configs, dispatch_candidates, dispatchable_fwd, fwd_smem_bytes,
-                     invariant_pairs, select_fwd_config)
+                     WHOLE_CHUNK_BLOCKS, invariant_pairs, select_fwd_config)
 from .execution_model import SM120, ExecutionModel, model_for_arch_string
 from .problem import AppendSpec, BwdSpec, CombineSpec, FwdSpec, RefineSpec
 
@@ -53,7 +53,8 @@ class Case:
         if s.pack_gqa:
             mask += "_packgqa"
         if s.split_kv:
-            mask += "_splitkv"
+            mask += ("_splitkv" if not s.split_chunk else "_chunkall" if s.split_chunk == WHOLE_CHUNK_BLOCKS
+                     else f"_chunk{s.split_chunk}")
         if s.page_size:
             mask += f"_paged{s.page_size}"
         if s.kv_dtype:

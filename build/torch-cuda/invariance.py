@@ -6,8 +6,12 @@ What changes with it, and why each piece is enough:
     (``config.invariant_family``): every tile of that width gives a row the same bits whatever its mainloop, rows or
     warps, so the call picks among them by shape (``config.invariant_config``) and never runs the decode tile,
     which splits a row's keys over warps;
-  * the keys are never split over CTAs (``num_splits`` is 1; an explicit larger count is refused): a split's partial
-    results merge in a combine that the unsplit call does not run;
+  * a call's keys are split over CTAs only in fixed chunks (``config.INVARIANT_CHUNK_KEYS`` keys from key 0, each
+    chunk a split, ``FwdSpec.split_chunk``) merged by the combine in chunk order: a row gets the same chunks, and so
+    the same partials, in every call that holds it, and chunks past its last key add exact zeros. A row of one chunk
+    gets the unsplit tile's bits (the combine of one partial is exact), so calls up to one chunk long run unsplit,
+    and the decode of a few long sequences gets a CTA per chunk. An explicit ``num_splits`` above 1 is refused: its
+    pieces would move with the call's length;
   * the backward runs deterministically (``deterministic=True``: dQ's additions in a fixed key-block order) in the
     highest-first order without the group split, both of which the default deterministic mode picks by shape, and on
     one tile for every layout of the call's options (``bwd_config.bwd_invariant_config``).
@@ -17,13 +21,35 @@ decode step's row matches the same row inside a prefill.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
+
+from .config import INVARIANT_CHUNK_KEYS
 
 from .validation import refusal
 
 #: Environment switch: ``1`` makes every call batch-invariant unless it passes ``batch_invariant=False``.
 BATCH_INVARIANT_ENV = "FA4_SM120_BATCH_INVARIANT"
+#: Keys per chunk of the batch-invariant calls (``config.INVARIANT_CHUNK_KEYS`` by default), read on first use: rows
+#: are bitwise comparable between calls of one chunk size
+CHUNK_KEYS_ENV = "FA4_SM120_INVARIANT_CHUNK_KEYS"
+
+
+@functools.cache
+def chunk_keys() -> int:
+    """Keys per chunk of a batch-invariant call (``config.invariant_chunks``): ``CHUNK_KEYS_ENV`` or the default."""
+    raw = os.environ.get(CHUNK_KEYS_ENV, "")
+    if not raw:
+        return INVARIANT_CHUNK_KEYS
+    try:
+        keys = int(raw)
+    except ValueError:
+        keys = 0
+    if keys < 64 or keys % 64:
+        raise ValueError(f"{CHUNK_KEYS_ENV}={raw!r}: a multiple of 64 keys (every batch-invariant key block width "
+                         f"divides it), e.g. {INVARIANT_CHUNK_KEYS}")
+    return keys
 
 
 def requested(batch_invariant: Optional[bool]) -> bool:
@@ -36,8 +62,8 @@ def requested(batch_invariant: Optional[bool]) -> bool:
 
 
 def invariant_splits(num_splits: Optional[int]) -> int:
-    """The KV splits of a batch-invariant call: 1; an explicit count above 1 is refused (its combine reorders the
-    row's reduction)."""
+    """The KV splits a batch-invariant call asks for: 1 (its fixed chunks are the plan's, ``config.invariant_chunks``);
+    an explicit count above 1 is refused (even pieces move with the call's length)."""
     if num_splits not in (None, 0, 1):
         raise NotImplementedError(refusal(("batch_invariant", "split_kv")))
     return 1

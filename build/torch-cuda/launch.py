@@ -20,6 +20,8 @@ import torch
 from . import compiler
 from .config import (
     choose_fwd_config,
+    chunked_spec,
+    invariant_chunks,
     invariant_config,
     decode_entry,
     tile_band,
@@ -39,6 +41,7 @@ from .execution_model import (
     resolve_compile_target,
     resolve_dispatch_model,
 )
+from .invariance import chunk_keys
 from .metadata import check_requested
 from .problem import CombineSpec, misaligned_row_dim
 from .validation import check_output, refusal
@@ -173,7 +176,7 @@ class LaunchPlan:
                 return out, lse.copy_(sink.view(self.sink_view).expand(self.lse_shape))
             return out, lse.fill_(-math.inf)
         cu_q, cu_k, used_q, used_k, pages = varlen or (None, None, None, None, None)
-        if self.splits == 1:
+        if len(self.launches) == 1:
             kernel, = self.launches
             calls = ((kernel, (q, k, v, out, lse, *self.scalars, sink, cu_q, cu_k, used_q, used_k, pages,
                                self.seqlen_q, 1, self.max_ctas, self.band, *compiler.aux_args(aux),
@@ -206,7 +209,8 @@ def launch_on(device: torch.device, calls) -> None:
 def plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, config, num_splits, max_ctas,
                 dispatch_env, target_env, mode, invariant=False) -> LaunchPlan:
     """The launch plan of a validated call (see ``LaunchPlan``); ``rows_shape`` is q's shape without
-    its head dim; ``invariant``: batch-invariant (a tile of ``invariant_family``; the caller passes one split)."""
+    its head dim; ``invariant``: batch-invariant (a tile of ``invariant_family``; the caller passes one split, and
+    a call longer than a chunk runs in fixed chunks of keys, ``config.invariant_chunks``)."""
     wide = wide_features(spec)
     if wide:
         raise NotImplementedError(refusal(("head_dim_512", *wide)))
@@ -226,7 +230,15 @@ def plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, conf
     # The split-KV forward is its own spec with its own table entry (an exact-dims entry can differ)
     split_spec, combine_spec = _split_specs(spec, params.sink is not None)
     splits = 1
-    if num_splits != 1:  # (block-sparse calls always pass 1: their specs have no split entry)
+    chunks = 0
+    if invariant:  # fixed chunks of keys, merged in chunk order (``config.INVARIANT_CHUNK_KEYS``)
+        span, keys = params.window_left + params.window_right + 1 if spec.local else None, chunk_keys()
+        chunks = invariant_chunks(cfg, shape.seqlen_k, params.sink is not None, span, keys)
+    if chunks:
+        split_spec = chunked_spec(spec, cfg, span is not None and span <= keys, keys)
+        splits = chunks
+        split_cfg = config or invariant_config(split_spec, model, rows, shape.seqlen_q, shape.seqlen_k, shared_kv)
+    elif num_splits != 1:  # (block-sparse calls always pass 1: their specs have no split entry)
         # the decode tile splits too (decode_entry), else the split spec's own entry
         split_cfg = (config or (decode_entry(split_spec, model) if cfg == decode_entry(spec, model) else None)
                      or select_fwd_config(split_spec, model))
@@ -235,7 +247,7 @@ def plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, conf
     if spec.longest_first:
         band = tile_band(l2_bytes(device.index), shape.seqlen_k, spec.head_dim, spec.head_dim_v,
                          1 if spec.pack_gqa else shape.num_heads // shape.num_heads_kv)
-    if splits == 1:
+    if splits == 1 and not chunks:
         launches = (_fwd_kernel(spec, cfg, model, target, device.index, mode),)
     else:
         launches = (_fwd_kernel(split_spec, split_cfg, model, target, device.index, mode),

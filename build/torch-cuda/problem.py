@@ -48,6 +48,10 @@ class FwdSpec:
     #: value); every split writes fp32 partial O and LSE, merged by the combine kernel
     #: (``CombineSpec``), which also adds the learnable sink: a split spec never has one
     split_kv: bool = False
+    #: split-KV in fixed chunks (batch invariance, ``config.INVARIANT_CHUNK_KEYS``): split ``s`` visits the key
+    #: blocks ``[s * split_chunk, (s + 1) * split_chunk)`` of every tile, whatever the call's length, so a row's
+    #: partials start at the same keys in every call; 0 = each tile's blocks cut into ``num_splits`` even pieces
+    split_chunk: int = 0
     #: paged K/V: keys per page of the (num_pages, page_size, heads_kv, d) caches, addressed through a page
     #: table (batch, max_pages); 0 = K/V dense or packed. Compile-time (a constant divisor), one build per
     #: page size a serving engine uses

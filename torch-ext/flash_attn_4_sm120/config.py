@@ -858,12 +858,17 @@ def decode_entry(spec: FwdSpec, model: ExecutionModel) -> Optional[FwdConfig]:
 INVARIANT_TILE_N = {64: 64, 96: 64, 128: 64, 192: 32, 256: 32}
 
 
-#: Keys per chunk of a batch-invariant call longer than one chunk: its keys are cut into chunks at fixed multiples of
-#: this from key 0, each a split of the split-KV kernel (``FwdSpec.split_chunk``), merged by the combine in chunk
-#: order. A row gets the same chunks in every call that holds it, and a row of one chunk gets the unsplit tile's bits
-#: (the combine of one partial is exact), so calls up to one chunk long run unsplit. Shorter chunks give a decode of a
-#: few long sequences more CTAs; longer ones cost a long prefill fewer fp32 partials.
-INVARIANT_CHUNK_KEYS = 2048
+#: Keys per chunk of a batch-invariant call longer than one chunk (``invariance.chunk_keys``: the environment can set
+#: another): its keys are cut into chunks at fixed multiples of this from key 0, each a split of the split-KV kernel
+#: (``FwdSpec.split_chunk``), merged by the combine in chunk order. A row gets the same chunks in every call that holds
+#: it, and a row of one chunk gets the unsplit tile's bits (the combine of one partial is exact), so calls up to one
+#: chunk long run unsplit. The chunk trades two costs. A prefill row writes and the combine reads an fp32 partial per
+#: chunk: 8 d bytes per L / C keys against 4 d L flops, a time share of about 2 R / C for a machine of R flops per
+#: byte (H200 at SM120 occupancy: R ~ 73, 290 / C; measured 1.14x at C = 2048 and 1.26x at 1024 on 4x4096 d128,
+#: twice that share causal). A decode of a few sequences gets batch x KV heads x ceil(L / C) CTAs, where the default
+#: fills the SMs. 4096 keeps a long prefill within about 1.07x (1.15x causal); shorter chunks serve few-sequence
+#: decode (invariance_h200_2026-11-29.json holds both).
+INVARIANT_CHUNK_KEYS = 4096
 
 
 #: ``FwdSpec.split_chunk`` of a call that is not cut into chunks but merges in the combine (a window no wider than a
@@ -871,28 +876,31 @@ INVARIANT_CHUNK_KEYS = 2048
 WHOLE_CHUNK_BLOCKS = 1 << 24
 
 
-def invariant_chunks(cfg: FwdConfig, seqlen_k: int, has_sink: bool, span: Optional[int] = None) -> int:
+def invariant_chunks(cfg: FwdConfig, seqlen_k: int, has_sink: bool, span: Optional[int] = None,
+                     chunk_keys: int = INVARIANT_CHUNK_KEYS) -> int:
     """Chunks (splits) of a batch-invariant call on the invariant tile ``cfg`` over ``seqlen_k`` keys (the longest
-    sequence's); 0: unsplit. ``span``: the most keys a row sees under the call's window (None without one); a
+    sequence's) in chunks of ``chunk_keys``; 0: unsplit. ``span``: the most keys a row sees under the call's window (None without one); a
     window no wider than a chunk is never cut (its rows are few keys whatever the call's length, and the same window
     gives every call the same answer). With a learnable sink every call merges in the combine, where the sink
     enters (the unsplit tile adds it to the row's sum instead: other bits), one chunk included."""
-    if span is not None and span <= INVARIANT_CHUNK_KEYS:
+    if span is not None and span <= chunk_keys:
         return 1 if has_sink else 0
-    chunk_blocks = INVARIANT_CHUNK_KEYS // cfg.tile_n
+    chunk_blocks = chunk_keys // cfg.tile_n
     chunks = -(-(-(-seqlen_k // cfg.tile_n)) // chunk_blocks)
     if chunks > MAX_SPLITS:
         raise NotImplementedError(
-            f"batch_invariant=True covers up to {MAX_SPLITS * INVARIANT_CHUNK_KEYS} keys per sequence "
-            f"({MAX_SPLITS} chunks of {INVARIANT_CHUNK_KEYS}; got {seqlen_k}): run longer sequences with "
-            "batch_invariant=False")
+            f"batch_invariant=True covers up to {MAX_SPLITS * chunk_keys} keys per sequence ({MAX_SPLITS} chunks "
+            f"of {chunk_keys}; got {seqlen_k}): run longer sequences with batch_invariant=False, or longer chunks "
+            "(FA4_SM120_INVARIANT_CHUNK_KEYS)")
     return chunks if chunks > 1 or has_sink else 0
 
 
-def chunked_spec(spec: FwdSpec, cfg: FwdConfig, whole: bool = False) -> FwdSpec:
+def chunked_spec(spec: FwdSpec, cfg: FwdConfig, whole: bool = False,
+                 chunk_keys: int = INVARIANT_CHUNK_KEYS) -> FwdSpec:
     """The split-KV spec of a batch-invariant call's chunks on the invariant tile ``cfg`` (no sink: the combine adds
-    it); ``whole``: one chunk of any length (``WHOLE_CHUNK_BLOCKS``: a narrow window with a sink)."""
-    blocks = WHOLE_CHUNK_BLOCKS if whole else INVARIANT_CHUNK_KEYS // cfg.tile_n
+    it) in chunks of ``chunk_keys``; ``whole``: one chunk of any length (``WHOLE_CHUNK_BLOCKS``: a narrow window
+    with a sink)."""
+    blocks = WHOLE_CHUNK_BLOCKS if whole else chunk_keys // cfg.tile_n
     return replace(spec, split_kv=True, has_sink=False, split_chunk=blocks)
 
 

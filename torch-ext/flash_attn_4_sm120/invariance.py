@@ -21,13 +21,35 @@ decode step's row matches the same row inside a prefill.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Optional
+
+from .config import INVARIANT_CHUNK_KEYS
 
 from .validation import refusal
 
 #: Environment switch: ``1`` makes every call batch-invariant unless it passes ``batch_invariant=False``.
 BATCH_INVARIANT_ENV = "FA4_SM120_BATCH_INVARIANT"
+#: Keys per chunk of the batch-invariant calls (``config.INVARIANT_CHUNK_KEYS`` by default), read on first use: rows
+#: are bitwise comparable between calls of one chunk size
+CHUNK_KEYS_ENV = "FA4_SM120_INVARIANT_CHUNK_KEYS"
+
+
+@functools.cache
+def chunk_keys() -> int:
+    """Keys per chunk of a batch-invariant call (``config.invariant_chunks``): ``CHUNK_KEYS_ENV`` or the default."""
+    raw = os.environ.get(CHUNK_KEYS_ENV, "")
+    if not raw:
+        return INVARIANT_CHUNK_KEYS
+    try:
+        keys = int(raw)
+    except ValueError:
+        keys = 0
+    if keys < 64 or keys % 64:
+        raise ValueError(f"{CHUNK_KEYS_ENV}={raw!r}: a multiple of 64 keys (every batch-invariant key block width "
+                         f"divides it), e.g. {INVARIANT_CHUNK_KEYS}")
+    return keys
 
 
 def requested(batch_invariant: Optional[bool]) -> bool:

@@ -20,7 +20,6 @@ import torch
 from . import compiler
 from .config import (
     choose_fwd_config,
-    INVARIANT_CHUNK_KEYS,
     chunked_spec,
     invariant_chunks,
     invariant_config,
@@ -42,6 +41,7 @@ from .execution_model import (
     resolve_compile_target,
     resolve_dispatch_model,
 )
+from .invariance import chunk_keys
 from .metadata import check_requested
 from .problem import CombineSpec, misaligned_row_dim
 from .validation import check_output, refusal
@@ -232,10 +232,11 @@ def plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, conf
     splits = 1
     chunks = 0
     if invariant:  # fixed chunks of keys, merged in chunk order (``config.INVARIANT_CHUNK_KEYS``)
-        span = params.window_left + params.window_right + 1 if spec.local else None
-        chunks = invariant_chunks(cfg, shape.seqlen_k, params.sink is not None, span)
+        span, keys = params.window_left + params.window_right + 1 if spec.local else None, chunk_keys()
+        chunks = invariant_chunks(cfg, shape.seqlen_k, params.sink is not None, span, keys)
     if chunks:
-        split_spec, splits = chunked_spec(spec, cfg, whole=span is not None and span <= INVARIANT_CHUNK_KEYS), chunks
+        split_spec = chunked_spec(spec, cfg, span is not None and span <= keys, keys)
+        splits = chunks
         split_cfg = config or invariant_config(split_spec, model, rows, shape.seqlen_q, shape.seqlen_k, shared_kv)
     elif num_splits != 1:  # (block-sparse calls always pass 1: their specs have no split entry)
         # the decode tile splits too (decode_entry), else the split spec's own entry

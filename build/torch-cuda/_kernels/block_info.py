@@ -89,6 +89,16 @@ def split_range(ranges, split, num_splits):
     return lo, _min(_max(unmasked_start, lo), hi), _min(_max(unmasked_end, lo), hi), hi
 
 
+def chunk_range(ranges, split, chunk_blocks: int):
+    """The part of a tile's key-block ranges that chunk ``split`` visits: the blocks
+    ``[split * chunk_blocks, (split + 1) * chunk_blocks)`` (absolute, from key 0) within ``[start, end)``,
+    classified as in ``split_range``. A chunk outside the tile's range is empty (``lo == hi``)."""
+    start, unmasked_start, unmasked_end, end = ranges
+    lo = _min(_max(split * chunk_blocks, start), end)
+    hi = _max(_min((split + 1) * chunk_blocks, end), lo)
+    return lo, _min(_max(unmasked_start, lo), hi), _min(_max(unmasked_end, lo), hi), hi
+
+
 def query_block_range(n_block, seqlen_q, seqlen_k, tile_m: int, tile_n: int, causal: bool, local: bool,
                       window_left=0, window_right=0):
     """The backward's view: ``[m_start, m_end)``, the query blocks with a row that sees a key of key block

@@ -38,7 +38,8 @@ loader, a loader variant overrides it), and step c., what S goes through between
 the softmax (``score_step``).
 
 Split-KV (``spec.split_kv``): the grid's z dimension also enumerates ``num_splits`` ranges of each
-tile's key blocks (``block_info.split_range``); a split writes its normalized fp32 partial O straight
+tile's key blocks (``block_info.split_range``; with ``spec.split_chunk``, fixed chunks of that many blocks from
+key 0, ``block_info.chunk_range``); a split writes its normalized fp32 partial O straight
 from the accumulators and its LSE into (num_splits, ...) workspaces, merged by ``fwd_combine``.
 
 One stage (``num_stages == 1``): one K and one V buffer; step 2 waits for V after the S MMAs, then
@@ -564,7 +565,9 @@ class FlashFwdMultistage(StagedMainloop, OverlappedMainloop, FwdEpilogue):
                     row_lo, row_hi, seqlen_q, seqlen_k, self.tile_n, self.causal, self.spec.local,
                     window_left, window_right,
                 )
-                if const_expr(self.spec.split_kv):
+                if const_expr(self.spec.split_chunk):
+                    ranges = block_info.chunk_range(ranges, split, self.spec.split_chunk)
+                elif const_expr(self.spec.split_kv):
                     ranges = block_info.split_range(ranges, split, num_splits)
                 n_start, n_unmasked_start, n_unmasked_end, n_end = ranges
                 walk = None  # block sparsity: the listed key blocks instead of [n_start, n_end)
