@@ -40,7 +40,7 @@ ROOT = Path(__file__).resolve().parents[1]
 SYNC_FAMILIES = ("single_stage", "single_stage_w8", "tma_mbarrier", "tma_ws", "pingpong", "persistent", "paged",
                  "paged_fp8", "paged_fp8_mma", "paged_decode_tile", "paged_fp8_decode_tile", "wide_varlen", "mla_paged",
                  "kvcache", "kvcache_wide", "kvcache_mla", "bwd", "bwd_det", "bwd_rolesplit", "bwd_det_orders", "bwd_varlen_classes", "flex",
-                 "sparse", "dropout")
+                 "sparse", "dropout", "invariant_chunks")
 
 
 def _i32(xs, device="cuda"):
@@ -84,9 +84,9 @@ def _dense_config_run(kind):
     torch.cuda.synchronize()
 
 
-def _varlen_runs(num_splits, pack_gqa, grad=False, deterministic=False, d=128):
+def _varlen_runs(num_splits, pack_gqa, grad=False, deterministic=False, d=128, invariant=False):
     """Packed and dense-with-seqused varlen calls at head dim ``d``, good and corrupt metadata; with ``grad`` each
-    call's backward runs too (on the same metadata)."""
+    call's backward runs too (on the same metadata); ``invariant``: batch-invariant calls (``batch_invariant``)."""
     import torch
 
     import flash_attn_4_sm120 as fa
@@ -108,6 +108,8 @@ def _varlen_runs(num_splits, pack_gqa, grad=False, deterministic=False, d=128):
     qd = torch.randn(5, 120, hq, d, dtype=torch.bfloat16, device="cuda")
     kd = torch.randn(5, 700, hkv, d, dtype=torch.bfloat16, device="cuda")
     opts = dict(num_splits=num_splits, pack_gqa=pack_gqa, causal=True, return_lse=True)
+    if invariant:
+        opts["batch_invariant"] = True
     if "check_metadata" in inspect.signature(fa.flash_attn_varlen_func).parameters:  # (older builds lack it)
         opts["check_metadata"] = False
     packed = [  # (label, cu_q, cu_k, seqused_q, seqused_k, max_q, max_k)
@@ -218,17 +220,18 @@ def _page_tables(num_pages: int, max_pages: int) -> list:
             ("seqused past the row", good, _i32([10**7, 1, 2001])), ("negative seqused", good, _i32([-5, 1, 7]))]
 
 
-def _paged_runs(fp8: bool = False, fp8_q: bool = False, d: int = 128):
+def _paged_runs(fp8: bool = False, fp8_q: bool = False, d: int = 128, invariant: bool = False):
     """Paged K/V through the page table (dense and packed q, decode with splits and prefill tiles, page sizes
     1, 16 and 48), with good and corrupt tables: pages past the pool, negative pages, seqused_k past the
     table row's capacity or negative. ``fp8``: e4m3 caches with per-(batch, KV head) scales (the staging
     stages and the widening, ``_kernels/kv_dequant``); ``fp8_q``: e4m3 q too (both GEMMs FP8 MMAs,
     ``_kernels/fwd_fp8_mma``); ``d`` 64: the decode steps run the decode tile (``_kernels/fwd_keysplit``: the warps
-    split each key block and merge in shared memory)."""
+    split each key block and merge in shared memory); ``invariant``: batch-invariant calls (their own splits)."""
     import torch
 
     import flash_attn_4_sm120 as fa
 
+    extra = dict(batch_invariant=True) if invariant else {}
     if "page_table" not in inspect.signature(fa.flash_attn_varlen_func).parameters:
         print("no paged K/V in this build: skipped")
         return
@@ -249,12 +252,12 @@ def _paged_runs(fp8: bool = False, fp8_q: bool = False, d: int = 128):
         if fp8_q:
             qd, qp, q_packed = (t.to(torch.float8_e4m3fn) for t in (qd, qp, q_packed))
         for label, table, seqused in tables:
-            for splits in (0, 1, 5):
+            for splits in (0, 1) if invariant else (0, 1, 5):
                 fa.flash_attn_varlen_func(qd, kc, kc, seqused_k=seqused, page_table=table, num_splits=splits,
-                                          return_lse=True, **scales)
-            fa.flash_attn_varlen_func(qp, kc, kc, seqused_k=seqused, page_table=table, causal=True, **scales)
+                                          return_lse=True, **scales, **extra)
+            fa.flash_attn_varlen_func(qp, kc, kc, seqused_k=seqused, page_table=table, causal=True, **scales, **extra)
             fa.flash_attn_varlen_func(q_packed, kc, kc, cu_seqlens_q=cu_q, max_seqlen_q=300, seqused_k=seqused,
-                                      page_table=table, causal=True, window_size=(256, 0), **scales)
+                                      page_table=table, causal=True, window_size=(256, 0), **scales, **extra)
     torch.cuda.synchronize()
 
 
@@ -483,6 +486,32 @@ def _dropout_runs():
     torch.cuda.synchronize()
 
 
+def _invariant_chunk_runs():
+    """Batch-invariant calls in fixed chunks of keys (``config.invariant_chunks``) with chunks of 256 keys so that
+    these lengths take several: the varlen metadata cases (good and corrupt), paged K/V with corrupt tables, and
+    dense calls with a window (narrow: uncut; wide: chunked) and a learnable sink (merged in the combine)."""
+    import os
+
+    import torch
+
+    import flash_attn_4_sm120 as fa
+    from flash_attn_4_sm120 import invariance
+
+    os.environ[invariance.CHUNK_KEYS_ENV] = "256"
+    invariance.chunk_keys.cache_clear()
+    _varlen_runs(1, False, invariant=True)
+    _varlen_runs(1, True, invariant=True, d=64)
+    _paged_runs(invariant=True)
+    torch.manual_seed(5)
+    q = torch.randn(2, 333, 6, 128, dtype=torch.bfloat16, device="cuda")
+    k = torch.randn(2, 1517, 2, 128, dtype=torch.bfloat16, device="cuda")
+    sink = torch.randn(6, device="cuda")
+    for window in ((100, 0), (600, 0), (None, None)):
+        for s in (None, sink):
+            fa.flash_attn_func(q, k, k, causal=True, window_size=window, learnable_sink=s, batch_invariant=True)
+    torch.cuda.synchronize()
+
+
 FAMILIES = {
     **{kind: (lambda kind=kind: _dense_config_run(kind))
        for kind in ("cp_async", "single_stage", "single_stage_w8", "tma", "tma_mbarrier", "tma_ws", "overlap", "pingpong", "persistent")},
@@ -512,6 +541,7 @@ FAMILIES = {
     "flex": _flex_runs,
     "sparse": _sparse_runs,
     "dropout": _dropout_runs,
+    "invariant_chunks": _invariant_chunk_runs,
 }
 
 
