@@ -879,10 +879,11 @@ WHOLE_CHUNK_BLOCKS = 1 << 24
 def invariant_chunks(cfg: FwdConfig, seqlen_k: int, has_sink: bool, span: Optional[int] = None,
                      chunk_keys: int = INVARIANT_CHUNK_KEYS) -> int:
     """Chunks (splits) of a batch-invariant call on the invariant tile ``cfg`` over ``seqlen_k`` keys (the longest
-    sequence's) in chunks of ``chunk_keys``; 0: unsplit. ``span``: the most keys a row sees under the call's window (None without one); a
-    window no wider than a chunk is never cut (its rows are few keys whatever the call's length, and the same window
-    gives every call the same answer). With a learnable sink every call merges in the combine, where the sink
-    enters (the unsplit tile adds it to the row's sum instead: other bits), one chunk included."""
+    sequence's) in chunks of ``chunk_keys``; 0: unsplit. ``span``: the most keys a row sees under the call's window
+    (None without one); a window no wider than a chunk is never cut (its rows are few keys whatever the call's
+    length, and the same window gives every call the same answer). With a learnable sink every call merges in the
+    combine, where the sink enters (the unsplit tile adds it to the row's sum instead: other bits), one chunk
+    included."""
     if span is not None and span <= chunk_keys:
         return 1 if has_sink else 0
     chunk_blocks = chunk_keys // cfg.tile_n
