@@ -876,6 +876,12 @@ INVARIANT_CHUNK_KEYS = 4096
 WHOLE_CHUNK_BLOCKS = 1 << 24
 
 
+def uncut_window(span: Optional[int], chunk_keys: int = INVARIANT_CHUNK_KEYS) -> bool:
+    """Whether a batch-invariant call whose rows see at most ``span`` keys (its window; None without one) is never cut
+    into chunks: a window no wider than a chunk."""
+    return span is not None and span <= chunk_keys
+
+
 def invariant_chunks(cfg: FwdConfig, seqlen_k: int, has_sink: bool, span: Optional[int] = None,
                      chunk_keys: int = INVARIANT_CHUNK_KEYS) -> int:
     """Chunks (splits) of a batch-invariant call on the invariant tile ``cfg`` over ``seqlen_k`` keys (the longest
@@ -884,7 +890,7 @@ def invariant_chunks(cfg: FwdConfig, seqlen_k: int, has_sink: bool, span: Option
     length, and the same window gives every call the same answer). With a learnable sink every call merges in the
     combine, where the sink enters (the unsplit tile adds it to the row's sum instead: other bits), one chunk
     included."""
-    if span is not None and span <= chunk_keys:
+    if uncut_window(span, chunk_keys):
         return 1 if has_sink else 0
     chunk_blocks = chunk_keys // cfg.tile_n
     chunks = -(-(-(-seqlen_k // cfg.tile_n)) // chunk_blocks)

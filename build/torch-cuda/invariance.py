@@ -26,7 +26,6 @@ import os
 from typing import Optional
 
 from .config import INVARIANT_CHUNK_KEYS
-
 from .validation import refusal
 
 #: Environment switch: ``1`` makes every call batch-invariant unless it passes ``batch_invariant=False``.

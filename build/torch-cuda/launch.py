@@ -25,6 +25,7 @@ from .config import (
     invariant_config,
     decode_entry,
     tile_band,
+    uncut_window,
     fwd_ctas_per_sm,
     num_splits_for,
     occupancy_launch_smem,
@@ -235,7 +236,7 @@ def plan_launch(spec, shape, params, device, dtype, rows_shape, head_dim_v, conf
         span, keys = params.window_left + params.window_right + 1 if spec.local else None, chunk_keys()
         chunks = invariant_chunks(cfg, shape.seqlen_k, params.sink is not None, span, keys)
     if chunks:
-        split_spec = chunked_spec(spec, cfg, span is not None and span <= keys, keys)
+        split_spec = chunked_spec(spec, cfg, uncut_window(span, keys), keys)
         splits = chunks
         split_cfg = config or invariant_config(split_spec, model, rows, shape.seqlen_q, shape.seqlen_k, shared_kv)
     elif num_splits != 1:  # (block-sparse calls always pass 1: their specs have no split entry)
