@@ -5,7 +5,7 @@
 build (derived from the source digest), so two builds loaded in one process register distinct ops.
 """
 
-OPS_NAMESPACE = "_flash_attn_4_sm120_cuda_a6586a0"
+OPS_NAMESPACE = "_flash_attn_4_sm120_cuda_836fe46"
 
 
 def add_op_namespace_prefix(op_name: str) -> str:

@@ -80,3 +80,15 @@ def refuse_features(mods: Optional[dict] = None, fp8: bool = False, latent: bool
         message = refusal(("batch_invariant", *wanted))
         if message is not None:
             raise NotImplementedError(message)
+
+
+def settle(batch_invariant: Optional[bool], num_splits: Optional[int], deterministic: bool,
+           mods: Optional[dict] = None, fp8: bool = False, latent: bool = False) -> tuple:
+    """(invariant, num_splits, deterministic) of a ``flash_attn_func`` / ``flash_attn_varlen_func`` call: a
+    batch-invariant one refuses what it cannot combine with (``refuse_features``), runs one split
+    (``invariant_splits``) and the deterministic backward; any other keeps its own."""
+    invariant = requested(batch_invariant)
+    if invariant:
+        refuse_features(mods, fp8, latent)
+        return True, invariant_splits(num_splits), True
+    return False, num_splits, deterministic

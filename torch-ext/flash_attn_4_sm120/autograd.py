@@ -32,7 +32,7 @@ def run_call(q, k, v, spec, shape, params, varlen, num_splits, return_lse, key=N
     """The forward of a validated call (``run_plan``) through its launch plan, the plan remembered under the
     call's ``key`` (``call_key``) when it has one. ``sink``: the caller's learnable sink (its gradient goes
     there); ``invariant``: batch-invariant (``invariance``: the invariant tiles, in fixed key chunks past one chunk)."""
-    plan = plan_for(q, v, spec, shape, params, None, 1 if invariant else num_splits, None, invariant)
+    plan = plan_for(q, v, spec, shape, params, None, num_splits, None, invariant)
     if key is not None:
         remember(key, dataclasses.replace(plan, call=(spec, shape, dataclasses.replace(params, sink=None))))
     return run_plan(plan, q, k, v, spec, shape, params, varlen, return_lse, sink, deterministic, grad, invariant)

@@ -94,16 +94,15 @@ def flash_attn_func(
     descales = fp8_args(kwargs)
     qv = kwargs.pop("qv", None)
     refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
-    invariant = invariance.requested(batch_invariant)
-    if invariant:
-        invariance.refuse_features(mods, descales is not None or is_fp8(k) or is_fp8(q), qv is not None)
-        num_splits, deterministic = invariance.invariant_splits(num_splits), True
+    fp8 = descales is not None or is_fp8(k) or is_fp8(q)
+    invariant, num_splits, deterministic = invariance.settle(batch_invariant, num_splits, deterministic, mods, fp8,
+                                                             qv is not None)
     if qv is not None:  # MLA's absorbed attention (latent.py)
-        return latent_call(q, k, v, qv, None, mods, descales is not None or is_fp8(k) or is_fp8(q),
+        return latent_call(q, k, v, qv, None, mods, fp8,
                            softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits, pack_gqa=pack_gqa,
                            return_lse=return_lse)
-    if descales is not None or is_fp8(k) or is_fp8(q):
+    if fp8:
         return fp8_call(q, k, v, None, descales, mods, softmax_scale=softmax_scale, causal=causal,
                          window_size=window_size, learnable_sink=learnable_sink, softcap=softcap, num_splits=num_splits,
                          pack_gqa=pack_gqa, return_lse=return_lse)
@@ -217,10 +216,8 @@ def flash_attn_varlen_func(
     qv = kwargs.pop("qv", None)
     refuse_unimplemented(num_splits, pack_gqa, score_mod, mask_mod, kwargs)
     fp8 = descales is not None or is_fp8(k) or is_fp8(q)
-    invariant = invariance.requested(batch_invariant)
-    if invariant:
-        invariance.refuse_features(mods, fp8, qv is not None)
-        num_splits, deterministic = invariance.invariant_splits(num_splits), True
+    invariant, num_splits, deterministic = invariance.settle(batch_invariant, num_splits, deterministic, mods, fp8,
+                                                             qv is not None)
     if fp8 or has_mods(mods) or qv is not None:
         varlen = dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
                       max_seqlen_k=max_seqlen_k, seqused_q=seqused_q, seqused_k=seqused_k, page_table=page_table,
